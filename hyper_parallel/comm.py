@@ -1,0 +1,98 @@
+"""Process groups as ``GroupInfo`` and the traced collectives every parallel style goes through.
+
+Each collective records one trace event (op, group name, global ranks, full buffer bytes). A group
+of size 1 issues nothing and records nothing: there is no communication to see.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from hyper_parallel import trace
+
+
+@dataclass(frozen=True, eq=False)
+class GroupInfo:
+    """A communication group: its name (mesh dim names joined by '+'), global ranks and process group.
+
+    RFC 2.2.1: every fully_shard parameter has a ``sharded_group_info`` (reduce-scatter) and an
+    ``unsharded_group_info`` (all-reduce); TP, CP and EP use the same type for their groups.
+    """
+
+    name: str
+    ranks: tuple[int, ...]
+    group: dist.ProcessGroup | None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @classmethod
+    def from_mesh(cls, mesh: DeviceMesh, dims: tuple[str, ...]) -> "GroupInfo":
+        """The group of this rank over ``dims`` of ``mesh`` (several dims are flattened into one group)."""
+        dims = tuple(dims)
+        if not dims:
+            return cls("", (dist.get_rank(),), None)
+        sub = mesh[dims] if len(dims) > 1 or mesh.mesh_dim_names != dims else mesh
+        if len(dims) > 1:
+            sub = sub._flatten("+".join(dims))
+        ranks = tuple(int(r) for r in sub.mesh.flatten().tolist())
+        group = sub.get_group() if len(ranks) > 1 else None
+        return cls("+".join(dims), ranks, group)
+
+    def __repr__(self) -> str:
+        return f"GroupInfo(name={self.name!r}, ranks={list(self.ranks)}, size={self.size})"
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def all_gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, info: GroupInfo, module: str | None = None) -> None:
+    """``output`` (size x shard, contiguous) <- every rank's ``shard`` in rank order of the group."""
+    if info.size == 1:
+        output.copy_(shard.reshape(output.shape))
+        return
+    with trace.collective("all_gather", info.name, info.ranks, _nbytes(output), output.dtype, module):
+        dist.all_gather_into_tensor(output, shard, group=info.group)
+
+
+def reduce_scatter_tensor(output: torch.Tensor, full: torch.Tensor, info: GroupInfo, module: str | None = None) -> None:
+    """``output`` <- this rank's 1/size of the sum of every rank's ``full``."""
+    if info.size == 1:
+        output.copy_(full.reshape(output.shape))
+        return
+    with trace.collective("reduce_scatter", info.name, info.ranks, _nbytes(full), full.dtype, module):
+        dist.reduce_scatter_tensor(output, full, op=dist.ReduceOp.SUM, group=info.group)
+
+
+def all_reduce(tensor: torch.Tensor, info: GroupInfo, module: str | None = None) -> torch.Tensor:
+    """In-place sum over the group."""
+    if info.size > 1:
+        with trace.collective("all_reduce", info.name, info.ranks, _nbytes(tensor), tensor.dtype, module):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=info.group)
+    return tensor
+
+
+def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, info: GroupInfo,
+                      output_splits: list[int] | None = None, input_splits: list[int] | None = None,
+                      module: str | None = None) -> torch.Tensor:
+    """Rank i sends ``input_splits[j]`` rows to rank j and receives ``output_splits[j]`` rows from it."""
+    if info.size == 1:
+        output.copy_(tensor)
+        return output
+    with trace.collective("all_to_all", info.name, info.ranks, _nbytes(tensor), tensor.dtype, module):
+        dist.all_to_all_single(output, tensor, output_split_sizes=output_splits,
+                               input_split_sizes=input_splits, group=info.group)
+    return output
+
+
+def broadcast(tensor: torch.Tensor, info: GroupInfo, src_index: int = 0, module: str | None = None) -> torch.Tensor:
+    """In place: every rank gets the tensor of the group's ``src_index``-th rank."""
+    if info.size > 1:
+        with trace.collective("broadcast", info.name, info.ranks, _nbytes(tensor), tensor.dtype, module):
+            dist.broadcast(tensor, src=info.ranks[src_index], group=info.group)
+    return tensor

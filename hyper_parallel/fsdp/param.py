@@ -1,0 +1,228 @@
+"""One managed parameter: its single DTensor layout on the combined mesh and its unsharded form.
+
+Layout (RFC 2.1.2). The parameter's model-parallel placements (TP/EP, from its own DTensor) give
+the *mp-local* tensor each rank computes with. FSDP shards that mp-local tensor along one axis
+(``fsdp_axis``) in torch.chunk pieces over the shard dim: the first axis that no model-parallel dim
+shards, else axis 0 (then the global layout is a strided shard, ``_StridedShard``). The sharded
+DTensor lives on the combined mesh ``(data-parallel dims..., model-parallel dims...)``:
+
+    sharded    (Replicate()?, Shard(fsdp_axis), <mp placements>)      what the optimizer sees
+    unsharded  (Replicate()?, Replicate(),      <mp placements>)      what forward computes with
+
+Storage. Every rank stores its piece padded to ``ceil(n / shard_size)`` along ``fsdp_axis`` inside
+its group's flat shard buffer, so that buffer is the all-gather input with no copy-in; the unsharded
+tensor is a padded full tensor whose storage is freed on reshard and refilled on unshard.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import Partial, Placement, _StridedShard
+
+from hyper_parallel.comm import GroupInfo
+from hyper_parallel.fsdp.roles import MeshRoles
+
+PARTIAL_GRAD_ATTR = "_hp_partial_grad_dims"
+"""Set by a local-tensor TP style on a parameter whose gradient is partial over these mesh dims."""
+
+
+def placements_str(placements: tuple[Placement, ...]) -> str:
+    return "(" + ", ".join(str(p) for p in placements) + ")"
+
+
+class ShardedParam:
+    def __init__(self, fqn: str, owner: nn.Module, leaf_name: str, param: nn.Parameter,
+                 roles: MeshRoles, sharded_group: GroupInfo, unsharded_group: GroupInfo,
+                 model_parallel_groups: dict[str, GroupInfo], combined_mesh: DeviceMesh,
+                 mp_mesh: DeviceMesh | None, mp_placements: tuple[Placement, ...]) -> None:
+        self.fqn, self.owner, self.leaf_name = fqn, owner, leaf_name
+        self.roles = roles
+        self.sharded_group_info = sharded_group
+        self.unsharded_group_info = unsharded_group
+        self.combined_mesh = combined_mesh
+        self.mp_mesh, self.mp_placements = mp_mesh, mp_placements
+        self.requires_grad = param.requires_grad
+        local = param.to_local() if isinstance(param, DTensor) else param.detach()
+        if local.dim() == 0:
+            raise ValueError(f"fully_shard cannot shard the 0-d parameter {fqn!r}; store it with shape [1]")
+        self.orig_dtype = local.dtype
+        self.mp_local_shape = tuple(local.shape)
+        self.global_shape = tuple(param.shape)
+        self.fsdp_axis = self._choose_fsdp_axis(local.dim())
+        shard_size = self.shard_size
+        axis_len = self.mp_local_shape[self.fsdp_axis]
+        self.chunk = math.ceil(axis_len / shard_size)
+        self.padded_shape = list(self.mp_local_shape)
+        self.padded_shape[self.fsdp_axis] = self.chunk
+        self.padded_shape = tuple(self.padded_shape)
+        self.padded_numel = math.prod(self.padded_shape)
+        index = sharded_group.ranks.index(torch.distributed.get_rank()) if shard_size > 1 else 0
+        self.local_len = max(0, min(self.chunk, axis_len - index * self.chunk))
+        self.shard_index = index
+        self.model_parallel_groups = model_parallel_groups
+        self.marked_partial_dims = self._marked_partial_dims(param)
+        self.sharded_placements = self._placements(sharded=True)
+        self.unsharded_placements = self._placements(sharded=False)
+        self.sharded_param: nn.Parameter | None = None
+        self.unsharded_param: nn.Parameter | None = None
+        self.unsharded_padded: torch.Tensor | None = None
+        self.accumulated_grad: torch.Tensor | None = None
+        self._initial_local = local
+
+    # ----- layout -----
+    @property
+    def shard_size(self) -> int:
+        return self.roles.shard_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.roles.dp_size
+
+    @property
+    def rank_size(self) -> int:
+        return self.roles.rank_size
+
+    def _mp_sharded_axes(self) -> set[int]:
+        return {p.dim for p in self.mp_placements if isinstance(p, (Shard, _StridedShard))}
+
+    def _choose_fsdp_axis(self, ndim: int) -> int:
+        taken = self._mp_sharded_axes()
+        return next((axis for axis in range(ndim) if axis not in taken), 0)
+
+    def _placements(self, sharded: bool) -> tuple[Placement, ...]:
+        result = []
+        for dim in self.combined_mesh.mesh_dim_names:
+            if dim == self.roles.shard_dim and sharded:
+                result.append(self._fsdp_placement())
+            elif self.mp_mesh is not None and dim in self.mp_mesh.mesh_dim_names:
+                result.append(self.mp_placements[self.mp_mesh.mesh_dim_names.index(dim)])
+            else:
+                result.append(Replicate())
+        return tuple(result)
+
+    def _fsdp_placement(self) -> Placement:
+        if self.fsdp_axis not in self._mp_sharded_axes():
+            return Shard(self.fsdp_axis)
+        split = 1
+        for dim, placement in zip(self.mp_mesh.mesh_dim_names, self.mp_placements):
+            if isinstance(placement, (Shard, _StridedShard)) and placement.dim == self.fsdp_axis:
+                split *= self.mp_mesh.size(self.mp_mesh.mesh_dim_names.index(dim))
+        return _StridedShard(self.fsdp_axis, split_factor=split)
+
+    def _marked_partial_dims(self, param: nn.Parameter) -> tuple[str, ...]:
+        dims = tuple(getattr(param, PARTIAL_GRAD_ATTR, ()))
+        unknown = set(dims) - set(self.model_parallel_groups)
+        if unknown:
+            raise ValueError(f"parameter {self.fqn!r} is marked partial over {sorted(unknown)}, which is not "
+                             f"a model-parallel dim of its mesh ({sorted(self.model_parallel_groups)})")
+        return dims
+
+    def partial_groups(self, runtime_partial_dims: tuple[str, ...] = ()) -> list[GroupInfo]:
+        """Model-parallel groups over which this parameter's local gradient must be summed (pure-TP fix):
+        dims the TP style marked, plus dims where the gradient DTensor came back ``Partial``."""
+        dims = sorted(set(self.marked_partial_dims) | set(runtime_partial_dims))
+        missing = [d for d in dims if d not in self.model_parallel_groups]
+        if missing:
+            raise RuntimeError(f"gradient of {self.fqn!r} is partial over {missing}, but fully_shard has no "
+                               "group for it; the parameter's DTensor mesh must include those dims")
+        return [self.model_parallel_groups[d] for d in dims]
+
+    # ----- storage -----
+    def init_sharded(self, padded_storage: torch.Tensor) -> None:
+        """Copy this rank's chunk into ``padded_storage`` (a view of the group's flat shard buffer)."""
+        padded = padded_storage.view(self.padded_shape)
+        padded.zero_()
+        start = self.shard_index * self.chunk
+        if self.local_len > 0:
+            padded.narrow(self.fsdp_axis, 0, self.local_len).copy_(
+                self._initial_local.narrow(self.fsdp_axis, start, self.local_len))
+        local = padded.narrow(self.fsdp_axis, 0, self.local_len)
+        dtensor = DTensor.from_local(local, self.combined_mesh, self.sharded_placements,
+                                     run_check=False, shape=torch.Size(self.global_shape),
+                                     stride=self._global_stride())
+        self.sharded_param = nn.Parameter(dtensor, requires_grad=self.requires_grad)
+        self._initial_local = None
+        self._set_on_owner(self.sharded_param)
+
+    def _global_stride(self) -> tuple[int, ...]:
+        stride, acc = [], 1
+        for size in reversed(self.global_shape):
+            stride.append(acc)
+            acc *= size
+        return tuple(reversed(stride))
+
+    def init_unsharded(self, dtype: torch.dtype, device: torch.device, alias: torch.Tensor | None) -> None:
+        """Create the compute parameter; ``alias`` (shard_size 1, same dtype) shares the sharded storage."""
+        if alias is not None:
+            self.unsharded_padded = alias.view(self.padded_shape)
+        else:
+            shape = list(self.padded_shape)
+            shape[self.fsdp_axis] = self.chunk * self.shard_size
+            self.unsharded_padded = torch.empty(shape, dtype=dtype, device=device)
+        local = self.unsharded_padded.narrow(self.fsdp_axis, 0, self.mp_local_shape[self.fsdp_axis])
+        if self.mp_mesh is not None:
+            local = DTensor.from_local(local, self.mp_mesh, self.mp_placements, run_check=False,
+                                       shape=torch.Size(self.global_shape), stride=self._global_stride())
+        self.unsharded_param = nn.Parameter(local, requires_grad=self.requires_grad)
+        if alias is None:
+            self.free_unsharded()
+
+    @property
+    def aliased(self) -> bool:
+        return self.unsharded_padded.untyped_storage().data_ptr() == \
+            self.sharded_param.to_local().untyped_storage().data_ptr()
+
+    def is_unsharded_allocated(self) -> bool:
+        return self.unsharded_padded.untyped_storage().size() > 0
+
+    def alloc_unsharded(self) -> None:
+        storage = self.unsharded_padded.untyped_storage()
+        needed = self.unsharded_padded.numel() * self.unsharded_padded.element_size()
+        if storage.size() != needed:
+            storage.resize_(needed)
+
+    def free_unsharded(self) -> None:
+        self.unsharded_padded.untyped_storage().resize_(0)
+
+    def copy_out(self, gathered: torch.Tensor) -> None:
+        """Fill the unsharded tensor from ``gathered`` ([shard_size, padded_numel] for this parameter)."""
+        pieces = gathered.view(self.shard_size, *self.padded_shape)
+        target = self.unsharded_padded.unflatten(self.fsdp_axis, (self.shard_size, self.chunk))
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.unsharded_padded):
+            target.copy_(pieces.movedim(0, self.fsdp_axis))
+
+    def copy_cast(self, source: torch.Tensor) -> None:
+        """shard_size 1 with a different compute dtype: the unsharded tensor is a cast copy."""
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.unsharded_padded):
+            self.unsharded_padded.copy_(source.view(self.padded_shape))
+
+    def grad_into(self, grad: torch.Tensor, target: torch.Tensor) -> None:
+        """Write an unsharded local gradient into ``target`` ([shard_size, padded_numel]), rank-major chunks."""
+        pad = self.chunk * self.shard_size - grad.shape[self.fsdp_axis]
+        if pad:
+            widths = [0, 0] * (grad.dim() - 1 - self.fsdp_axis) + [0, pad]
+            grad = torch.nn.functional.pad(grad, widths)
+        pieces = grad.unflatten(self.fsdp_axis, (self.shard_size, self.chunk)).movedim(self.fsdp_axis, 0)
+        target.view(self.shard_size, *self.padded_shape).copy_(pieces)
+
+    def sharded_grad(self, padded_grad: torch.Tensor) -> DTensor:
+        """The sharded ``.grad`` DTensor from this rank's reduced padded piece."""
+        local = padded_grad.view(self.padded_shape).narrow(self.fsdp_axis, 0, self.local_len)
+        return DTensor.from_local(local, self.combined_mesh, self.sharded_placements, run_check=False,
+                                  shape=torch.Size(self.global_shape), stride=self._global_stride())
+
+    def _set_on_owner(self, param: nn.Parameter) -> None:
+        self.owner._parameters[self.leaf_name] = param
+
+    def use_unsharded(self) -> None:
+        self._set_on_owner(self.unsharded_param)
+
+    def use_sharded(self) -> None:
+        self._set_on_owner(self.sharded_param)
+
+    def mesh_dims(self) -> tuple[str, ...]:
+        return tuple(self.combined_mesh.mesh_dim_names)

@@ -1,0 +1,184 @@
+"""The parameters of one fully_shard unit and their bucketed communication.
+
+One flat all-gather per unshard and one flat reduce-scatter (+ one all-reduce) per backward for the
+whole unit, never one per parameter. Gradient routing follows GroupInfo (RFC 2.2.2), not mesh type:
+
+    shard_size > 1                   reduce-scatter on sharded_group_info, then all-reduce on
+                                     unsharded_group_info when dp_size > 1 (HSDP)
+    shard_size == 1, dp_size > 1     all-reduce on unsharded_group_info (pure-TP / DDP compat path)
+    neither                          no communication
+
+Gradients a model-parallel style left partial (pure-TP fix) are then summed over their TP/EP group,
+and everything is divided by the data-parallel world so results equal one process on the global batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Partial
+
+from hyper_parallel import comm, trace
+from hyper_parallel.comm import GroupInfo
+from hyper_parallel.fsdp.param import ShardedParam, placements_str
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """``param_dtype``: all-gather and compute dtype; ``reduce_dtype``: gradient reduction dtype;
+    ``output_dtype``: forward outputs are cast to it; ``cast_forward_inputs``: floating inputs are cast
+    to ``param_dtype``. None keeps the parameter's own dtype."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+
+class ParamGroup:
+    def __init__(self, name: str, params: list[ShardedParam], mp_policy: MixedPrecisionPolicy,
+                 device: torch.device) -> None:
+        self.name, self.params, self.mp_policy, self.device = name, params, mp_policy, device
+        first = params[0]
+        self.sharded_group: GroupInfo = first.sharded_group_info
+        self.unsharded_group: GroupInfo = first.unsharded_group_info
+        self.shard_size, self.dp_size, self.rank_size = first.shard_size, first.dp_size, first.rank_size
+        self.orig_dtype = first.orig_dtype
+        self.param_dtype = mp_policy.param_dtype or self.orig_dtype
+        self.reduce_dtype = mp_policy.reduce_dtype or self.param_dtype
+        self.gradient_divide_factor = float(self.rank_size)
+        self.requires_gradient_sync = True
+        self.requires_all_reduce = True
+        self.partial_reduce: torch.Tensor | None = None  # reduce-scattered, not yet all-reduced (HSDP accumulation)
+        self.offsets = []
+        total = 0
+        for param in params:
+            self.offsets.append(total)
+            total += param.padded_numel
+        self.total = total
+        self.flat_shard = torch.empty(total, dtype=self.orig_dtype, device=device)
+        for param, offset in zip(params, self.offsets):
+            param.init_sharded(self.flat_shard[offset:offset + param.padded_numel])
+        self.needs_all_gather = self.shard_size > 1
+        alias = not self.needs_all_gather and self.param_dtype == self.orig_dtype
+        for param, offset in zip(params, self.offsets):
+            storage = self.flat_shard[offset:offset + param.padded_numel] if alias else None
+            param.init_unsharded(self.param_dtype, device, storage)
+        self.owns_unsharded_storage = not alias
+        self.is_unsharded = False
+
+    # ----- forward -----
+    def unshard(self) -> None:
+        """All-gather the FSDP dim only: (Shard(a), <mp>) -> (Replicate(), <mp>)."""
+        if self.is_unsharded:
+            return
+        if self.needs_all_gather:
+            shard = self.flat_shard if self.param_dtype == self.orig_dtype else self.flat_shard.to(self.param_dtype)
+            gathered = torch.empty(self.shard_size, self.total, dtype=self.param_dtype, device=self.device)
+            comm.all_gather_into_tensor(gathered.view(-1), shard, self.sharded_group, module=self.name)
+            for param, offset in zip(self.params, self.offsets):
+                param.alloc_unsharded()
+                param.copy_out(gathered[:, offset:offset + param.padded_numel])
+        elif self.owns_unsharded_storage:
+            for param, offset in zip(self.params, self.offsets):
+                param.alloc_unsharded()
+                param.copy_cast(self.flat_shard[offset:offset + param.padded_numel])
+        for param in self.params:
+            param.use_unsharded()
+        self.is_unsharded = True
+        self._trace_placements(sharded_to_unsharded=True)
+
+    def reshard(self) -> None:
+        if not self.is_unsharded:
+            return
+        for param in self.params:
+            if self.owns_unsharded_storage:
+                param.free_unsharded()
+            param.use_sharded()
+        self.is_unsharded = False
+        self._trace_placements(sharded_to_unsharded=False)
+
+    def _trace_placements(self, sharded_to_unsharded: bool) -> None:
+        if trace.current() is None:
+            return
+        for param in self.params:
+            sharded, unsharded = placements_str(param.sharded_placements), placements_str(param.unsharded_placements)
+            before, after = (sharded, unsharded) if sharded_to_unsharded else (unsharded, sharded)
+            local = param.mp_local_shape if sharded_to_unsharded else tuple(param.sharded_param.to_local().shape)
+            trace.placement(param.fqn, param.mesh_dims(), before, after, local, param.global_shape)
+
+    # ----- backward -----
+    def has_pending_grads(self) -> bool:
+        return any(p.unsharded_param.grad is not None for p in self.params)
+
+    def reduce_grads(self) -> None:
+        """Reduce the unsharded gradients into the sharded parameters' ``.grad``."""
+        ready = []
+        for param in self.params:
+            grad = param.unsharded_param.grad
+            if grad is None:
+                continue
+            param.unsharded_param.grad = None
+            partial = ()
+            if isinstance(grad, DTensor):
+                partial = tuple(dim for dim, p in zip(grad.device_mesh.mesh_dim_names, grad.placements)
+                                if isinstance(p, Partial))
+                grad = grad.to_local()
+            if param.accumulated_grad is not None:
+                grad = grad + param.accumulated_grad
+                param.accumulated_grad = None
+            ready.append((param, grad, partial))
+        if not ready:
+            return
+        if not self.requires_gradient_sync:
+            for param, grad, _ in ready:
+                param.accumulated_grad = grad
+            return
+        with_grad = {id(param) for param, _, _ in ready}
+        reduce_in = (torch.empty if len(ready) == len(self.params) else torch.zeros)(
+            self.shard_size, self.total, dtype=self.reduce_dtype, device=self.device)
+        for (param, grad, _), offset in zip(ready, [self._offset(p) for p, _, _ in ready]):
+            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset:offset + param.padded_numel])
+        if self.shard_size > 1:
+            reduced = torch.empty(self.total, dtype=self.reduce_dtype, device=self.device)
+            comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name)
+        else:
+            reduced = reduce_in.view(-1)
+        if self.dp_size > 1:
+            if self.partial_reduce is not None:
+                reduced += self.partial_reduce
+                self.partial_reduce = None
+            if not self.requires_all_reduce:
+                self.partial_reduce = reduced
+                return
+            comm.all_reduce(reduced, self.unsharded_group, module=self.name)
+        self._reduce_partial_grads(reduced, ready)
+        reduced.div_(self.gradient_divide_factor)
+        reduced = reduced.to(self.orig_dtype)
+        for param, offset in zip(self.params, self.offsets):
+            if id(param) not in with_grad:
+                continue
+            grad = param.sharded_grad(reduced[offset:offset + param.padded_numel])
+            if param.sharded_param.grad is None:
+                param.sharded_param.grad = grad
+            else:
+                param.sharded_param.grad += grad
+
+    def _offset(self, param: ShardedParam) -> int:
+        return self.offsets[self.params.index(param)]
+
+    def _reduce_partial_grads(self, reduced: torch.Tensor, ready: list) -> None:
+        """Sum gradients left partial by model parallelism over their group, one all-reduce per group."""
+        by_group: dict[str, tuple[GroupInfo, list[ShardedParam]]] = {}
+        for param, _, runtime_partial in ready:
+            for group in param.partial_groups(runtime_partial):
+                by_group.setdefault(group.name, (group, []))[1].append(param)
+        for group, params in by_group.values():
+            segments = [reduced[self._offset(p):self._offset(p) + p.padded_numel] for p in params]
+            flat = torch.cat(segments)
+            comm.all_reduce(flat, group, module=self.name)
+            position = 0
+            for segment in segments:
+                segment.copy_(flat[position:position + segment.numel()])
+                position += segment.numel()

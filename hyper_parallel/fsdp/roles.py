@@ -1,0 +1,92 @@
+"""Which dims of the mesh given to ``fully_shard`` replicate, shard, or belong to model parallelism.
+
+Rules (DESIGN.md §4, RFC 2.1.1 / 2.2.3 / 4.3):
+* ``tp``, ``ep``, ``etp`` are model-parallel: their placements come from the parameters' own DTensors.
+* ``dp_replicate`` always replicates.
+* every other dim is data-parallel. Of two data-parallel dims the outer replicates and the inner
+  shards (HSDP, as torch FSDP2 reads a 2-D mesh); a single one shards, so a 1-D ``mesh["dp"]``
+  written for torch FSDP2 keeps its meaning. Three or more are ambiguous and rejected.
+* ``enable_param_shard``: True shards over the shard dim (error if none), False turns the shard dim
+  into a replica dim (shard_size = 1), None shards iff a shard dim of size > 1 exists (scheme B).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh
+
+MODEL_PARALLEL_DIMS = ("tp", "ep", "etp")
+REPLICATE_DIM = "dp_replicate"
+
+
+@dataclass(frozen=True)
+class MeshRoles:
+    """Role of each dim of one fully_shard mesh."""
+
+    mesh: DeviceMesh
+    replicate_dims: tuple[str, ...]   # all-reduce dims (the unsharded group)
+    shard_dim: str | None             # reduce-scatter dim (the sharded group), None when not sharding
+    model_parallel_dims: tuple[str, ...]
+
+    @property
+    def data_parallel_dims(self) -> tuple[str, ...]:
+        """Dims over which data differs, in mesh order: gradients are averaged over them."""
+        dp = set(self.replicate_dims) | ({self.shard_dim} if self.shard_dim else set())
+        return tuple(d for d in self.mesh.mesh_dim_names if d in dp)
+
+    def size(self, dims: tuple[str, ...]) -> int:
+        result = 1
+        for dim in dims:
+            result *= self.mesh.size(self.mesh.mesh_dim_names.index(dim))
+        return result
+
+    @property
+    def rank_size(self) -> int:
+        """Size of the data-parallel domain (RFC 2.2.5)."""
+        return self.size(self.data_parallel_dims)
+
+    @property
+    def shard_size(self) -> int:
+        return self.size((self.shard_dim,)) if self.shard_dim else 1
+
+    @property
+    def dp_size(self) -> int:
+        return self.rank_size // self.shard_size
+
+
+def _name_dims(mesh: DeviceMesh) -> tuple[str, ...]:
+    names = mesh.mesh_dim_names
+    if names is None:
+        return tuple(f"dim{i}" for i in range(mesh.ndim))
+    return tuple(names)
+
+
+def resolve_roles(mesh: DeviceMesh, enable_param_shard: bool | None) -> MeshRoles:
+    if enable_param_shard not in (True, False, None):
+        raise ValueError(f"enable_param_shard must be True, False or None, got {enable_param_shard!r}")
+    names = _name_dims(mesh)
+    if len(set(names)) != len(names):
+        raise ValueError(f"mesh dim names must be unique, got {names}")
+    model_parallel = tuple(n for n in names if n in MODEL_PARALLEL_DIMS)
+    replicate = [n for n in names if n == REPLICATE_DIM]
+    data_parallel = [n for n in names if n not in MODEL_PARALLEL_DIMS and n != REPLICATE_DIM]
+    if len(data_parallel) > 2 or (replicate and len(data_parallel) > 1):
+        raise ValueError(
+            f"ambiguous fully_shard mesh {names}: data-parallel dims {data_parallel} (and {replicate}) — "
+            "give at most one replicate dim and one shard dim, e.g. flatten dp_shard and cp into 'fsdp' "
+            "(ParallelDims views provide it) or name the outer dim 'dp_replicate'")
+    if len(data_parallel) == 2:
+        replicate.append(data_parallel.pop(0))
+    shard_dim = data_parallel[0] if data_parallel else None
+    if enable_param_shard is True and shard_dim is None:
+        raise ValueError(
+            f"enable_param_shard=True but the mesh {names} has no dim to shard parameters over "
+            f"(replicate: {replicate}, model-parallel: {list(model_parallel)}); pass a mesh with a "
+            "data-parallel dim such as 'fsdp', or use enable_param_shard=False/None")
+    size = mesh.size(names.index(shard_dim)) if shard_dim else 1
+    shard = enable_param_shard is True or (enable_param_shard is None and size > 1)
+    if shard_dim is not None and not shard:
+        replicate.append(shard_dim)
+        shard_dim = None
+    replicate_dims = tuple(n for n in names if n in replicate)
+    return MeshRoles(mesh, replicate_dims, shard_dim, model_parallel)

@@ -1,0 +1,273 @@
+"""ParallelDims: the one source of truth for the parallel degrees and the device meshes.
+
+The algebra (DESIGN.md §3, after TorchTitan's ParallelDims):
+
+    dp_replicate * dp_shard * cp * tp * pp == world_size      (EP is not a factor: it borrows ranks)
+
+Every view of the ranks is an unflattening of one 1-D world mesh, so DTensors placed on different
+views share a root mesh and compose (``DeviceMesh._concatenate``). TP is always the innermost
+(contiguous) dim.
+
+    dense   (dp_replicate, dp_shard, cp, tp)      every dim present, size 1 allowed
+    fsdp    (dp_replicate, fsdp, tp)              fsdp   = dp_shard * cp   parameter sharding
+    batch   (dp, cp, tp)                          dp     = dp_replicate * dp_shard   data loading
+    loss    (dp_cp, tp)                           dp_cp  = dp_replicate * dp_shard * cp
+    sparse  (dp_replicate, efsdp, ep[, etp])      efsdp  = dp_shard * cp * tp // (ep * etp)
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+DEGREE_NAMES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest_multiple(value: int, base: int) -> int:
+    """The multiple of ``base`` closest to ``value`` (ties go up), never below ``base``."""
+    down = max(base, (value // base) * base)
+    up = -(-value // base) * base
+    return down if value - down < up - value else up
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Parallel degrees of one run; constructing an invalid combination raises ``ValueError``.
+
+    ``dp_shard=-1`` means "whatever is left": ``world_size // (dp_replicate * cp * tp * pp)``.
+    """
+
+    world_size: int
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("world_size",) + DEGREE_NAMES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            value = int(value)
+            object.__setattr__(self, name, value)
+            if value < 1 and not (name == "dp_shard" and value == -1):
+                hint = " (or -1 to infer it)" if name == "dp_shard" else ""
+                raise ValueError(f"{name} must be >= 1{hint}, got {name}={value}")
+        if self.pp > 1:
+            raise ValueError(
+                f"pipeline parallelism is out of scope for this workbook: pp={self.pp}; use pp=1 and give "
+                "its ranks to another degree (dp_shard=-1 takes whatever is left)")
+        others = self.dp_replicate * self.cp * self.tp * self.pp
+        if self.dp_shard == -1:
+            if self.world_size % others:
+                raise ValueError(
+                    f"cannot infer dp_shard: world_size={self.world_size} is not divisible by "
+                    f"dp_replicate*cp*tp*pp = {self.dp_replicate}*{self.cp}*{self.tp}*{self.pp} = {others}; "
+                    f"nearest valid world_size: {_nearest_multiple(self.world_size, others)}")
+            object.__setattr__(self, "dp_shard", self.world_size // others)
+        product = others * self.dp_shard
+        if product != self.world_size:
+            raise ValueError(
+                f"world-size equation violated: dp_replicate*dp_shard*cp*tp*pp = "
+                f"{self.dp_replicate}*{self.dp_shard}*{self.cp}*{self.tp}*{self.pp} = {product} "
+                f"!= world_size={self.world_size}; {self._world_size_hint(others)}")
+        self._check_expert_degrees()
+
+    def _world_size_hint(self, others: int) -> str:
+        if self.world_size % others == 0:
+            return f"nearest valid choice: dp_shard={self.world_size // others} (or dp_shard=-1)"
+        return (f"the other degrees multiply to {others}, which does not divide world_size={self.world_size}; "
+                f"run on world_size={others * self.dp_shard} ranks, or change the degrees")
+
+    def _check_expert_degrees(self) -> None:
+        ep, etp, tp, cp, dp_shard = self.ep, self.etp, self.tp, self.cp, self.dp_shard
+        if etp > 1 and ep == 1:
+            raise ValueError(
+                f"etp={etp} requires ep > 1: expert tensor parallelism shards experts, which are only "
+                f"distributed with expert parallelism; set etp=1, or ep > 1 with etp in {{1, tp={tp}}}")
+        if ep == 1:
+            return
+        if etp not in (1, tp):
+            raise ValueError(f"with ep={ep}, etp must be 1 or equal to tp={tp}; got etp={etp}")
+        if etp == tp:
+            borrowed, pool, rule = cp, dp_shard * cp, "etp == tp: EP borrows all of cp and part of dp_shard"
+            names = f"cp={cp}", f"dp_shard*cp={pool}"
+        else:
+            borrowed, pool, rule = cp * tp, dp_shard * cp * tp, "etp == 1: EP borrows all of cp*tp and part of dp_shard"
+            names = f"cp*tp={borrowed}", f"dp_shard*cp*tp={pool}"
+        if ep % borrowed or pool % ep:
+            valid = [d for d in _divisors(pool) if d % borrowed == 0 and d > 1]
+            other_etp = tp if etp == 1 else 1
+            other = [(e, other_etp) for e in range(2, self.world_size + 1)
+                     if self._expert_fit(e, other_etp)] if other_etp != etp else []
+            hint = f"valid ep: {valid} (keeping etp={etp})" if valid else f"no ep > 1 fits these degrees with etp={etp}"
+            if other:
+                hint += f"; valid (ep, etp) with etp={other_etp}: {other}"
+            raise ValueError(
+                f"ep={ep} does not fit the mesh ({rule}): ep must be a multiple of {names[0]} "
+                f"and divide {names[1]}; {hint}")
+
+    def _expert_fit(self, ep: int, etp: int) -> bool:
+        borrowed = self.cp if etp == self.tp else self.cp * self.tp
+        pool = self.dp_shard * borrowed
+        return ep % borrowed == 0 and pool % ep == 0
+
+    # ----- derived degrees -----
+    @property
+    def fsdp(self) -> int:
+        """Size of the parameter-sharding dim: CP ranks shard parameters too (TorchTitan)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def dp(self) -> int:
+        """Number of distinct data shards (data loading)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_cp(self) -> int:
+        """Ranks over which the loss (and every gradient) is averaged."""
+        return self.dp_replicate * self.dp_shard * self.cp
+
+    @property
+    def efsdp(self) -> int:
+        """Expert-FSDP degree: what is left of dp_shard*cp*tp after EP and ETP took their share."""
+        return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)
+
+    def degrees(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in ("world_size",) + DEGREE_NAMES}
+
+    def replace(self, **changes: int) -> "ParallelDims":
+        return dataclasses.replace(self, **changes)
+
+    # ----- views -----
+    def views(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """Every named view as ((dim name, size), ...), outermost first; each multiplies to world_size."""
+        views = {
+            "dense": (("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("cp", self.cp), ("tp", self.tp)),
+            "fsdp": (("dp_replicate", self.dp_replicate), ("fsdp", self.fsdp), ("tp", self.tp)),
+            "batch": (("dp", self.dp), ("cp", self.cp), ("tp", self.tp)),
+            "loss": (("dp_cp", self.dp_cp), ("tp", self.tp)),
+        }
+        if self.ep > 1:
+            sparse = [("dp_replicate", self.dp_replicate), ("efsdp", self.efsdp), ("ep", self.ep)]
+            if self.etp > 1:
+                sparse.append(("etp", self.etp))
+            views["sparse"] = tuple(sparse)
+        return views
+
+    def _view_of(self, dim: str) -> tuple[tuple[str, int], ...]:
+        for view in self.views().values():
+            if dim in dict(view):
+                return view
+        known = sorted({name for view in self.views().values() for name, _ in view})
+        if dim in ("efsdp", "ep", "etp") and self.ep == 1:
+            raise ValueError(f"there is no {dim!r} dim: ep=1, so there is no sparse (expert) mesh")
+        if dim == "etp" and self.ep > 1:
+            raise ValueError("there is no 'etp' dim: etp=1, so the expert mesh is (dp_replicate, efsdp, ep)")
+        raise ValueError(f"unknown mesh dim {dim!r}; known dims: {known}")
+
+    def group_ranks(self, dim: str) -> list[list[int]]:
+        """All process groups of one mesh dim, each as its sorted global ranks.
+
+        Rank r has coordinates in a view by mixed-radix decomposition (last dim fastest); the group
+        of r on ``dim`` is every rank that differs from r only in that coordinate.
+        """
+        view = self._view_of(dim)
+        sizes = [size for _, size in view]
+        index = [name for name, _ in view].index(dim)
+        stride = 1
+        for size in sizes[index + 1:]:
+            stride *= size
+        size = sizes[index]
+        block = stride * size
+        return [[base + offset + k * stride for k in range(size)]
+                for base in range(0, self.world_size, block) for offset in range(stride)]
+
+    def group_of(self, dim: str, rank: int) -> list[int]:
+        """The ranks of ``rank``'s group on ``dim``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside world_size={self.world_size}")
+        return next(group for group in self.group_ranks(dim) if rank in group)
+
+    # ----- shapes -----
+    def check_model(self, *, seq_len: int | None = None, global_batch: int | None = None,
+                    sequence_parallel: bool = False, num_experts: int | None = None,
+                    num_heads: int | None = None, hidden_sizes: Iterable[int] = (),
+                    expert_hidden_sizes: Iterable[int] = ()) -> None:
+        """Check a model config against the degrees; raise ``ValueError`` naming the broken rule."""
+        if seq_len is not None:
+            if self.cp > 1 and seq_len % (self.tp * 2 * self.cp):
+                divisor = self.tp * 2 * self.cp
+                raise ValueError(
+                    f"seq_len={seq_len} must be divisible by tp*2*cp = {self.tp}*2*{self.cp} = {divisor} "
+                    f"(CP splits the sequence into 2*cp load-balanced chunks, SP splits each by tp); "
+                    f"nearest valid seq_len: {_nearest_multiple(seq_len, divisor)}")
+            if self.cp == 1 and sequence_parallel and seq_len % self.tp:
+                raise ValueError(
+                    f"seq_len={seq_len} must be divisible by tp={self.tp} with sequence parallelism; "
+                    f"nearest valid seq_len: {_nearest_multiple(seq_len, self.tp)}")
+        if global_batch is not None and global_batch % self.dp:
+            raise ValueError(
+                f"global_batch={global_batch} must be divisible by dp = dp_replicate*dp_shard = {self.dp} "
+                f"(each data-parallel rank loads an equal slice); "
+                f"nearest valid global_batch: {_nearest_multiple(global_batch, self.dp)}")
+        if num_experts is not None and num_experts % self.ep:
+            raise ValueError(
+                f"num_experts={num_experts} must be divisible by ep={self.ep} (each EP rank holds "
+                f"num_experts/ep experts); nearest valid num_experts: {_nearest_multiple(num_experts, self.ep)}")
+        if num_heads is not None and num_heads % self.tp:
+            raise ValueError(f"num_heads={num_heads} must be divisible by tp={self.tp} (TP splits attention by heads)")
+        self._check_divisible(hidden_sizes, self.tp, "tp")
+        self._check_divisible(expert_hidden_sizes, self.etp, "etp")
+
+    @staticmethod
+    def _check_divisible(sizes: Iterable[int], degree: int, name: str) -> None:
+        for size in sizes:
+            if size % degree:
+                raise ValueError(
+                    f"hidden size {size} must be divisible by {name}={degree}; "
+                    f"nearest valid size: {_nearest_multiple(size, degree)}")
+
+    def build_mesh(self, device_type: str = "cpu") -> "MeshViews":
+        """Build every view as a DeviceMesh over the same root; needs an initialised process group."""
+        from hyper_parallel.mesh_views import MeshViews
+        return MeshViews.build(self, device_type)
+
+    def describe(self) -> str:
+        """One line per view with group sizes, e.g. for `launch check`."""
+        lines = [f"world_size={self.world_size}: " + ", ".join(f"{n}={getattr(self, n)}" for n in DEGREE_NAMES)]
+        for name, view in self.views().items():
+            lines.append(f"  {name:<7}" + " x ".join(f"{dim}={size}" for dim, size in view))
+        return "\n".join(lines)
+
+
+def valid_choices(world_size: int, fixed: dict[str, int] | None = None,
+                  names: Sequence[str] = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")) -> list[ParallelDims]:
+    """Every valid ParallelDims for ``world_size`` (pp=1) that agrees with ``fixed``; for widgets and plans."""
+    fixed = dict(fixed or {})
+    unknown = set(fixed) - set(names)
+    if unknown:
+        raise ValueError(f"valid_choices can fix {list(names)}, not {sorted(unknown)}")
+    result = []
+    for dp_replicate in _divisors(world_size):
+        for cp in _divisors(world_size // dp_replicate):
+            for tp in _divisors(world_size // (dp_replicate * cp)):
+                for ep in _divisors(world_size):
+                    for etp in sorted({1, tp}):
+                        degrees = dict(dp_replicate=dp_replicate, cp=cp, tp=tp, ep=ep, etp=etp,
+                                       dp_shard=world_size // (dp_replicate * cp * tp))
+                        if any(degrees[k] != v for k, v in fixed.items() if k in names):
+                            continue
+                        try:
+                            result.append(ParallelDims(world_size=world_size, **degrees))
+                        except ValueError:
+                            continue
+    return result

@@ -1,0 +1,70 @@
+"""The DeviceMeshes of a ParallelDims: every view unflattened from one 1-D world mesh.
+
+Because all views share that root, a DTensor placed by TP on ``views["tp"]`` and the FSDP dims on
+``views["dp_replicate", "fsdp"]`` can be joined into one mesh with ``DeviceMesh._concatenate``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from hyper_parallel.mesh import ParallelDims
+
+
+@dataclass
+class MeshViews:
+    dims: ParallelDims
+    world: DeviceMesh
+    meshes: dict[str, DeviceMesh]  # view name -> mesh with that view's dims
+
+    @classmethod
+    def build(cls, dims: ParallelDims, device_type: str = "cpu") -> "MeshViews":
+        if not dist.is_initialized():
+            raise RuntimeError("build_mesh needs torch.distributed initialised (init_process_group) first")
+        if dist.get_world_size() != dims.world_size:
+            raise ValueError(
+                f"the process group has {dist.get_world_size()} ranks but ParallelDims.world_size="
+                f"{dims.world_size}; start the run with --nproc-per-node {dims.world_size}")
+        world = init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=("world",))
+        meshes = {}
+        for name, view in dims.views().items():
+            names = tuple(dim for dim, _ in view)
+            sizes = tuple(size for _, size in view)
+            meshes[name] = world._unflatten(0, sizes, names)
+        return cls(dims, world, meshes)
+
+    @property
+    def dense(self) -> DeviceMesh:
+        """(dp_replicate, dp_shard, cp, tp): the dense root view."""
+        return self.meshes["dense"]
+
+    @property
+    def sparse(self) -> DeviceMesh:
+        """(dp_replicate, efsdp, ep[, etp]): where experts live; only when ep > 1."""
+        if "sparse" not in self.meshes:
+            raise ValueError("there is no sparse (expert) mesh: ep=1")
+        return self.meshes["sparse"]
+
+    def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
+        """A (sub)mesh by dim names, e.g. ``views["fsdp"]`` or ``views["dp_replicate", "fsdp", "tp"]``."""
+        wanted = (names,) if isinstance(names, str) else tuple(names)
+        for mesh in self.meshes.values():
+            present = mesh.mesh_dim_names
+            if all(name in present for name in wanted):
+                positions = [present.index(name) for name in wanted]
+                if positions == sorted(positions):
+                    return mesh if wanted == present else mesh[wanted]
+        known = sorted({n for mesh in self.meshes.values() for n in mesh.mesh_dim_names})
+        raise ValueError(f"no view has the dims {wanted} in this order; known dims: {known} "
+                         "(dims of one view must be given outermost first)")
+
+    def all_group_ranks(self, dim: str) -> list[list[int]]:
+        """Every group of ``dim`` as read from the DeviceMesh itself (independent of ParallelDims' arithmetic)."""
+        for mesh in self.meshes.values():
+            if dim in mesh.mesh_dim_names:
+                index = mesh.mesh_dim_names.index(dim)
+                full = mesh.mesh.movedim(index, -1).reshape(-1, mesh.mesh.shape[index])
+                return sorted(sorted(group) for group in full.tolist())
+        raise ValueError(f"unknown mesh dim {dim!r}")

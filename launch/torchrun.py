@@ -1,0 +1,403 @@
+"""Run a script or module under ``torchrun`` on this machine and always clean up after it.
+
+Why it works the way it does (measured with torch 2.13, see DESIGN.md section 8):
+
+* Per-rank output: torchrun runs with ``--redirects 3 --log-dir ...`` and this module follows
+  the per-rank ``stdout.log``/``stderr.log`` files itself.  The file a line comes from gives
+  its rank, so attribution never parses a prefix, and lines are split only at newlines
+  (``--tee`` re-prints with a ``[default0]:`` prefix and can cut or drop lines).
+* Loopback: ``--standalone`` picks a free port without races and ``--local-addr 127.0.0.1``
+  hands workers a loopback ``MASTER_ADDR``; gloo is pinned to the loopback interface.
+  torch 2.13's TCPStore servers still listen on all interfaces whatever the endpoint.
+* Cleanup: torchrun starts every worker in its own session, so ending torchrun's process
+  group leaves workers alive.  Each descendant seen during the run is remembered (psutil)
+  and ended explicitly: SIGTERM, a short grace, then SIGKILL.
+* Hangs: at the deadline workers first get SIGABRT; with ``PYTHONFAULTHANDLER=1`` each
+  writes its Python stack to its log before dying, which shows where it was stuck.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Mapping, Sequence
+
+import psutil
+
+POLL_SECONDS = 0.1
+PID_REFRESH_SECONDS = 0.25
+STACK_DUMP_GRACE_SECONDS = 2.0
+TERM_GRACE_SECONDS = 2.0
+KILL_WAIT_SECONDS = 2.0
+PIPE_DRAIN_SECONDS = 1.0
+TORCHRUN_SHUTDOWN_SECONDS = 3
+MAX_ERROR_LINES = 60
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+CHAIN_SEPARATORS = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
+ROOT_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
+ROOT_EXITCODE_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+AGENT_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+
+LineCallback = Callable[[int, str], None]
+
+
+@dataclass
+class TorchrunResult:
+    """Outcome of one launch.  ``logs[-1]`` holds torchrun's own output; rank -1 in
+    ``failed_rank`` means torchrun failed without naming a rank."""
+
+    ok: bool
+    returncode: int
+    logs: dict[int, list[str]]
+    run_dir: Path
+    failed_rank: int | None
+    error: str | None
+    timed_out: bool
+    duration: float
+    command: list[str]
+
+
+class _LineSplitter:
+    """Turns a byte stream into complete text lines, holding back a trailing partial line."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        *complete, self._pending = (self._pending + data).split(b"\n")
+        return [raw.decode("utf-8", errors="replace").rstrip("\r") for raw in complete]
+
+    def flush(self) -> list[str]:
+        return self.feed(b"\n") if self._pending else []
+
+
+class _Output:
+    """Forwards torchrun's merged stdout/stderr pipe (rank -1) and the per-rank log files."""
+
+    def __init__(self, pipe: BinaryIO, log_dir: Path, nproc: int, emit: LineCallback) -> None:
+        self._pipe, self._log_dir, self._nproc, self._emit = pipe, log_dir, nproc, emit
+        self._own_lines = _LineSplitter()
+        self._files: dict[Path, tuple[int, BinaryIO, _LineSplitter]] = {}
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(pipe, selectors.EVENT_READ)
+
+    def pump(self, wait: float) -> bool:
+        """Forward what arrives within ``wait`` seconds; False once the pipe is at EOF."""
+        pipe_open = bool(self._selector.get_map())
+        if pipe_open and self._selector.select(wait):
+            data = os.read(self._pipe.fileno(), 65536)
+            if not data:
+                self._selector.unregister(self._pipe)
+                pipe_open = False
+            for line in self._own_lines.feed(data):
+                self._emit(-1, line)
+        elif not pipe_open:
+            time.sleep(wait)
+        self._read_rank_files()
+        return pipe_open
+
+    def _read_rank_files(self) -> None:
+        if len(self._files) < 2 * self._nproc:  # torchrun creates them when it starts workers
+            found = [p for p in self._log_dir.glob("*/attempt_*/*/std*.log") if p.parent.name.isdigit()]
+            for path in found:
+                if path not in self._files:
+                    self._files[path] = (int(path.parent.name), open(path, "rb"), _LineSplitter())
+            self._files = dict(sorted(self._files.items(), key=lambda item: (item[1][0], item[0].name != "stdout.log")))
+        for rank, handle, splitter in self._files.values():
+            for line in splitter.feed(handle.read()):
+                self._emit(rank, line)
+
+    def drain(self, budget: float) -> None:
+        """Read what is left once the processes are gone; bounded in case a stray holds the pipe."""
+        deadline = time.monotonic() + budget
+        while self.pump(0.05) and time.monotonic() < deadline:
+            pass
+        for line in self._own_lines.flush():
+            self._emit(-1, line)
+        for rank, _, splitter in self._files.values():
+            for line in splitter.flush():
+                self._emit(rank, line)
+
+    def close(self) -> None:
+        self._selector.close()
+        self._pipe.close()
+        for _, handle, _ in self._files.values():
+            handle.close()
+
+
+def _is_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_all(procs: Sequence[psutil.Process], signum: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(signum)  # psutil refuses if the pid was reused meanwhile
+        except psutil.Error:
+            pass
+
+
+def _wait_gone(procs: Sequence[psutil.Process], timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (alive := [proc for proc in procs if _is_alive(proc)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+class _ProcessTree:
+    """torchrun's Popen plus every descendant seen while it ran, so none can be orphaned."""
+
+    def __init__(self, root: subprocess.Popen) -> None:
+        self._root = root
+        self._descendants: dict[int, psutil.Process] = {}
+
+    def refresh(self) -> None:
+        try:
+            for child in psutil.Process(self._root.pid).children(recursive=True):
+                self._descendants.setdefault(child.pid, child)
+        except psutil.Error:
+            pass  # torchrun already exited: keep what was seen
+
+    def _workers(self) -> list[psutil.Process]:
+        workers = []
+        for proc in self._descendants.values():
+            try:
+                if _is_alive(proc) and proc.ppid() == self._root.pid:
+                    workers.append(proc)
+            except psutil.Error:
+                continue
+        return workers
+
+    def running_ranks(self) -> list[int]:
+        ranks = set()
+        for proc in self._workers():
+            try:
+                ranks.add(int(proc.environ()["RANK"]))
+            except (psutil.Error, KeyError, ValueError):
+                continue
+        return sorted(ranks)
+
+    def dump_worker_stacks(self) -> None:
+        """SIGABRT makes faulthandler print each worker's stack; core files are disabled first."""
+        workers = self._workers()
+        for proc in workers:
+            try:
+                proc.rlimit(psutil.RLIMIT_CORE, (0, 0))
+            except (psutil.Error, AttributeError, OSError):
+                continue  # no way to prevent a core file here: skip the dump for this worker
+            _signal_all([proc], signal.SIGABRT)
+        _wait_gone(workers, STACK_DUMP_GRACE_SECONDS)
+
+    def end(self) -> None:
+        """SIGTERM torchrun and every remembered descendant, then SIGKILL what survives."""
+        if self._root.poll() is None:
+            self.refresh()
+            self._root.terminate()
+        others = [proc for proc in self._descendants.values() if _is_alive(proc)]
+        _signal_all(others, signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_SECONDS
+        others = _wait_gone(others, TERM_GRACE_SECONDS)
+        try:
+            self._root.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._root.kill()
+        _signal_all(others, signal.SIGKILL)
+        _wait_gone(others, KILL_WAIT_SECONDS)
+        try:
+            self._root.wait(timeout=KILL_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _build_command(target: str, nproc: int, args: Sequence[str], log_dir: Path) -> list[str]:
+    if target.endswith(".py") or os.path.isfile(target):
+        script = Path(target).expanduser().resolve()
+        if not script.is_file():
+            raise ValueError(f"script {target!r} not found (looked for {script}); pass an existing .py file or a module name")
+        entry = [str(script)]
+    elif target and all(part.isidentifier() for part in target.split(".")):
+        entry = ["-m", target]
+    else:
+        raise ValueError(f"target {target!r} is neither an existing file nor a dotted module name such as 'pkg.train'")
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+        "--nproc-per-node", str(nproc), "--log-dir", str(log_dir), "--redirects", "3",
+        "--shutdown-timeout", str(TORCHRUN_SHUTDOWN_SECONDS), *entry, *args,
+    ]  # fmt: skip
+
+
+def _child_env(run_dir: Path, overrides: Mapping[str, str] | None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+    env["HYPER_PARALLEL_RUN_DIR"] = str(run_dir)
+    loopback = [name for name, addrs in psutil.net_if_addrs().items() if any(a.address == "127.0.0.1" for a in addrs)]
+    if loopback and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = loopback[0]
+    env.update({key: str(value) for key, value in (overrides or {}).items()})
+    return env
+
+
+def _error_lines(lines: list[str]) -> list[str]:
+    """The last (possibly chained) Python traceback in ``lines``, else a faulthandler stack dump."""
+    starts = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEADER]
+    if starts:
+        begin = starts[-1]
+        for previous in reversed(starts[:-1]):
+            if not any(line.strip() in CHAIN_SEPARATORS for line in lines[previous:begin]):
+                break
+            begin = previous
+        return lines[begin:][-MAX_ERROR_LINES:]
+    dumps = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
+    if not dumps:
+        return []
+    stack = []
+    for line in lines[dumps[-1] :]:
+        if line.startswith("Extension modules:"):
+            break
+        if "<frozen importlib." not in line:
+            stack.append(line)
+    return stack[:MAX_ERROR_LINES]
+
+
+def _root_cause(torchrun_lines: list[str]) -> tuple[int, int] | None:
+    """(rank, exit code) of the first failure, from torchrun's summary or its agent log line."""
+    markers = [i for i, line in enumerate(torchrun_lines) if ROOT_CAUSE_MARKER in line]
+    if markers:
+        section = torchrun_lines[markers[-1] :]
+        ranks = [int(match[1]) for match in map(ROOT_RANK_RE.match, section) if match]
+        codes = [int(match[1]) for match in map(ROOT_EXITCODE_RE.match, section) if match]
+        if ranks:
+            return ranks[0], codes[0] if codes else 1
+    matches = [match for match in map(AGENT_FAILED_RE.search, torchrun_lines) if match]
+    return (int(matches[0][2]), int(matches[0][1])) if matches else None
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name} (exit code {code})"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _failure(logs: dict[int, list[str]], returncode: int) -> tuple[int, str]:
+    cause = _root_cause(logs[-1])
+    if cause is None:
+        with_traceback = [rank for rank in sorted(logs) if rank >= 0 and _error_lines(logs[rank])]
+        if not with_traceback:
+            tail = "\n".join(logs[-1][-20:])
+            return -1, f"torchrun failed ({_describe_exit(returncode)}) without naming a rank; its last output:\n{tail}"
+        cause = (with_traceback[0], returncode)
+    rank, code = cause
+    lines = logs.get(rank, [])
+    detail = _error_lines(lines) or ["no Python traceback; last output lines:", *lines[-10:]]
+    return rank, "\n".join([f"rank {rank} failed: {_describe_exit(code)}", *detail])
+
+
+def _timeout_error(logs: dict[int, list[str]], ranks: list[int], timeout: float) -> str:
+    parts = [f"timed out after {timeout:g} s; ranks still running: {ranks} (their stacks at the deadline follow)"]
+    for rank in ranks:
+        parts += [f"--- rank {rank} ---", *(_error_lines(logs.get(rank, [])) or ["(no stack dump)"])]
+    return "\n".join(parts)
+
+
+def _watch(proc: subprocess.Popen, tree: _ProcessTree, output: _Output, start: float, timeout: float) -> list[int] | None:
+    """Stream output until torchrun exits (None) or the deadline passes (the ranks still running)."""
+    last_refresh, exited_at = 0.0, None
+    while True:
+        pipe_open = output.pump(POLL_SECONDS)
+        now = time.monotonic()
+        if proc.poll() is not None:
+            exited_at = exited_at or now
+            if not pipe_open or now - exited_at > PIPE_DRAIN_SECONDS:
+                return None
+        elif now - start >= timeout:
+            tree.refresh()
+            running_ranks = tree.running_ranks()
+            tree.dump_worker_stacks()
+            return running_ranks
+        elif now - last_refresh >= PID_REFRESH_SECONDS:
+            tree.refresh()
+            last_refresh = now
+
+
+def torchrun(
+    target: str,
+    nproc: int,
+    args: Sequence[str] = (),
+    timeout: float = 120.0,
+    on_line: LineCallback | None = None,
+    env: Mapping[str, str] | None = None,
+    run_dir: str | os.PathLike | None = None,
+) -> TorchrunResult:
+    """Run ``target`` (a .py path or a module name) on ``nproc`` local workers via torchrun.
+
+    Every output line goes to ``on_line(rank, line)`` as it arrives (rank -1: torchrun).  On a
+    failing or killed rank, a run longer than ``timeout`` seconds, or an exception in the
+    caller (KeyboardInterrupt, or one raised by ``on_line``), torchrun and all its workers are
+    ended before this returns or re-raises, at most about 8 s after the deadline.  Workers get
+    ``OMP_NUM_THREADS=1`` and ``HYPER_PARALLEL_RUN_DIR=run_dir``; ``env`` overrides anything.
+    """
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a positive int (number of worker processes), got {nproc!r}")
+    if isinstance(args, (str, bytes)):
+        raise ValueError(f"args must be a sequence of strings such as ['--steps', '5'], got the string {args!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="hyper_parallel_run_")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=run_dir))  # fresh: never tail an old run
+    command = _build_command(target, nproc, [str(arg) for arg in args], log_dir)
+    logs: dict[int, list[str]] = {rank: [] for rank in range(-1, nproc)}
+
+    def emit(rank: int, line: str) -> None:
+        prefix = f"[rank{rank}]:"  # added by torch's distributed excepthook; redundant per rank
+        if rank >= 0 and line.startswith(prefix):
+            line = line[len(prefix) :].removeprefix(" ")
+        logs.setdefault(rank, []).append(line)
+        if on_line is not None:
+            on_line(rank, line)
+
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=_child_env(run_dir, env), start_new_session=True,  # Ctrl-C reaches us, not torchrun
+    )  # fmt: skip
+    tree, output = _ProcessTree(proc), _Output(proc.stdout, log_dir, nproc, emit)
+    try:
+        try:
+            running_ranks = _watch(proc, tree, output, start, timeout)
+        finally:
+            tree.end()
+        output.drain(PIPE_DRAIN_SECONDS)
+    finally:
+        output.close()
+
+    timed_out = running_ranks is not None
+    returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    failed_rank, error = None, None
+    if timed_out:
+        failed_rank = running_ranks[0] if running_ranks else -1
+        error = _timeout_error(logs, running_ranks, timeout)
+    elif returncode != 0:
+        failed_rank, error = _failure(logs, returncode)
+    return TorchrunResult(
+        ok=returncode == 0 and not timed_out, returncode=returncode, logs=logs, run_dir=run_dir,
+        failed_rank=failed_rank, error=error, timed_out=timed_out,
+        duration=time.monotonic() - start, command=command,
+    )  # fmt: skip
