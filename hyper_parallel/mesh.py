@@ -191,6 +191,18 @@ class ParallelDims:
         return [[base + offset + k * stride for k in range(size)]
                 for base in range(0, self.world_size, block) for offset in range(stride)]
 
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Index of ``rank`` along every dim of every view, e.g. ``{"dp": 1, "cp": 0, "tp": 1, ...}``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside world_size={self.world_size}")
+        coords = {}
+        for view in self.views().values():
+            remainder = rank
+            for name, size in reversed(view):
+                coords[name] = remainder % size
+                remainder //= size
+        return coords
+
     def group_of(self, dim: str, rank: int) -> list[int]:
         """The ranks of ``rank``'s group on ``dim``."""
         if not 0 <= rank < self.world_size:

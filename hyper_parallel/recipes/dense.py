@@ -1,0 +1,49 @@
+"""Dense recipes on the MLP: M1 (DDP via fully_shard) and M4 (FSDP only)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_views import MeshViews
+from hyper_parallel.models.mlp import MLP, MLPConfig, mlp_batch
+from hyper_parallel.recipes.training import Workload
+
+GLOBAL_BATCH = 16
+
+
+def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor:
+    """This rank's slice of the global batch: ``dp = dp_replicate * dp_shard`` equal slices."""
+    if tensor.shape[0] % dims.dp:
+        raise ValueError(f"global batch {tensor.shape[0]} is not divisible by dp={dims.dp}")
+    rows = tensor.shape[0] // dims.dp
+    index = dims.coordinates(dist.get_rank())["dp"]
+    return tensor[index * rows:(index + 1) * rows]
+
+
+def _mlp_workload(dims: ParallelDims, views: MeshViews, seed: int, enable_param_shard: bool | None) -> Workload:
+    config = MLPConfig()
+    torch.manual_seed(seed)
+    model = MLP(config)
+    reference = copy.deepcopy(model)
+    mesh = views["dp_replicate", "fsdp"]
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, enable_param_shard=enable_param_shard)
+    fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)
+    x, y = mlp_batch(config, GLOBAL_BATCH, seed)
+    return Workload(model, reference, data_parallel_rows(x, dims), data_parallel_rows(y, dims), x, y,
+                    loss_fn=F.mse_loss)
+
+
+def ddp_mlp(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """M1: whole parameters on every rank, gradients all-reduced over dp_replicate x dp_shard."""
+    return _mlp_workload(dims, views, seed, enable_param_shard=False)
+
+
+def fsdp_mlp(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """M4: parameters sharded over dp_shard; all-gather / reduce-scatter per block."""
+    return _mlp_workload(dims, views, seed, enable_param_shard=None)

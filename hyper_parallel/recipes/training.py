@@ -1,0 +1,87 @@
+"""Train a parallelized workload next to its single-process reference and compare them.
+
+The reference is an unparallelized copy of the model (same seed, same initial weights) trained by
+rank 0 alone on the whole global batch; the parallel model trains on each rank's share. Losses are
+compared every step, parameters (``full_tensor()``) after the last step. SGD without momentum keeps
+the comparison sensitive to gradient scale (Adam would hide a wrongly scaled gradient).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from hyper_parallel import trace
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@dataclass
+class Workload:
+    model: nn.Module                 # parallelized
+    reference: nn.Module             # same initial weights, not parallelized
+    inputs: torch.Tensor             # this rank's share of the global batch
+    targets: torch.Tensor
+    global_inputs: torch.Tensor      # the whole global batch (reference)
+    global_targets: torch.Tensor
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    lr: float = 0.05
+    notes: dict = field(default_factory=dict)  # recipe-specific facts for the summary
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    return param.full_tensor() if isinstance(param, DTensor) else param.detach()
+
+
+def train_and_compare(workload: Workload, steps: int, on_step: Callable[[dict], None] | None = None) -> dict:
+    """Run ``steps`` optimizer steps; return losses, reference losses and the largest differences (rank 0)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, reference = workload.model, workload.reference
+    optimizer = torch.optim.SGD(model.parameters(), lr=workload.lr)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=workload.lr) if rank == 0 else None
+    losses, ref_losses, step_times = [], [], []
+    for step in range(steps):
+        trace.set_step(step)
+        start = time.perf_counter()
+        loss = workload.loss_fn(model(workload.inputs), workload.targets)
+        loss.backward()
+        trace.set_phase("optimizer")
+        optimizer.step()
+        optimizer.zero_grad()
+        trace.set_phase("other")
+        step_times.append(time.perf_counter() - start)
+        total = loss.detach().to(torch.float64).reshape(1).clone()
+        dist.all_reduce(total)  # bookkeeping, not part of the training communication: not traced
+        losses.append(total.item() / world)
+        if ref_optimizer is not None:
+            ref_loss = workload.loss_fn(reference(workload.global_inputs), workload.global_targets)
+            ref_loss.backward()
+            ref_optimizer.step()
+            ref_optimizer.zero_grad()
+            ref_losses.append(ref_loss.item())
+            if on_step is not None:
+                on_step({"step": step + 1, "steps": steps, "loss": losses[-1], "reference": ref_losses[-1]})
+    max_param_diff, mismatched = 0.0, []
+    reference_params = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        full = _full(param)
+        if rank == 0:
+            expected = reference_params[name].detach()
+            diff = (full.float() - expected.float()).abs().max().item()
+            max_param_diff = max(max_param_diff, diff)
+            if not torch.allclose(full.float(), expected.float(), rtol=RTOL, atol=ATOL):
+                mismatched.append(name)
+    if rank != 0:
+        return {}
+    max_loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    losses_ok = all(abs(a - b) <= ATOL + RTOL * abs(b) for a, b in zip(losses, ref_losses))
+    return {
+        "losses": losses, "reference_losses": ref_losses, "max_abs_diff": max_loss_diff,
+        "max_param_diff": max_param_diff, "mismatched_params": mismatched,
+        "ok": losses_ok and not mismatched, "step_times": step_times, "notes": workload.notes,
+    }
