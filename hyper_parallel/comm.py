@@ -57,7 +57,7 @@ def all_gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, info: Grou
         output.copy_(shard.reshape(output.shape))
         return
     with trace.collective("all_gather", info.name, info.ranks, _nbytes(output), output.dtype, module):
-        dist.all_gather_into_tensor(output, shard, group=info.group)
+        dist.all_gather_single(output, shard, group=info.group)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, full: torch.Tensor, info: GroupInfo, module: str | None = None) -> None:
@@ -66,7 +66,7 @@ def reduce_scatter_tensor(output: torch.Tensor, full: torch.Tensor, info: GroupI
         output.copy_(full.reshape(output.shape))
         return
     with trace.collective("reduce_scatter", info.name, info.ranks, _nbytes(full), full.dtype, module):
-        dist.reduce_scatter_tensor(output, full, op=dist.ReduceOp.SUM, group=info.group)
+        dist.reduce_scatter_single(output, full, op=dist.ReduceOp.SUM, group=info.group)
 
 
 def all_reduce(tensor: torch.Tensor, info: GroupInfo, module: str | None = None) -> torch.Tensor:

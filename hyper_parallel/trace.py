@@ -4,6 +4,7 @@
 ``ContextVar``, so nested or concurrent runs do not mix); code that communicates calls
 ``trace.collective(...)`` / ``trace.placement(...)``, which cost one ContextVar lookup when nothing
 records. Times are seconds since an epoch taken right after a barrier, so the ranks' clocks line up.
+Reading and exporting saved traces is in ``hyper_parallel.run_files`` (no torch needed).
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 PHASES = ("init", "forward", "backward", "optimizer", "other")
-TRACE_FILE = "trace_rank{rank}.json"
 
 _current: contextvars.ContextVar["Recorder | None"] = contextvars.ContextVar("hyper_parallel_recorder", default=None)
 
@@ -130,36 +130,3 @@ def placement(param: str, mesh_dims: tuple[str, ...], before: str, after: str,
         "local_shape": list(local_shape), "global_shape": list(global_shape), "phase": recorder.phase,
         "step": recorder.step, "t": recorder.now(),
     })
-
-
-def load_run(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
-    """Every rank's events of a run directory, by rank."""
-    traces = {}
-    for path in sorted(Path(run_dir).glob(TRACE_FILE.format(rank="*"))):
-        payload = json.loads(path.read_text())
-        traces[int(payload["rank"])] = payload["events"]
-    return traces
-
-
-def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -> Path:
-    """Write a Chrome trace (opens in Perfetto / chrome://tracing): one process per rank, one track per group."""
-    events = []
-    for rank, rank_events in sorted(traces.items()):
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
-        for event in rank_events:
-            if event["kind"] == "collective":
-                events.append({
-                    "ph": "X", "pid": rank, "tid": event["group"], "cat": event["phase"],
-                    "name": f"{event['op']}[{event['group']}]",
-                    "ts": event["t_start"] * 1e6, "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
-                    "args": {k: event[k] for k in ("bytes", "dtype", "ranks", "module", "step", "phase")},
-                })
-            else:
-                events.append({
-                    "ph": "i", "s": "t", "pid": rank, "tid": "placements", "cat": event["phase"],
-                    "name": f"{event['param']}: {event['before']} -> {event['after']}", "ts": event["t"] * 1e6,
-                    "args": {"local_shape": event["local_shape"], "global_shape": event["global_shape"]},
-                })
-    path = Path(path)
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    return path

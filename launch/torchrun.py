@@ -5,7 +5,8 @@ Why it works the way it does (measured with torch 2.13, see DESIGN.md section 8)
 * Per-rank output: torchrun runs with ``--redirects 3 --log-dir ...`` and this module follows
   the per-rank ``stdout.log``/``stderr.log`` files itself.  The file a line comes from gives
   its rank, so attribution never parses a prefix, and lines are split only at newlines
-  (``--tee`` re-prints with a ``[default0]:`` prefix and can cut or drop lines).
+  (``--tee`` re-prints with a ``[default0]:`` prefix and splits a line written in two
+  parts, so one console line can mix ranks: ``[default0]:a[default1]:b``).
 * Loopback: ``--standalone`` picks a free port without races and ``--local-addr 127.0.0.1``
   hands workers a loopback ``MASTER_ADDR``; gloo is pinned to the loopback interface.
   torch 2.13's TCPStore servers still listen on all interfaces whatever the endpoint.

@@ -19,10 +19,9 @@ import torch.distributed as dist
 
 from hyper_parallel import trace
 from hyper_parallel.recipes import registry
+from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, trace_path
 from hyper_parallel.recipes.training import train_and_compare
 
-PROGRESS_PREFIX = "[progress] "
-METRICS_FILE = "metrics.json"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         with trace.record() as recorder:
             workload = build(dims, views, args.seed)
             metrics = train_and_compare(workload, args.steps, on_step=report)
-        recorder.save(out / trace.TRACE_FILE.format(rank=rank))
+        recorder.save(trace_path(out, rank))
         if rank == 0:
             metrics = {"recipe": recipe.name, "degrees": dims.degrees(), "steps": args.steps, "seed": args.seed,
                        "backend": dist.get_backend(), **metrics}

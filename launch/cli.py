@@ -1,0 +1,162 @@
+"""``python -m launch``: list recipes, check degrees, run a recipe, print a multi-node command.
+
+    python -m launch list
+    python -m launch check --world 8 --tp 2 --cp 2
+    python -m launch run M4 --dp-shard 2 --steps 3 --out runs/m4
+    python -m launch command M6 --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host0:29500
+    python -m launch workbook --out runs
+
+Invalid degrees exit with status 2 and the rule's message before any worker starts.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.recipes import registry
+
+DEGREE_FLAGS = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "pp")
+EXIT_INVALID = 2
+
+
+def _add_degrees(parser: argparse.ArgumentParser, world_flag: str = "--world") -> None:
+    parser.add_argument(world_flag, dest="world_size", type=int, help="number of ranks")
+    for name in DEGREE_FLAGS:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
+
+
+def _degrees(args: argparse.Namespace) -> dict[str, int | None]:
+    return {name: getattr(args, name) for name in ("world_size",) + DEGREE_FLAGS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the recipe matrix")
+    check = sub.add_parser("check", help="validate degrees and show the mesh views and groups")
+    _add_degrees(check)
+    check.add_argument("--recipe", help="also check the recipe's constraints and shapes")
+    run = sub.add_parser("run", help="run a recipe on torchrun workers against its reference")
+    run.add_argument("recipe")
+    _add_degrees(run)
+    run.add_argument("--steps", type=int)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds")
+    run.add_argument("--out", help="run directory (default: a new temporary one)")
+    run.add_argument("--quiet", action="store_true", help="do not stream the workers' lines")
+    command = sub.add_parser("command", help="print the multi-node torchrun command of a recipe")
+    command.add_argument("recipe")
+    _add_degrees(command)
+    command.add_argument("--nnodes", type=int, required=True)
+    command.add_argument("--nproc-per-node", type=int, required=True)
+    command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
+    command.add_argument("--steps", type=int)
+    workbook = sub.add_parser("workbook", help="run the workbook headless")
+    workbook.add_argument("--out", default="runs")
+    return parser
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    for index, row in enumerate([header, *rows]):
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def cmd_list() -> int:
+    rows = [(r.name, r.tier or "-", " ".join(f"{k}={v}" for k, v in r.default.items()), r.constraints(), r.title)
+            for r in registry.RECIPES.values()]
+    print_table(("recipe", "tier", "default degrees", "constraints", "title"), rows)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from launch.run import validate
+    if args.recipe:
+        _, dims = validate(args.recipe, **_degrees(args))
+    else:
+        if args.world_size is None:
+            raise ValueError("--world is required (the number of ranks)")
+        dims = ParallelDims(**{k: v for k, v in _degrees(args).items() if v is not None})
+    print("valid: " + dims.describe())
+    print("example groups (global ranks):")
+    seen = set()
+    for view in dims.views().values():
+        for name, size in view:
+            if size > 1 and name not in seen:
+                seen.add(name)
+                groups = dims.group_ranks(name)
+                more = f" ... ({len(groups)} groups)" if len(groups) > 2 else ""
+                print(f"  {name:<13} size {size:<4} {groups[:2]}{more}")
+    return 0
+
+
+def _progress_bar(progress: dict) -> None:
+    done, total = progress["step"], progress["steps"]
+    bar = "#" * round(20 * done / total)
+    print(f"  step {done}/{total} [{bar:<20}] loss {progress['loss']:.6f}  reference {progress['reference']:.6f}",
+          flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from launch.run import run, validate
+    spec, dims = validate(args.recipe, **_degrees(args))
+    print(f"{spec.name}: {spec.title}\n  {dims.describe()}", flush=True)
+
+    def show(rank: int, line: str) -> None:
+        if not line.startswith("[progress]"):
+            print(f"[rank{rank}] {line}" if rank >= 0 else line, flush=True)
+
+    result = run(args.recipe, steps=args.steps, timeout=args.timeout, out=args.out, seed=args.seed,
+                 on_line=None if args.quiet else show, on_progress=_progress_bar, **_degrees(args))
+    summary = result.summary()
+    print(f"{'OK' if result.ok else 'FAILED'}: {spec.name} in {summary['duration']:.1f}s, "
+          f"max |loss - reference| = {summary['max_abs_diff']}, max |param - reference| = {summary['max_param_diff']}")
+    if result.error:
+        print(result.error, file=sys.stderr)
+    print(f"run directory: {result.run_dir}")
+    return 0 if result.ok else 1
+
+
+def cmd_command(args: argparse.Namespace) -> int:
+    from launch.run import validate
+    spec, dims = validate(args.recipe, **_degrees(args))
+    if args.nnodes * args.nproc_per_node != dims.world_size:
+        raise ValueError(f"--nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node} = "
+                         f"{args.nnodes * args.nproc_per_node} != world_size={dims.world_size}")
+    import json
+    explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
+    argv = ["torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}", "--rdzv-id=hyper-parallel",
+            "-m", "hyper_parallel.recipes.worker", "--recipe", spec.name, "--degrees", json.dumps(explicit),
+            "--steps", str(args.steps or spec.steps)]
+    print("# run on every node (NCCL is chosen automatically when CUDA devices are present):")
+    print(" ".join(a if a.startswith("$") or "$" in a.split("=")[-1] else shlex.quote(a) for a in argv))
+    return 0
+
+
+def cmd_workbook(args: argparse.Namespace) -> int:
+    from launch.workbook import run_workbook
+    return run_workbook(Path(args.out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "list":
+            return cmd_list()
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "command":
+            return cmd_command(args)
+        return cmd_workbook(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_INVALID

@@ -1,0 +1,120 @@
+"""Fault tests for launch.torchrun: every launch, however it ends, leaves no process behind.
+
+Each test starts one 2-rank torchrun (a few seconds of torch imports per rank on 2 cores), so
+the faults are injected by one small worker script, tests/workers/fault_worker.py.
+"""
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launch.torchrun import torchrun
+
+WORKER = Path(__file__).parent / "workers" / "fault_worker.py"
+RUN_TIMEOUT = 60.0
+HANG_TIMEOUT = 15.0
+SLACK = 10.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _assert_nothing_left(run_dir: Path) -> None:
+    """Workers recorded their pid and torchrun's (their parent) before anything could fail."""
+    pid_files = sorted(run_dir.glob("pid_rank*"))
+    assert [path.name for path in pid_files] == ["pid_rank0", "pid_rank1"]
+    pids = {int(pid) for path in pid_files for pid in path.read_text().split()}
+    assert len(pids) == 3, pids  # two workers, one torchrun
+    assert not [pid for pid in pids if _alive(pid)], "processes outlived the launcher"
+
+
+def _launch(mode: str, run_dir: Path, timeout: float = RUN_TIMEOUT, on_line=None):
+    started = time.monotonic()
+    result = torchrun(str(WORKER), 2, args=[mode], timeout=timeout, on_line=on_line, run_dir=run_dir)
+    assert time.monotonic() - started < timeout + SLACK
+    _assert_nothing_left(run_dir)
+    return result
+
+
+@pytest.mark.distributed
+def test_success_streams_lines_attributed_to_their_rank(tmp_path):
+    seen = []
+    result = _launch("ok", tmp_path, on_line=lambda rank, line: seen.append((rank, line)))
+    assert result.ok and result.returncode == 0 and not result.timed_out
+    assert result.failed_rank is None and result.error is None
+    for rank, other in ((0, 1), (1, 0)):
+        assert f"rank {rank} started" in result.logs[rank]
+        assert f"rank {rank} sum 2" in result.logs[rank]  # a rank's last line is not lost
+        assert not [line for line in result.logs[rank] if f"rank {other}" in line]
+    assert {rank for rank, _ in seen} >= {0, 1}
+    assert result.command[1:3] == ["-m", "torch.distributed.run"]
+    assert result.run_dir == tmp_path.resolve()
+
+
+@pytest.mark.distributed
+def test_raising_rank_reports_its_traceback(tmp_path):
+    result = _launch("raise", tmp_path)
+    assert not result.ok and not result.timed_out and result.returncode != 0
+    assert result.failed_rank == 1
+    assert "Traceback (most recent call last):" in result.error
+    assert "RuntimeError: injected failure on rank 1" in result.error
+
+
+@pytest.mark.distributed
+def test_sigkilled_rank_is_reported(tmp_path):
+    result = _launch("sigkill", tmp_path)
+    assert not result.ok and not result.timed_out
+    assert result.failed_rank == 1
+    assert "SIGKILL" in result.error
+
+
+@pytest.mark.distributed
+def test_nonzero_exit_without_traceback_is_reported(tmp_path):
+    result = _launch("exit", tmp_path)
+    assert not result.ok and result.failed_rank == 1
+    assert "exit code 3" in result.error and "no Python traceback" in result.error
+
+
+@pytest.mark.distributed
+def test_hang_in_collective_is_ended_at_the_timeout(tmp_path):
+    arrivals = {}
+    started = time.monotonic()
+    result = _launch("hang", tmp_path, timeout=HANG_TIMEOUT, on_line=lambda r, line: arrivals.setdefault(line, time.monotonic()))
+    assert not result.ok and result.timed_out
+    assert result.failed_rank == 0  # lowest rank still running at the deadline
+    assert "timed out after 15 s" in result.error
+    assert arrivals["rank 0 started"] - started < HANG_TIMEOUT  # streamed while running
+    if "rank 0 entering all_reduce" in result.logs[0]:  # not reached only on a badly loaded machine
+        assert "in all_reduce" in result.error  # rank 0's stack dump at the deadline
+
+
+@pytest.mark.distributed
+def test_keyboard_interrupt_in_caller_ends_the_tree(tmp_path):
+    ranks_started = set()
+
+    def interrupt_once_both_ranks_run(rank, line):
+        if line == f"rank {rank} started":
+            ranks_started.add(rank)
+        if ranks_started == {0, 1}:
+            raise KeyboardInterrupt
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        torchrun(str(WORKER), 2, args=["ok"], on_line=interrupt_once_both_ranks_run, run_dir=tmp_path)
+    assert time.monotonic() - started < RUN_TIMEOUT
+    _assert_nothing_left(tmp_path)
+
+
+def test_bad_input_is_rejected_before_launching(tmp_path):
+    with pytest.raises(ValueError, match="nproc must be a positive int"):
+        torchrun(str(WORKER), 0, run_dir=tmp_path)
+    with pytest.raises(ValueError, match="not found"):
+        torchrun(str(tmp_path / "missing.py"), 2, run_dir=tmp_path)
+    with pytest.raises(ValueError, match="sequence of strings"):
+        torchrun(str(WORKER), 2, args="ok", run_dir=tmp_path)
