@@ -3,7 +3,7 @@
     launch.torchrun(target, nproc, ...)   any script or module on N local ranks
     launch.run(recipe, **degrees)         a recipe against its single-process reference
 """
-from launch.run import RunResult, run, validate
+from launch.runner import RunResult, run, validate
 from launch.torchrun import TorchrunResult, torchrun
 
 __all__ = ["run", "validate", "RunResult", "torchrun", "TorchrunResult"]

@@ -76,7 +76,7 @@ def cmd_list() -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from launch.run import validate
+    from launch.runner import validate
     if args.recipe:
         _, dims = validate(args.recipe, **_degrees(args))
     else:
@@ -104,7 +104,7 @@ def _progress_bar(progress: dict) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from launch.run import run, validate
+    from launch.runner import run, validate
     spec, dims = validate(args.recipe, **_degrees(args))
     print(f"{spec.name}: {spec.title}\n  {dims.describe()}", flush=True)
 
@@ -124,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_command(args: argparse.Namespace) -> int:
-    from launch.run import validate
+    from launch.runner import validate
     spec, dims = validate(args.recipe, **_degrees(args))
     if args.nnodes * args.nproc_per_node != dims.world_size:
         raise ValueError(f"--nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node} = "

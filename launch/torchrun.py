@@ -3,18 +3,17 @@
 Why it works the way it does (measured with torch 2.13, see DESIGN.md section 8):
 
 * Per-rank output: torchrun runs with ``--redirects 3 --log-dir ...`` and this module follows
-  the per-rank ``stdout.log``/``stderr.log`` files itself.  The file a line comes from gives
-  its rank, so attribution never parses a prefix, and lines are split only at newlines
-  (``--tee`` re-prints with a ``[default0]:`` prefix and splits a line written in two
-  parts, so one console line can mix ranks: ``[default0]:a[default1]:b``).
-* Loopback: ``--standalone`` picks a free port without races and ``--local-addr 127.0.0.1``
-  hands workers a loopback ``MASTER_ADDR``; gloo is pinned to the loopback interface.
-  torch 2.13's TCPStore servers still listen on all interfaces whatever the endpoint.
-* Cleanup: torchrun starts every worker in its own session, so ending torchrun's process
-  group leaves workers alive.  Each descendant seen during the run is remembered (psutil)
-  and ended explicitly: SIGTERM, a short grace, then SIGKILL.
-* Hangs: at the deadline workers first get SIGABRT; with ``PYTHONFAULTHANDLER=1`` each
-  writes its Python stack to its log before dying, which shows where it was stuck.
+  the per-rank ``stdout.log``/``stderr.log`` files itself: the file gives the rank, so nothing
+  parses a prefix.  ``--tee`` instead re-prints with a ``[default0]:`` prefix and splits a line
+  written in two parts, so one console line can mix ranks (``[default0]:a[default1]:b``).
+* Loopback: ``--standalone`` picks a free port without races, ``--local-addr 127.0.0.1`` hands
+  workers a loopback ``MASTER_ADDR`` and gloo is pinned to the loopback interface.  torch
+  2.13's TCPStore servers still listen on all interfaces, whatever endpoint is given.
+* Cleanup: torchrun starts every worker in its own session, so ending torchrun's process group
+  leaves workers alive.  Each descendant seen during the run is remembered (psutil) and ended
+  explicitly: SIGTERM, a short grace, then SIGKILL.
+* Hangs: at the deadline workers first get SIGABRT; with ``PYTHONFAULTHANDLER=1`` each writes
+  its Python stack to its log before dying, which shows where it was stuck.
 """
 
 from __future__ import annotations
@@ -39,25 +38,20 @@ STACK_DUMP_GRACE_SECONDS = 2.0
 TERM_GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 2.0
 PIPE_DRAIN_SECONDS = 1.0
-TORCHRUN_SHUTDOWN_SECONDS = 3
+TORCHRUN_SHUTDOWN_SECONDS = 3  # torchrun's own SIGTERM-to-SIGKILL grace for workers (default 30)
 MAX_ERROR_LINES = 60
 TRACEBACK_HEADER = "Traceback (most recent call last):"
-CHAIN_SEPARATORS = (
-    "During handling of the above exception, another exception occurred:",
-    "The above exception was the direct cause of the following exception:",
-)
+CHAINED_TRACEBACK = ("During handling of the above exception", "The above exception was the direct cause")
 ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
-ROOT_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
-ROOT_EXITCODE_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-AGENT_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+ROOT_FIELD_RE = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
 
 LineCallback = Callable[[int, str], None]
 
 
 @dataclass
 class TorchrunResult:
-    """Outcome of one launch.  ``logs[-1]`` holds torchrun's own output; rank -1 in
-    ``failed_rank`` means torchrun failed without naming a rank."""
+    """Outcome of one launch.  ``logs[-1]`` holds torchrun's own output; ``failed_rank`` -1
+    means torchrun failed (or timed out) without any rank to blame."""
 
     ok: bool
     returncode: int
@@ -89,7 +83,7 @@ class _Output:
 
     def __init__(self, pipe: BinaryIO, log_dir: Path, nproc: int, emit: LineCallback) -> None:
         self._pipe, self._log_dir, self._nproc, self._emit = pipe, log_dir, nproc, emit
-        self._own_lines = _LineSplitter()
+        self._pipe_lines = _LineSplitter()
         self._files: dict[Path, tuple[int, BinaryIO, _LineSplitter]] = {}
         self._selector = selectors.DefaultSelector()
         self._selector.register(pipe, selectors.EVENT_READ)
@@ -102,33 +96,28 @@ class _Output:
             if not data:
                 self._selector.unregister(self._pipe)
                 pipe_open = False
-            for line in self._own_lines.feed(data):
+            for line in self._pipe_lines.feed(data):
                 self._emit(-1, line)
         elif not pipe_open:
             time.sleep(wait)
-        self._read_rank_files()
-        return pipe_open
-
-    def _read_rank_files(self) -> None:
-        if len(self._files) < 2 * self._nproc:  # torchrun creates them when it starts workers
-            found = [p for p in self._log_dir.glob("*/attempt_*/*/std*.log") if p.parent.name.isdigit()]
-            for path in found:
-                if path not in self._files:
+        if len(self._files) < 2 * self._nproc:  # torchrun creates them as it starts workers
+            for path in self._log_dir.glob("*/attempt_*/*/std*.log"):
+                if path not in self._files and path.parent.name.isdigit():
                     self._files[path] = (int(path.parent.name), open(path, "rb"), _LineSplitter())
-            self._files = dict(sorted(self._files.items(), key=lambda item: (item[1][0], item[0].name != "stdout.log")))
-        for rank, handle, splitter in self._files.values():
-            for line in splitter.feed(handle.read()):
+            by_rank_stdout_first = sorted(self._files.items(), key=lambda kv: (kv[1][0], kv[0].name != "stdout.log"))
+            self._files = dict(by_rank_stdout_first)
+        for rank, handle, lines in self._files.values():
+            for line in lines.feed(handle.read()):
                 self._emit(rank, line)
+        return pipe_open
 
     def drain(self, budget: float) -> None:
         """Read what is left once the processes are gone; bounded in case a stray holds the pipe."""
         deadline = time.monotonic() + budget
         while self.pump(0.05) and time.monotonic() < deadline:
             pass
-        for line in self._own_lines.flush():
-            self._emit(-1, line)
-        for rank, _, splitter in self._files.values():
-            for line in splitter.flush():
+        for rank, lines in [(-1, self._pipe_lines)] + [(rank, lines) for rank, _, lines in self._files.values()]:
+            for line in lines.flush():
                 self._emit(rank, line)
 
     def close(self) -> None:
@@ -139,21 +128,20 @@ class _Output:
 
 
 def _is_alive(proc: psutil.Process) -> bool:
+    """Zombies count as gone: an orphaned worker may wait a while for init to reap it."""
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
 
-def _signal_all(procs: Sequence[psutil.Process], signum: int) -> None:
+def _signal_and_wait(procs: Sequence[psutil.Process], signum: int, timeout: float) -> list[psutil.Process]:
+    """Send ``signum`` to each process, then return those still alive after ``timeout``."""
     for proc in procs:
         try:
-            proc.send_signal(signum)  # psutil refuses if the pid was reused meanwhile
+            proc.send_signal(signum)  # psutil refuses if the pid now belongs to another process
         except psutil.Error:
             pass
-
-
-def _wait_gone(procs: Sequence[psutil.Process], timeout: float) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while (alive := [proc for proc in procs if _is_alive(proc)]) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -165,60 +153,44 @@ class _ProcessTree:
 
     def __init__(self, root: subprocess.Popen) -> None:
         self._root = root
-        self._descendants: dict[int, psutil.Process] = {}
+        self._seen: dict[int, psutil.Process] = {}
 
     def refresh(self) -> None:
         try:
             for child in psutil.Process(self._root.pid).children(recursive=True):
-                self._descendants.setdefault(child.pid, child)
+                self._seen.setdefault(child.pid, child)
         except psutil.Error:
             pass  # torchrun already exited: keep what was seen
 
-    def _workers(self) -> list[psutil.Process]:
-        workers = []
-        for proc in self._descendants.values():
+    def dump_worker_stacks(self) -> list[int]:
+        """SIGABRT each worker (faulthandler prints its stack; no core file); return their ranks."""
+        ranks, workers = set(), []
+        try:
+            children = psutil.Process(self._root.pid).children()
+        except psutil.Error:
+            return []
+        for worker in children:
             try:
-                if _is_alive(proc) and proc.ppid() == self._root.pid:
-                    workers.append(proc)
-            except psutil.Error:
+                ranks.add(int(worker.environ()["RANK"]))
+                worker.rlimit(psutil.RLIMIT_CORE, (0, 0))
+                workers.append(worker)
+            except (psutil.Error, KeyError, ValueError, AttributeError):
                 continue
-        return workers
-
-    def running_ranks(self) -> list[int]:
-        ranks = set()
-        for proc in self._workers():
-            try:
-                ranks.add(int(proc.environ()["RANK"]))
-            except (psutil.Error, KeyError, ValueError):
-                continue
+        _signal_and_wait(workers, signal.SIGABRT, STACK_DUMP_GRACE_SECONDS)
         return sorted(ranks)
-
-    def dump_worker_stacks(self) -> None:
-        """SIGABRT makes faulthandler print each worker's stack; core files are disabled first."""
-        workers = self._workers()
-        for proc in workers:
-            try:
-                proc.rlimit(psutil.RLIMIT_CORE, (0, 0))
-            except (psutil.Error, AttributeError, OSError):
-                continue  # no way to prevent a core file here: skip the dump for this worker
-            _signal_all([proc], signal.SIGABRT)
-        _wait_gone(workers, STACK_DUMP_GRACE_SECONDS)
 
     def end(self) -> None:
         """SIGTERM torchrun and every remembered descendant, then SIGKILL what survives."""
         if self._root.poll() is None:
             self.refresh()
             self._root.terminate()
-        others = [proc for proc in self._descendants.values() if _is_alive(proc)]
-        _signal_all(others, signal.SIGTERM)
         deadline = time.monotonic() + TERM_GRACE_SECONDS
-        others = _wait_gone(others, TERM_GRACE_SECONDS)
+        others = _signal_and_wait([p for p in self._seen.values() if _is_alive(p)], signal.SIGTERM, TERM_GRACE_SECONDS)
         try:
             self._root.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self._root.kill()
-        _signal_all(others, signal.SIGKILL)
-        _wait_gone(others, KILL_WAIT_SECONDS)
+        _signal_and_wait(others, signal.SIGKILL, KILL_WAIT_SECONDS)
         try:
             self._root.wait(timeout=KILL_WAIT_SECONDS)
         except subprocess.TimeoutExpired:
@@ -258,33 +230,18 @@ def _error_lines(lines: list[str]) -> list[str]:
     if starts:
         begin = starts[-1]
         for previous in reversed(starts[:-1]):
-            if not any(line.strip() in CHAIN_SEPARATORS for line in lines[previous:begin]):
+            if not any(line.startswith(CHAINED_TRACEBACK) for line in lines[previous:begin]):
                 break
             begin = previous
         return lines[begin:][-MAX_ERROR_LINES:]
     dumps = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
-    if not dumps:
-        return []
     stack = []
-    for line in lines[dumps[-1] :]:
+    for line in lines[dumps[-1] :] if dumps else []:
         if line.startswith("Extension modules:"):
             break
         if "<frozen importlib." not in line:
             stack.append(line)
     return stack[:MAX_ERROR_LINES]
-
-
-def _root_cause(torchrun_lines: list[str]) -> tuple[int, int] | None:
-    """(rank, exit code) of the first failure, from torchrun's summary or its agent log line."""
-    markers = [i for i, line in enumerate(torchrun_lines) if ROOT_CAUSE_MARKER in line]
-    if markers:
-        section = torchrun_lines[markers[-1] :]
-        ranks = [int(match[1]) for match in map(ROOT_RANK_RE.match, section) if match]
-        codes = [int(match[1]) for match in map(ROOT_EXITCODE_RE.match, section) if match]
-        if ranks:
-            return ranks[0], codes[0] if codes else 1
-    matches = [match for match in map(AGENT_FAILED_RE.search, torchrun_lines) if match]
-    return (int(matches[0][2]), int(matches[0][1])) if matches else None
 
 
 def _describe_exit(code: int) -> str:
@@ -297,17 +254,22 @@ def _describe_exit(code: int) -> str:
 
 
 def _failure(logs: dict[int, list[str]], returncode: int) -> tuple[int, str]:
-    cause = _root_cause(logs[-1])
-    if cause is None:
+    """Blame the rank torchrun names as root cause, else the first rank with a traceback."""
+    torchrun_lines = logs[-1]
+    markers = [i for i, line in enumerate(torchrun_lines) if ROOT_CAUSE_MARKER in line]
+    fields: dict[str, int] = {}
+    for match in map(ROOT_FIELD_RE.match, torchrun_lines[markers[-1] :] if markers else []):
+        if match:
+            fields.setdefault(match[1], int(match[2]))
+    if "rank" not in fields:
         with_traceback = [rank for rank in sorted(logs) if rank >= 0 and _error_lines(logs[rank])]
         if not with_traceback:
-            tail = "\n".join(logs[-1][-20:])
+            tail = "\n".join(torchrun_lines[-20:])
             return -1, f"torchrun failed ({_describe_exit(returncode)}) without naming a rank; its last output:\n{tail}"
-        cause = (with_traceback[0], returncode)
-    rank, code = cause
-    lines = logs.get(rank, [])
+        fields["rank"] = with_traceback[0]
+    rank, lines = fields["rank"], logs.get(fields["rank"], [])
     detail = _error_lines(lines) or ["no Python traceback; last output lines:", *lines[-10:]]
-    return rank, "\n".join([f"rank {rank} failed: {_describe_exit(code)}", *detail])
+    return rank, "\n".join([f"rank {rank} failed: {_describe_exit(fields.get('exitcode', returncode))}", *detail])
 
 
 def _timeout_error(logs: dict[int, list[str]], ranks: list[int], timeout: float) -> str:
@@ -329,9 +291,7 @@ def _watch(proc: subprocess.Popen, tree: _ProcessTree, output: _Output, start: f
                 return None
         elif now - start >= timeout:
             tree.refresh()
-            running_ranks = tree.running_ranks()
-            tree.dump_worker_stacks()
-            return running_ranks
+            return tree.dump_worker_stacks()
         elif now - last_refresh >= PID_REFRESH_SECONDS:
             tree.refresh()
             last_refresh = now

@@ -12,7 +12,7 @@ DEFAULT_RUNS = (("M1", {"world_size": 2, "dp_shard": 2}),)
 
 
 def run_workbook(out: Path) -> int:
-    from launch.run import run
+    from launch.runner import run
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     root = out / stamp
     failures = 0
