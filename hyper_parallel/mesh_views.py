@@ -60,6 +60,15 @@ class MeshViews:
         raise ValueError(f"no view has the dims {wanted} in this order; known dims: {known} "
                          "(dims of one view must be given outermost first)")
 
+    def group_names(self) -> dict[str, str]:
+        """Process-group name -> mesh dim name, so traces of torch's own collectives name their dim."""
+        names = {}
+        for mesh in self.meshes.values():
+            for dim in mesh.mesh_dim_names:
+                if mesh.size(mesh.mesh_dim_names.index(dim)) > 1:
+                    names.setdefault(mesh.get_group(dim).group_name, dim)
+        return names
+
     def all_group_ranks(self, dim: str) -> list[list[int]]:
         """Every group of ``dim`` as read from the DeviceMesh itself (independent of ParallelDims' arithmetic)."""
         for mesh in self.meshes.values():

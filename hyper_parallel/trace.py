@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 PHASES = ("init", "forward", "backward", "optimizer", "other")
 
@@ -71,6 +72,15 @@ def set_phase(phase: str) -> None:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; one of {PHASES}")
         recorder.phase = phase
+
+
+def set_module(module: str) -> str:
+    """Label what follows with ``module``; returns the previous label (to restore it)."""
+    recorder = _current.get()
+    if recorder is None:
+        return ""
+    previous, recorder.module = recorder.module, module
+    return previous
 
 
 def set_step(step: int) -> None:
@@ -130,3 +140,37 @@ def placement(param: str, mesh_dims: tuple[str, ...], before: str, after: str,
         "local_shape": list(local_shape), "global_shape": list(global_shape), "phase": recorder.phase,
         "step": recorder.step, "t": recorder.now(),
     })
+
+
+_FUNCTIONAL_OPS = {
+    "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+    "all_reduce": "all_reduce", "all_to_all_single": "all_to_all",
+}
+
+
+class TorchCollectiveTracer(TorchDispatchMode):
+    """Record the collectives torch issues by itself (DTensor redistributions of TP/SP layers).
+
+    Our own collectives go through ``hyper_parallel.comm``; DTensor's go through the functional
+    collectives ``_c10d_functional.*``, which this dispatch mode intercepts. ``group_names`` maps a
+    process group's name to the mesh dim it belongs to (``MeshViews.group_names()``). Each op is
+    waited for at once so its bar on the timeline has a real end (on CPU/gloo it is synchronous anyway).
+    """
+
+    def __init__(self, group_names: dict[str, str]) -> None:
+        super().__init__()
+        self.group_names = group_names
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = _FUNCTIONAL_OPS.get(func._overloadpacket.__name__) if func.namespace == "_c10d_functional" else None
+        if op is None or _current.get() is None:
+            return func(*args, **kwargs)
+        tensor, group_name = args[0], str(args[-1])
+        group = dist.distributed_c10d._resolve_process_group(group_name)
+        ranks = dist.get_process_group_ranks(group)
+        nbytes = tensor.numel() * tensor.element_size() * (len(ranks) if op == "all_gather" else 1)
+        with collective(op, self.group_names.get(group_name, group_name), ranks, nbytes, tensor.dtype):
+            out = func(*args, **kwargs)
+            out = torch.ops._c10d_functional.wait_tensor(out)
+        return out

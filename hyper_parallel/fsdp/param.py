@@ -131,6 +131,27 @@ class ShardedParam:
                                "group for it; the parameter's DTensor mesh must include those dims")
         return [self.model_parallel_groups[d] for d in dims]
 
+    def local_grad(self, grad: DTensor) -> tuple[torch.Tensor, tuple[str, ...]]:
+        """The local gradient in this parameter's model-parallel layout, and the dims it is still Partial on.
+
+        A TP layer can hand back a gradient laid out differently from its parameter (an embedding's
+        gradient comes back Replicate for a Shard(0) weight). Such dims are redistributed to the
+        parameter's placement (by DTensor); Partial over a dim where the parameter is Replicate is
+        left for fully_shard's bucketed all-reduce over that model-parallel group.
+        """
+        names = grad.device_mesh.mesh_dim_names
+        target, partial = list(grad.placements), []
+        for index, (have, want) in enumerate(zip(grad.placements, self.mp_placements)):
+            if have == want:
+                continue
+            if isinstance(have, Partial) and isinstance(want, Replicate):
+                partial.append(names[index])
+            else:
+                target[index] = want
+        if target != list(grad.placements):
+            grad = grad.redistribute(placements=target)
+        return grad.to_local(), tuple(partial)
+
     # ----- storage -----
     def init_sharded(self, padded_storage: torch.Tensor) -> None:
         """Copy this rank's chunk into ``padded_storage`` (a view of the group's flat shard buffer)."""

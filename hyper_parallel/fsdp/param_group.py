@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Partial
 
 from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo
@@ -120,11 +119,9 @@ class ParamGroup:
             if grad is None:
                 continue
             param.unsharded_param.grad = None
-            partial = ()
+            partial: tuple[str, ...] = ()
             if isinstance(grad, DTensor):
-                partial = tuple(dim for dim, p in zip(grad.device_mesh.mesh_dim_names, grad.placements)
-                                if isinstance(p, Partial))
-                grad = grad.to_local()
+                grad, partial = param.local_grad(grad)
             if param.accumulated_grad is not None:
                 grad = grad + param.accumulated_grad
                 param.accumulated_grad = None

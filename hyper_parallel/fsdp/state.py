@@ -28,6 +28,8 @@ class FullyShardState:
         self.forward_prefetch: list[FullyShardState] = []
         self.backward_prefetch: list[FullyShardState] = []
         self.is_root: bool | None = None
+        self.name = type(module).__name__
+        self._outer_module_label = ""
         self.subtree: list[FullyShardState] = []
         self._grads_seen = 0
         self._pre_backward_done = False
@@ -56,13 +58,15 @@ class FullyShardState:
             self.subtree.append(state)
             if state is not self:
                 state.is_root = False
+            state.name = name or "root"
             if state.group is not None:
-                state.group.name = name or "root"
+                state.group.name = state.name
 
     def _pre_forward(self, module: nn.Module, args, kwargs):
         self._lazy_init()
         if self.is_root:
             trace.set_phase("forward")
+        self._outer_module_label = trace.set_module(self.name)
         if self.group is not None:
             self.group.unshard()
         for state in self.forward_prefetch:
@@ -75,6 +79,7 @@ class FullyShardState:
 
     def _post_forward(self, module: nn.Module, args, output):
         training = torch.is_grad_enabled()
+        trace.set_module(self._outer_module_label)
         if self.group is not None and (not training or (self.reshard_after_forward and not self.is_root)):
             self.group.reshard()
         if self.mp_policy.output_dtype is not None:
@@ -97,6 +102,7 @@ class FullyShardState:
             self._callback_queued = True
             trace.set_phase("backward")
             Variable._execution_engine.queue_callback(self._end_of_backward)
+        trace.set_module(self.name)
         if self.group is not None:
             self.group.unshard()
         for state in self.backward_prefetch:
@@ -123,6 +129,7 @@ class FullyShardState:
             state._pre_backward_done = False
         self._callback_queued = False
         trace.set_phase("other")
+        trace.set_module("")
 
     # ----- explicit control -----
     def unshard(self) -> None:

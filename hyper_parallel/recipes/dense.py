@@ -4,25 +4,16 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.mlp import MLP, MLPConfig, mlp_batch
+from hyper_parallel.recipes.batches import data_parallel_rows
 from hyper_parallel.recipes.training import Workload
 
 GLOBAL_BATCH = 16
-
-
-def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor:
-    """This rank's slice of the global batch: ``dp = dp_replicate * dp_shard`` equal slices."""
-    if tensor.shape[0] % dims.dp:
-        raise ValueError(f"global batch {tensor.shape[0]} is not divisible by dp={dims.dp}")
-    rows = tensor.shape[0] // dims.dp
-    index = dims.coordinates(dist.get_rank())["dp"]
-    return tensor[index * rows:(index + 1) * rows]
 
 
 def _mlp_workload(dims: ParallelDims, views: MeshViews, seed: int, enable_param_shard: bool | None) -> Workload:
@@ -35,7 +26,7 @@ def _mlp_workload(dims: ParallelDims, views: MeshViews, seed: int, enable_param_
         fully_shard(block, mesh=mesh, enable_param_shard=enable_param_shard)
     fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)
     x, y = mlp_batch(config, GLOBAL_BATCH, seed)
-    return Workload(model, reference, data_parallel_rows(x, dims), data_parallel_rows(y, dims), x, y,
+    return Workload(model, reference, (data_parallel_rows(x, dims),), data_parallel_rows(y, dims), (x,), y,
                     loss_fn=F.mse_loss)
 
 

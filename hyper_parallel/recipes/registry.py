@@ -57,6 +57,9 @@ class Recipe:
 
 
 _MLP_SHAPES = {"global_batch": 16, "hidden_sizes": (32, 64)}
+# TransformerConfig defaults: d_model 32, 4 heads, hidden 64, vocab 64, seq_len 16; global batch 8.
+_TRANSFORMER_SHAPES = {"global_batch": 8, "seq_len": 16, "num_heads": 4, "hidden_sizes": (32, 64, 64)}
+_SP_SHAPES = {**_TRANSFORMER_SHAPES, "sequence_parallel": True}
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe(
@@ -76,6 +79,52 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         tier="l0", default={"world_size": 2, "dp_shard": 2}, alternatives=({"world_size": 4, "dp_shard": 4},),
         implementation="hyper_parallel.recipes.dense:fsdp_mlp", shapes=_MLP_SHAPES,
         must_be_one=("dp_replicate", "cp", "tp", "ep"), must_exceed_one=("dp_shard",)),
+    Recipe(
+        name="M2", title="pure tensor parallelism",
+        description="Attention and feed-forward split over tp (wq/wk/wv/w1 colwise, wo/w2 rowwise) on "
+                    "torch's DTensor parallel styles: each rowwise layer all-reduces its output. Data-parallel "
+                    "replicas, if any, only all-reduce gradients (fully_shard enable_param_shard=False).",
+        matrix_row="M2 | dense | TP >1 | SP 0 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | pure TP | mini transformer",
+        tier="l0", default={"world_size": 2, "tp": 2}, alternatives=({"world_size": 4, "tp": 4},
+                                                                      {"world_size": 4, "dp_shard": 2, "tp": 2}),
+        implementation="hyper_parallel.recipes.transformer:tensor_parallel", shapes=_TRANSFORMER_SHAPES,
+        must_be_one=("cp", "ep"), must_exceed_one=("tp",)),
+    Recipe(
+        name="M3", title="tensor + sequence parallelism",
+        description="TP with the residual stream sharded along the sequence between blocks: norms run on "
+                    "sequence shards, each block's input is all-gathered and its output reduce-scattered. "
+                    "Norm weights get Partial gradients over tp, which fully_shard sums (RFC requirement 2).",
+        matrix_row="M3 | dense | TP >1 | SP 1 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | TP+SP | mini transformer",
+        tier="l1", default={"world_size": 2, "tp": 2}, alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:tensor_sequence_parallel", shapes=_SP_SHAPES,
+        must_be_one=("cp", "ep"), must_exceed_one=("tp",)),
+    Recipe(
+        name="M5", title="context parallelism + FSDP",
+        description="The sequence split into 2*cp load-balanced chunks; attention all-gathers K/V over cp. "
+                    "CP ranks also shard parameters: fsdp = dp_shard * cp.",
+        matrix_row="M5 | dense | TP 1 | SP 0 | CP >1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | cp in fsdp, seq_len % 2cp | mini transformer",
+        tier="l1", default={"world_size": 2, "cp": 2, "dp_shard": 1},
+        alternatives=({"world_size": 4, "dp_shard": 2, "cp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer", shapes=_TRANSFORMER_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"), must_exceed_one=("cp",)),
+    Recipe(
+        name="M6", title="TP + SP + CP + FSDP",
+        description="Four dense dims at once (TorchTitan llama3): TP+SP inside each block, CP attention, "
+                    "parameters sharded over fsdp = dp_shard * cp with the TP placement kept.",
+        matrix_row="M6 | dense | TP >1 | SP 1 | CP >1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | seq_len % (tp*2*cp) | mini transformer",
+        tier="l1", default={"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2},
+        alternatives=({"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer", shapes=_SP_SHAPES,
+        must_be_one=("ep", "dp_replicate"), must_exceed_one=("tp", "cp")),
+    Recipe(
+        name="M7", title="HSDP (dp_replicate x fsdp), TP/CP optional",
+        description="Parameters sharded within each replica group and replicated across groups: gradients "
+                    "reduce-scatter over fsdp, then all-reduce over dp_replicate (RFC test 2).",
+        matrix_row="M7 | dense | TP >1 | SP 0..1 | CP 1..>1 | FSDP2 >0 | dp_rep 1 | EP 0 | ETP 0 | HSDP | mini transformer",
+        tier="l1", default={"world_size": 4, "dp_replicate": 2, "dp_shard": 2},
+        alternatives=({"world_size": 8, "dp_replicate": 2, "dp_shard": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer", shapes=_SP_SHAPES,
+        must_be_one=("ep",), must_exceed_one=("dp_replicate",), at_least_one_of=("dp_shard", "cp")),
 ]}
 
 

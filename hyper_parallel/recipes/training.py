@@ -7,6 +7,7 @@ the comparison sensitive to gradient scale (Adam would hide a wrongly scaled gra
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,9 +26,9 @@ RTOL, ATOL = 1e-5, 1e-6
 class Workload:
     model: nn.Module                 # parallelized
     reference: nn.Module             # same initial weights, not parallelized
-    inputs: torch.Tensor             # this rank's share of the global batch
+    inputs: tuple                    # model(*inputs): this rank's share of the global batch
     targets: torch.Tensor
-    global_inputs: torch.Tensor      # the whole global batch (reference)
+    global_inputs: tuple             # reference(*global_inputs): the whole global batch
     global_targets: torch.Tensor
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     lr: float = 0.05
@@ -38,8 +39,14 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param.detach()
 
 
-def train_and_compare(workload: Workload, steps: int, on_step: Callable[[dict], None] | None = None) -> dict:
-    """Run ``steps`` optimizer steps; return losses, reference losses and the largest differences (rank 0)."""
+def train_and_compare(workload: Workload, steps: int, on_step: Callable[[dict], None] | None = None,
+                      trace_torch_collectives: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+                      ) -> dict:
+    """Run ``steps`` optimizer steps; return losses, reference losses and the largest differences (rank 0).
+
+    ``trace_torch_collectives`` makes a context that records the collectives torch issues itself
+    (DTensor TP); it is entered around the training step only, not around the reference or the checks.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     model, reference = workload.model, workload.reference
     optimizer = torch.optim.SGD(model.parameters(), lr=workload.lr)
@@ -48,18 +55,19 @@ def train_and_compare(workload: Workload, steps: int, on_step: Callable[[dict], 
     for step in range(steps):
         trace.set_step(step)
         start = time.perf_counter()
-        loss = workload.loss_fn(model(workload.inputs), workload.targets)
-        loss.backward()
-        trace.set_phase("optimizer")
-        optimizer.step()
-        optimizer.zero_grad()
-        trace.set_phase("other")
+        with trace_torch_collectives():
+            loss = workload.loss_fn(model(*workload.inputs), workload.targets)
+            loss.backward()
+            trace.set_phase("optimizer")
+            optimizer.step()
+            optimizer.zero_grad()
+            trace.set_phase("other")
         step_times.append(time.perf_counter() - start)
         total = loss.detach().to(torch.float64).reshape(1).clone()
         dist.all_reduce(total)  # bookkeeping, not part of the training communication: not traced
         losses.append(total.item() / world)
         if ref_optimizer is not None:
-            ref_loss = workload.loss_fn(reference(workload.global_inputs), workload.global_targets)
+            ref_loss = workload.loss_fn(reference(*workload.global_inputs), workload.global_targets)
             ref_loss.backward()
             ref_optimizer.step()
             ref_optimizer.zero_grad()

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
         with trace.record() as recorder:
             workload = build(dims, views, args.seed)
-            metrics = train_and_compare(workload, args.steps, on_step=report)
+            metrics = train_and_compare(workload, args.steps, on_step=report,
+                                        trace_torch_collectives=lambda: trace.TorchCollectiveTracer(views.group_names()))
         recorder.save(trace_path(out, rank))
         if rank == 0:
             metrics = {"recipe": recipe.name, "degrees": dims.degrees(), "steps": args.steps, "seed": args.seed,

@@ -1,0 +1,224 @@
+"""Expert parallelism (EP) and expert tensor parallelism (ETP) for ``hyper_parallel.models.moe.MoE``.
+
+``parallelize_moe(moe, mesh)`` keeps the MoE's routing, sorting and combining and replaces its
+``experts(routed, counts)`` step (tokens sorted by global expert id, ``counts [num_experts]``) with:
+
+    routed [N, d] sorted by expert, counts [E]
+      -> all_to_all(counts) over ep             each rank learns how many rows it gets per local expert
+      -> DispatchTokens: all_to_all(rows) over ep, uneven splits    (backward: the reverse all_to_all)
+      -> regroup the received rows expert-major (source rank order inside an expert)
+      [-> CopyToTensorParallel over etp          forward identity, backward all-reduce of the input grad]
+      -> local experts on ``to_local()`` weights (ETP: w1 colwise / w2 rowwise hidden shard)
+      [-> ReduceFromTensorParallel over etp      forward all-reduce of the partial outputs, backward identity]
+      -> back to source-rank order
+      -> CombineTokens: the reverse all_to_all over ep               (backward: the forward all_to_all)
+    rows back in the caller's order; the MoE weights and sums them per token as in the reference.
+
+Layouts. ``experts.w1 [E, d, h]`` and ``experts.w2 [E, h, d]`` become DTensor Parameters: ``Shard(0)``
+on ep (rank i of the ep group holds experts ``[i*E/ep, (i+1)*E/ep)``), with ETP additionally
+``Shard(2)`` (w1, colwise) and ``Shard(1)`` (w2, rowwise) on etp. The router and the shared expert stay
+plain (replicated) parameters.
+
+Collectives per MoE layer (what ``hyper_parallel.trace`` records; a group of size 1 records nothing):
+
+    forward    1 all_to_all (counts, int64, even splits)  + 2 all_to_all (tokens: dispatch, combine)  on ep
+               [+ 1 all_reduce on etp]  [+ 1 all_gather on the token-split group]
+    backward   2 all_to_all (the reverse of combine, then of dispatch)                              on ep
+               [+ 1 all_reduce on etp (input gradient of the colwise w1)]
+               [+ 1 all_gather on the token-split group (input gradient)]
+
+The split sizes come from the counts as Python ints (``.tolist()``): a device-to-host sync per layer
+on GPU, the reason TorchTitan needs explicit prefetch around MoE blocks.
+
+Preconditions (not checkable cheaply at run time, so documented):
+* the ranks of an ep group hold DIFFERENT tokens (EP borrows ranks from dp_shard / cp, and with
+  etp == 1 also from tp). Tokens replicated inside the ep group would be computed twice by the experts
+  and their expert gradients counted twice. When the ep group contains tp ranks that hold the same
+  tokens (etp == 1, no sequence parallelism), pass ``token_split_mesh=views["tp"]``: each rank of that
+  group then keeps 1/size of the sequence (``seq_len % size == 0``) before routing and the outputs are
+  all-gathered after the combine (``ScatterToSequenceParallel`` / ``GatherFromSequenceParallel``:
+  backward keeps this rank's chunk of the output gradient and all-gathers the input gradient). The
+  router and shared expert then see only this rank's chunk, so their gradients are partial sums over
+  that group: they are marked with ``PARTIAL_GRAD_ATTR`` and ``fully_shard`` sums them over it.
+* with ETP (etp == tp) every rank of an etp group holds the same tokens (and routes them identically):
+  each computes its hidden-dim shard of the same rows and the partial outputs are summed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from hyper_parallel import comm
+from hyper_parallel.comm import GroupInfo
+from hyper_parallel.fsdp.param import PARTIAL_GRAD_ATTR
+from hyper_parallel.models.moe import GroupedExperts, MoE, grouped_mlp
+from hyper_parallel.parallel.autograd_comm import (CopyToTensorParallel, GatherFromSequenceParallel,
+                                                   ReduceFromTensorParallel, ScatterToSequenceParallel)
+
+SEQ_DIM = 1
+
+
+class _TokenAllToAll(torch.autograd.Function):
+    """Rows to every rank of the group with uneven splits; backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, rows, info, output_splits, input_splits):
+        ctx.info, ctx.output_splits, ctx.input_splits = info, output_splits, input_splits
+        out = rows.new_empty((sum(output_splits),) + tuple(rows.shape[1:]))
+        return comm.all_to_all_single(out, rows.contiguous(), info, output_splits, input_splits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        out = grad.new_empty((sum(ctx.input_splits),) + tuple(grad.shape[1:]))
+        comm.all_to_all_single(out, grad, ctx.info, ctx.input_splits, ctx.output_splits)
+        return out, None, None, None
+
+
+class DispatchTokens(_TokenAllToAll):
+    """Forward: routed rows to the ep ranks owning their experts. Backward: their gradients back to the source."""
+
+
+class CombineTokens(_TokenAllToAll):
+    """Forward: expert outputs back to the ranks that routed them. Backward: output gradients to the experts."""
+
+
+def exchange_counts(counts: torch.Tensor, ep: GroupInfo) -> torch.Tensor:
+    """``counts [E]`` (rows this rank sends per global expert) -> ``[ep, E/ep]``: row j holds the rows
+    rank j of the group sends to each of this rank's local experts. One even all_to_all (no autograd)."""
+    received = torch.empty_like(counts)
+    comm.all_to_all_single(received, counts.contiguous(), ep)
+    return received.view(ep.size, -1)
+
+
+def expert_major_order(received_counts: torch.Tensor) -> torch.Tensor:
+    """Permutation regrouping the received rows (source-rank major, then local expert) expert-major,
+    keeping source-rank order (and each source's row order) inside an expert."""
+    sources, local = received_counts.shape
+    segment = torch.repeat_interleave(torch.arange(sources * local, device=received_counts.device),
+                                      received_counts.reshape(-1))
+    key = (segment % local) * sources + torch.div(segment, local, rounding_mode="floor")
+    return torch.argsort(key, stable=True)
+
+
+def _inverse(permutation: torch.Tensor) -> torch.Tensor:
+    inverse = torch.empty_like(permutation)
+    inverse[permutation] = torch.arange(permutation.numel(), device=permutation.device)
+    return inverse
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class ExpertParallelExperts(nn.Module):
+    """Drop-in for ``GroupedExperts`` (same ``forward(routed, counts)`` and parameter names ``w1``/``w2``)
+    holding this rank's experts and exchanging the tokens over ep (see the module docstring)."""
+
+    def __init__(self, experts: GroupedExperts, mesh: DeviceMesh, ep: GroupInfo, etp: GroupInfo | None) -> None:
+        super().__init__()
+        self.num_experts = experts.num_experts
+        self.ep, self.etp = ep, etp
+        w1_placements = [Shard(0)] + ([Shard(2)] if etp is not None else [])
+        w2_placements = [Shard(0)] + ([Shard(1)] if etp is not None else [])
+        for name, placements in (("w1", w1_placements), ("w2", w2_placements)):
+            param = getattr(experts, name)
+            dtensor = distribute_tensor(param.detach(), mesh, placements, src_data_rank=None)
+            self.register_parameter(name, nn.Parameter(dtensor, requires_grad=param.requires_grad))
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.num_experts // self.ep.size
+
+    def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ep = self.ep
+        received_counts = exchange_counts(counts, ep)                        # [ep, E/ep]
+        input_splits = counts.view(ep.size, -1).sum(1).tolist()
+        output_splits = received_counts.sum(1).tolist()
+        received = DispatchTokens.apply(routed, ep, output_splits, input_splits)
+        order = expert_major_order(received_counts)
+        rows = received[order]
+        if self.etp is not None:
+            rows = CopyToTensorParallel.apply(rows, self.etp)
+        out = grouped_mlp(rows, received_counts.sum(0).tolist(), _local(self.w1), _local(self.w2))
+        if self.etp is not None:
+            out = ReduceFromTensorParallel.apply(out, self.etp)
+        out = out[_inverse(order)]
+        return CombineTokens.apply(out, ep, input_splits, output_splits)
+
+    def extra_repr(self) -> str:
+        etp = f", etp={list(self.etp.ranks)}" if self.etp is not None else ""
+        return f"num_experts={self.num_experts}, local={self.num_local_experts}, ep={list(self.ep.ranks)}{etp}"
+
+
+def _expert_mesh(mesh: DeviceMesh, etp_mesh: DeviceMesh | None) -> DeviceMesh:
+    if etp_mesh is not None:
+        if mesh.ndim != 1 or etp_mesh.ndim != 1:
+            raise ValueError(f"with a separate etp_mesh both meshes must be 1-D; got {mesh.mesh_dim_names} "
+                             f"and {etp_mesh.mesh_dim_names}")
+        mesh = DeviceMesh._concatenate([mesh, etp_mesh])
+    names = tuple(mesh.mesh_dim_names or ())
+    if names not in (("ep",), ("ep", "etp")):
+        raise ValueError(f"parallelize_moe needs a mesh with dims ('ep',) or ('ep', 'etp') (e.g. views['ep'] or "
+                         f"views['ep', 'etp']); got {names or 'an unnamed mesh'}")
+    return mesh
+
+
+def parallelize_moe(moe: MoE, mesh: DeviceMesh, etp_mesh: DeviceMesh | None = None, *,
+                    token_split_mesh: DeviceMesh | None = None) -> MoE:
+    """Expert-parallelise ``moe`` in place and return it.
+
+    ``mesh``: ``views["ep"]`` or ``views["ep", "etp"]`` (or ``views["ep"]`` plus ``etp_mesh=views["etp"]``).
+    ``token_split_mesh``: a 1-D mesh whose ranks hold the same tokens inside the ep group (``views["tp"]``
+    when etp == 1 and tp > 1 without sequence parallelism); only with etp == 1.
+    Raises ``ValueError`` when num_experts % ep or hidden % etp is not 0.
+    """
+    if not isinstance(moe, MoE):
+        raise TypeError(f"parallelize_moe expects a hyper_parallel.models.moe.MoE, got {type(moe).__name__}")
+    if not isinstance(moe.experts, GroupedExperts):
+        raise ValueError(f"moe.experts is a {type(moe.experts).__name__}, not GroupedExperts: already parallelized?")
+    mesh = _expert_mesh(mesh, etp_mesh)
+    ep = GroupInfo.from_mesh(mesh, ("ep",))
+    etp = GroupInfo.from_mesh(mesh, ("etp",)) if mesh.ndim == 2 else None
+    config = moe.config
+    if config.num_experts % ep.size:
+        raise ValueError(f"num_experts={config.num_experts} must be divisible by ep={ep.size} "
+                         "(each EP rank holds num_experts/ep experts)")
+    if etp is not None and config.hidden % etp.size:
+        raise ValueError(f"the expert hidden size {config.hidden} must be divisible by etp={etp.size} "
+                         "(ETP splits each expert's hidden dim)")
+    moe.experts = ExpertParallelExperts(moe.experts, mesh, ep, etp)
+    if token_split_mesh is not None:
+        _split_tokens(moe, token_split_mesh, etp)
+    return moe
+
+
+def _split_tokens(moe: MoE, split_mesh: DeviceMesh, etp: GroupInfo | None) -> None:
+    if split_mesh.ndim != 1 or not split_mesh.mesh_dim_names:
+        raise ValueError(f"token_split_mesh must be a named 1-D mesh (e.g. views['tp']), got {split_mesh}")
+    if etp is not None and etp.size > 1:
+        raise ValueError("token_split_mesh is for etp == 1: with ETP every rank of an etp group must "
+                         "hold the same tokens")
+    name = split_mesh.mesh_dim_names[0]
+    split = GroupInfo.from_mesh(split_mesh, (name,))
+    if split.size == 1:
+        return
+
+    def scatter(module, args):
+        x, *rest = args
+        if x.shape[SEQ_DIM] % split.size:
+            raise ValueError(f"seq_len={x.shape[SEQ_DIM]} must be divisible by the token-split group "
+                             f"{name}={split.size} (each of its ranks routes 1/{split.size} of the sequence)")
+        return (ScatterToSequenceParallel.apply(x, SEQ_DIM, split), *rest)
+
+    def gather(module, args, output):
+        return GatherFromSequenceParallel.apply(output, SEQ_DIM, split, False)
+
+    moe.token_split = split
+    moe._token_split_hooks = (moe.register_forward_pre_hook(scatter), moe.register_forward_hook(gather))
+    replicated = [moe.router] + ([moe.shared] if moe.shared is not None else [])
+    for module in replicated:
+        for param in module.parameters():
+            setattr(param, PARTIAL_GRAD_ATTR, tuple(getattr(param, PARTIAL_GRAD_ATTR, ())) + (name,))

@@ -1,0 +1,28 @@
+"""Each rank's share of a recipe's global batch: rows by data parallelism, sequence chunks by CP.
+
+The global batch and sequence length are fixed per recipe and independent of the degrees, so the
+single-process reference of a recipe is the same on every mesh.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel.mesh import ParallelDims
+
+
+def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor:
+    """This rank's slice of the global batch: ``dp = dp_replicate * dp_shard`` equal slices."""
+    if tensor.shape[0] % dims.dp:
+        raise ValueError(f"global batch {tensor.shape[0]} is not divisible by dp={dims.dp}")
+    rows = tensor.shape[0] // dims.dp
+    index = dims.coordinates(dist.get_rank())["dp"]
+    return tensor[index * rows:(index + 1) * rows]
+
+
+def sequence_positions(seq_len: int, dims: ParallelDims) -> torch.Tensor:
+    """Global positions of the tokens this rank holds: all of them, or its load-balanced CP chunks."""
+    if dims.cp == 1:
+        return torch.arange(seq_len)
+    from hyper_parallel.parallel.cp import load_balanced_positions
+    return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())["cp"])

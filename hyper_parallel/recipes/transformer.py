@@ -1,0 +1,74 @@
+"""Recipes on the mini transformer, applied in TorchTitan's order: TP(+SP) -> EP/ETP -> CP -> fully_shard.
+
+One builder serves M2, M3, M5, M6, M7 and the dense tiers; the degrees decide which styles apply.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+
+from hyper_parallel.comm import GroupInfo
+from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_views import MeshViews
+from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel.tp import parallelize_transformer_tp
+from hyper_parallel.recipes.batches import data_parallel_rows, sequence_positions
+from hyper_parallel.recipes.training import Workload
+
+GLOBAL_BATCH = 8
+DENSE_CONFIG = TransformerConfig()
+
+
+def apply_context_parallel(model: Transformer, views: MeshViews) -> None:
+    """Swap every attention core for CP attention over the cp group (K/V exchanged between CP ranks)."""
+    from hyper_parallel.parallel.cp import context_parallel_attention
+    cp = GroupInfo.from_mesh(views["cp"], ("cp",))
+    for layer in model.layers:
+        layer.attention.core = functools.partial(_cp_core, attention=context_parallel_attention, cp=cp)
+
+
+def _cp_core(q, k, v, positions, *, attention, cp):
+    return attention(q, k, v, cp, positions)
+
+
+def apply_fully_shard(model: Transformer, views: MeshViews, enable_param_shard: bool | None) -> None:
+    """Bottom-up: each transformer block is one unit, the root (embeddings, final norm, head) another."""
+    mesh = views["dp_replicate", "fsdp"]
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, enable_param_shard=enable_param_shard)
+    fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)
+
+
+def transformer_workload(dims: ParallelDims, views: MeshViews, seed: int, *, sequence_parallel: bool,
+                         enable_param_shard: bool | None, config: TransformerConfig = DENSE_CONFIG) -> Workload:
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    reference = copy.deepcopy(model)
+    parallelize_transformer_tp(model, views["tp"], sequence_parallel=sequence_parallel)
+    if dims.cp > 1:
+        apply_context_parallel(model, views)
+    apply_fully_shard(model, views, enable_param_shard)
+    tokens, targets = token_batch(config, GLOBAL_BATCH, seed)
+    positions = sequence_positions(config.seq_len, dims)
+    local_tokens = data_parallel_rows(tokens, dims)[:, positions]
+    local_targets = data_parallel_rows(targets, dims)[:, positions]
+    return Workload(model, reference, (local_tokens, positions), local_targets, (tokens,), targets, loss_fn=lm_loss,
+                    lr=0.5)
+
+
+def tensor_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """M2: TP without SP; data-parallel replicas (if any) all-reduce, nothing is sharded by FSDP."""
+    return transformer_workload(dims, views, seed, sequence_parallel=False, enable_param_shard=False)
+
+
+def tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """M3: TP + SP; norm weights get Partial gradients over tp that fully_shard sums."""
+    return transformer_workload(dims, views, seed, sequence_parallel=True, enable_param_shard=False)
+
+
+def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """M5, M6, M7 and the dense tiers: whatever of TP+SP / CP the degrees ask for, then FSDP/HSDP."""
+    return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None)

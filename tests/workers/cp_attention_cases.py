@@ -1,0 +1,153 @@
+"""Worker for tests/test_cp_attention.py: every CP attention case in one process group.
+
+For each cp layout of this world size (all ranks in one cp group; cp groups of 2 with tp=2, whose
+ranks are not contiguous; a cp group of one) and each case (impl, causal, dtype, GQA), it compares
+``unshard(context_parallel_attention(shard(q), shard(k), shard(v)))`` and the unsharded q/k/v
+gradients with the unsplit float64 ``scaled_dot_product_attention``, and records the attention
+call's collectives. Results go to $HYPER_PARALLEL_RUN_DIR/cp_rank<R>.json; the test asserts on them.
+"""
+import copy
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hyper_parallel import comm, trace
+from hyper_parallel.comm import GroupInfo
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel.cp import (attention_core, context_parallel_attention, cp_index, shard_sequence,
+                                        unshard_sequence)
+
+BATCH, HEADS, HEAD_DIM = 2, 4, 8
+SEQ_LEN = 32
+
+
+def layouts(world: int) -> list[dict]:
+    """(name, ParallelDims) pairs: full cp, cp=2 x tp=2 (cp groups {0,2} and {1,3}), cp of one."""
+    out = [("cp_all", ParallelDims(world_size=world, cp=world))]
+    if world == 4:
+        out.append(("cp2_tp2", ParallelDims(world_size=world, cp=2, tp=2)))
+    out.append(("cp1", ParallelDims(world_size=world, cp=1)))
+    return out
+
+
+CASES = [  # impl, causal, dtype, kv_heads, seq_len
+    ("all_gather", True, torch.float32, HEADS, SEQ_LEN),
+    ("all_gather", False, torch.float32, HEADS, SEQ_LEN),
+    ("all_gather", True, torch.float32, HEADS // 2, SEQ_LEN),
+    ("all_gather", True, torch.float64, HEADS, SEQ_LEN),
+    ("all_gather", True, torch.float32, HEADS, 2 * SEQ_LEN),
+    ("ring", True, torch.float32, HEADS, SEQ_LEN),
+    ("ring", False, torch.float32, HEADS, SEQ_LEN),
+    ("ring", True, torch.float32, HEADS // 2, SEQ_LEN),
+]
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def run_case(cp: GroupInfo, impl: str, causal: bool, dtype: torch.dtype, kv_heads: int, seq_len: int, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)  # identical full tensors on every rank
+    q, k, v, grad_out = (torch.randn(BATCH, h, seq_len, HEAD_DIM, generator=gen, dtype=torch.float64)
+                         for h in (HEADS, kv_heads, kv_heads, HEADS))
+    ref_in = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=causal, enable_gqa=kv_heads != HEADS)
+    ref.backward(grad_out)
+
+    local = [shard_sequence(t.to(dtype), 2, cp).detach().requires_grad_(True) for t in (q, k, v)]
+    positions = shard_sequence(torch.arange(seq_len), 0, cp)
+    with trace.record() as rec:
+        with trace.labels(phase="forward", module="attention"):
+            out = context_parallel_attention(*local, cp, positions, causal=causal, impl=impl)
+        with trace.labels(phase="other", module="unshard"):
+            full = unshard_sequence(out, 2, cp)
+        with trace.labels(phase="backward", module="attention"):
+            (full * grad_out.to(dtype)).sum().backward()
+    grads = [unshard_sequence(t.grad, 2, cp) for t in local]
+    kv_bytes = BATCH * kv_heads * seq_len * HEAD_DIM * torch.finfo(dtype).bits // 8
+    return {
+        "impl": impl, "causal": causal, "dtype": str(dtype).removeprefix("torch."), "kv_heads": kv_heads,
+        "seq_len": seq_len, "out_dtype": str(out.dtype).removeprefix("torch."), "out_shape": list(out.shape),
+        "errors": {"out": _max_diff(full, ref), "dq": _max_diff(grads[0], ref_in[0].grad),
+                   "dk": _max_diff(grads[1], ref_in[1].grad), "dv": _max_diff(grads[2], ref_in[2].grad)},
+        "kv_bytes": kv_bytes,  # one of K or V, whole sequence
+        "local_kv_bytes": kv_bytes // cp.size,
+        "out_bytes": kv_bytes // kv_heads * HEADS,  # the gathered output
+        "events": [{key: e[key] for key in ("op", "group", "ranks", "bytes", "dtype", "phase", "module")}
+                   for e in rec.events if e["kind"] == "collective"],
+    }
+
+
+def transformer_case(cp: GroupInfo) -> dict:
+    """The model's attention core swapped for CP attention (rotary uses the sharded global positions):
+    loss and parameter gradients (summed over cp, each rank's loss being the mean of its tokens'
+    losses, so divided by cp) equal the single-process model on the full sequence."""
+    config = TransformerConfig(seq_len=32, n_layers=2)
+    torch.manual_seed(0)
+    reference = Transformer(config)
+    model = copy.deepcopy(reference)
+    for layer in model.layers:
+        layer.attention.core = attention_core(cp)
+    tokens, targets = token_batch(config, batch=2, seed=1)
+    ref_loss = lm_loss(reference(tokens), targets)
+    ref_loss.backward()
+    positions = shard_sequence(torch.arange(config.seq_len), 0, cp)
+    loss = lm_loss(model(shard_sequence(tokens, 1, cp), positions), shard_sequence(targets, 1, cp))
+    loss.backward()
+    global_loss = comm.all_reduce(loss.detach().clone(), cp) / cp.size
+    grad_err = 0.0
+    for (name, param), ref_param in zip(model.named_parameters(), reference.parameters()):
+        grad = comm.all_reduce(param.grad.clone(), cp) / cp.size
+        grad_err = max(grad_err, _max_diff(grad, ref_param.grad))
+    return {"loss": _max_diff(global_loss, ref_loss), "param_grads": grad_err}
+
+
+def invalid_inputs(cp: GroupInfo) -> dict:
+    """Messages of the ValueErrors (or "no error") for inputs the cp layout must reject."""
+    messages = {}
+    bad_len = 2 * cp.size * 3 + cp.size  # divisible by cp, not by 2*cp
+    checks = {
+        "shard_bad_seq_len": lambda: shard_sequence(torch.zeros(1, bad_len), 1, cp),
+        "wrong_positions": lambda: context_parallel_attention(
+            *(torch.zeros(1, 1, SEQ_LEN // cp.size, 4) for _ in range(3)), cp, torch.arange(SEQ_LEN // cp.size)),
+    }
+    for name, check in checks.items():
+        try:
+            check()
+            messages[name] = "no error"
+        except ValueError as err:
+            messages[name] = f"ValueError: {err}"
+    return messages
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    started = time.perf_counter()
+    result = {"rank": rank, "world_size": world, "layouts": {}}
+    for name, dims in layouts(world):
+        views = dims.build_mesh("cpu")
+        cp = GroupInfo.from_mesh(views.dense, ("cp",))
+        entry = {"cp_ranks": list(cp.ranks), "cp_index": cp_index(cp),
+                 "positions_16": shard_sequence(torch.arange(16), 0, cp).tolist(), "cases": []}
+        for seed, case in enumerate(CASES):
+            entry["cases"].append(run_case(cp, *case, seed=seed))
+        entry["transformer"] = transformer_case(cp)
+        if cp.size > 1:
+            entry["invalid"] = invalid_inputs(cp)
+        result["layouts"][name] = entry
+    result["seconds"] = time.perf_counter() - started
+    Path(os.environ["HYPER_PARALLEL_RUN_DIR"], f"cp_rank{rank}.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

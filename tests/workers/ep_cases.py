@@ -1,0 +1,167 @@
+"""Worker for tests/test_ep_dispatch.py: every expert-parallel case of one world size in one process group.
+
+For each case every rank builds the same seed-built MoE (the reference) and a parallel copy
+(``parallelize_moe``), feeds the copy its own tokens (ranks with the same data coordinate hold the same
+tokens: tp / etp ranks), and compares with the reference applied to all distinct tokens:
+
+* outputs and input gradients of every rank (all-gathered) against the reference rows of its data;
+* this rank's expert shards' gradients against the matching slices of the reference gradients;
+* router and shared-expert gradients summed over all ranks (divided by the number of ranks that hold
+  the same tokens without splitting them, i.e. etp) against the reference.
+
+Loss = sum(outputs * fixed random weights). The collectives recorded during forward and backward are
+saved as (phase, op, group, ranks, dtype, bytes). Results go to $HYPER_PARALLEL_RUN_DIR/ep_rank<r>.json.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hyper_parallel import trace
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.models.moe import MoE, MoEConfig
+from hyper_parallel.parallel.ep import parallelize_moe
+
+BATCH, SEQ, D_MODEL, HIDDEN = 2, 4, 8, 16
+
+# name -> degrees, expert mesh, token split, MoE config, experts that never win (zero tokens), check
+CASES = {
+    2: {
+        "ep2_top1": dict(dims=dict(dp_shard=2, ep=2), top_k=1, renormalize=False),
+        "ep2_top2": dict(dims=dict(dp_shard=2, ep=2), top_k=2),
+        "ep2_top2_dead_expert": dict(dims=dict(dp_shard=2, ep=2), top_k=2, dead=[3]),
+        "ep2_top1_idle_rank": dict(dims=dict(dp_shard=2, ep=2), top_k=1, dead=[2, 3], renormalize=False),
+        "ep2_tp2_split_top2": dict(dims=dict(dp_shard=1, tp=2, ep=2), top_k=2, split=True),
+    },
+    4: {
+        "ep4_top2": dict(dims=dict(dp_shard=4, ep=4), top_k=2, num_experts=8, dead=[5]),
+        "ep4_top1_no_shared": dict(dims=dict(dp_shard=4, ep=4), top_k=1, shared=False, renormalize=False),
+        "ep2_etp2_top2": dict(dims=dict(dp_shard=2, tp=2, ep=2, etp=2), top_k=2),
+        "ep2_etp2_top1_dead_expert": dict(dims=dict(dp_shard=2, tp=2, ep=2, etp=2), top_k=1, dead=[1],
+                                          renormalize=False),
+        "ep4_tp2_split_top2": dict(dims=dict(dp_shard=2, tp=2, ep=4), top_k=2, split=True),
+        # the same mesh without the split: tp ranks hold the same tokens, so expert work and expert
+        # gradients are duplicated (checked: expert grads come out exactly 2x the reference)
+        "ep4_tp2_nosplit_duplicates": dict(dims=dict(dp_shard=2, tp=2, ep=4), top_k=2, duplicated=2),
+    },
+}
+
+
+def _max(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+def _gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor.contiguous())
+    return out
+
+
+def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dims = ParallelDims(world_size=world, **spec["dims"])
+    key = tuple(sorted(spec["dims"].items()))
+    if key not in views_cache:
+        views_cache[key] = dims.build_mesh("cpu")
+    views = views_cache[key]
+    etp = dims.etp > 1
+    config = MoEConfig(d_model=D_MODEL, hidden=HIDDEN, num_experts=spec.get("num_experts", 4), top_k=spec["top_k"],
+                       shared_expert=spec.get("shared", True), renormalize=spec.get("renormalize", True))
+
+    torch.manual_seed(seed)
+    reference = MoE(config)
+    generator = torch.Generator().manual_seed(seed + 1)
+    data = torch.randn(dims.dp, BATCH, SEQ, D_MODEL, generator=generator)
+    weights = torch.randn(dims.dp, BATCH, SEQ, D_MODEL, generator=generator)
+    dead = spec.get("dead", [])
+    if dead:  # feature 0 is >= 3 for every token and the dead experts' logits are -50 * feature 0
+        data[..., 0] = 3.0 + data[..., 0].abs()
+        with torch.no_grad():
+            reference.router.gate.weight[dead] = 0.0
+            reference.router.gate.weight[dead, 0] = -50.0
+    parallel = copy.deepcopy(reference)
+    mesh = views["ep", "etp"] if etp else views["ep"]
+    parallelize_moe(parallel, mesh, token_split_mesh=views["tp"] if spec.get("split") else None)
+
+    # reference: all distinct tokens in one process
+    x_all = data.reshape(dims.dp * BATCH, SEQ, D_MODEL).clone().requires_grad_(True)
+    ref_out = reference(x_all)
+    (ref_out * weights.reshape(ref_out.shape)).sum().backward()
+    ref_out = ref_out.detach().reshape(dims.dp, BATCH, SEQ, D_MODEL)
+    ref_x_grad = x_all.grad.reshape(dims.dp, BATCH, SEQ, D_MODEL)
+
+    index = dims.coordinates(rank)["dp"]  # ranks with the same data index hold the same tokens
+    x = data[index].clone().requires_grad_(True)
+    started = time.perf_counter()
+    with trace.record() as recorder:
+        with trace.labels(phase="forward"):
+            out = parallel(x)
+        with trace.labels(phase="backward"):
+            (out * weights[index]).sum().backward()
+    elapsed = time.perf_counter() - started
+
+    indices = [dims.coordinates(r)["dp"] for r in range(world)]
+    errors = {
+        "output": max(_max(o, ref_out[i]) for o, i in zip(_gather(out.detach()), indices)),
+        "input_grad": max(_max(g, ref_x_grad[i]) for g, i in zip(_gather(x.grad), indices)),
+    }
+    # expert shards: Shard(0) on ep, with ETP Shard(2) (w1) / Shard(1) (w2) on etp
+    experts = parallel.experts
+    local = config.num_experts // experts.ep.size
+    first = experts.ep.ranks.index(rank) * local
+    w1_ref, w2_ref = reference.experts.w1.grad[first:first + local], reference.experts.w2.grad[first:first + local]
+    if etp:
+        h = HIDDEN // experts.etp.size
+        j = experts.etp.ranks.index(rank)
+        w1_ref, w2_ref = w1_ref[:, :, j * h:(j + 1) * h], w2_ref[:, j * h:(j + 1) * h, :]
+    scale = spec.get("duplicated", 1)
+    w1_grad, w2_grad = experts.w1.grad.to_local(), experts.w2.grad.to_local()
+    assert tuple(w1_grad.shape) == tuple(w1_ref.shape) and tuple(w2_grad.shape) == tuple(w2_ref.shape)
+    errors["experts.w1"] = _max(w1_grad, scale * w1_ref)
+    errors["experts.w2"] = _max(w2_grad, scale * w2_ref)
+    # replicated parameters: sum over ranks; etp ranks hold (and fully compute) the same tokens
+    replicas = dims.etp if etp else spec.get("duplicated", 1)
+    for pname, param in parallel.named_parameters():
+        if pname.startswith("experts."):
+            continue
+        summed = param.grad.clone()
+        dist.all_reduce(summed)
+        errors[pname] = _max(summed / replicas, dict(reference.named_parameters())[pname].grad)
+    events = [[e["phase"], e["op"], e["group"], e["ranks"], e["dtype"], e["bytes"]]
+              for e in recorder.events if e["kind"] == "collective"]
+    return {"errors": errors, "events": events, "seconds": elapsed,
+            "ep_ranks": list(experts.ep.ranks),
+            "etp_ranks": list(experts.etp.ranks) if etp else None,
+            "local_shapes": {"w1": list(w1_grad.shape), "w2": list(w2_grad.shape)},
+            "expert_ref_grad_max": max(w1_ref.abs().max().item(), w2_ref.abs().max().item())}
+
+
+def main() -> int:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        only = sys.argv[1:]
+        results, views_cache = {}, {}
+        for seed, (name, spec) in enumerate(CASES[world].items()):
+            if only and name not in only:
+                continue
+            results[name] = run_case(name, spec, views_cache, seed)
+            worst = max(v for k, v in results[name]["errors"].items())
+            print(f"rank {rank} {name}: max error {worst:.3g} ({results[name]['seconds'] * 1e3:.1f} ms)", flush=True)
+        out = Path(os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
+        (out / f"ep_rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
