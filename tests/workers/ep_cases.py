@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+STARTED = time.perf_counter()
+
 import torch
 import torch.distributed as dist
 
@@ -145,9 +147,12 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
 
 
 def main() -> int:
+    imported = time.perf_counter() - STARTED
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
+        print(f"rank {rank}: imports {imported:.1f} s, process group {time.perf_counter() - STARTED - imported:.1f} s",
+              flush=True)
         only = sys.argv[1:]
         results, views_cache = {}, {}
         for seed, (name, spec) in enumerate(CASES[world].items()):
@@ -158,6 +163,7 @@ def main() -> int:
             print(f"rank {rank} {name}: max error {worst:.3g} ({results[name]['seconds'] * 1e3:.1f} ms)", flush=True)
         out = Path(os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
         (out / f"ep_rank{rank}.json").write_text(json.dumps(results))
+        print(f"rank {rank}: all cases done {time.perf_counter() - STARTED:.1f} s after start", flush=True)
     finally:
         dist.destroy_process_group()
     return 0

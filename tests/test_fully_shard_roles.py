@@ -1,0 +1,107 @@
+"""fully_shard's reading of a mesh (RFC 2.2.3 / 4.3) and its errors for bad use, in one process.
+
+torch's "fake" process-group backend lets us build real DeviceMeshes for 8 ranks without workers;
+nothing here communicates (fully_shard's init issues no collective).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from hyper_parallel import ParallelDims, fully_shard
+from hyper_parallel.fsdp.roles import resolve_roles
+
+
+@pytest.fixture(scope="module")
+def views():
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    try:
+        yield ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2).build_mesh("cpu")
+    finally:
+        dist.destroy_process_group()
+
+
+# mesh dims -> (replicate dims, shard dim) for enable_param_shard = None / True / False, derived from the rules:
+# tp/ep/etp model-parallel; dp_replicate replicates; of two other dims the outer replicates, one other shards;
+# None shards iff the shard dim has size > 1; False turns the shard dim into a replica dim.
+@pytest.mark.parametrize("dims, enable, replicate, shard", [
+    (("fsdp",), None, (), "fsdp"),
+    (("dp_replicate", "fsdp"), None, ("dp_replicate",), "fsdp"),
+    (("dp_replicate", "fsdp"), False, ("dp_replicate", "fsdp"), None),
+    (("dp_replicate", "fsdp"), True, ("dp_replicate",), "fsdp"),
+    (("dp_replicate", "fsdp", "tp"), None, ("dp_replicate",), "fsdp"),
+    (("tp",), None, (), None),
+    (("dp_replicate", "tp"), None, ("dp_replicate",), None),
+    (("dp",), None, (), "dp"),
+    (("dp", "cp"), None, ("dp", "cp"), None),   # cp has size 1 here: nothing to shard over
+    (("dp", "cp"), True, ("dp",), "cp"),
+])
+def test_roles(views, dims, enable, replicate, shard):
+    roles = resolve_roles(views[dims], enable)
+    assert roles.replicate_dims == replicate and roles.shard_dim == shard
+    assert roles.model_parallel_dims == tuple(d for d in dims if d == "tp")
+
+
+def test_group_sizes_follow_rfc_examples(views):
+    hsdp = ParallelDims(world_size=8, dp_replicate=2, dp_shard=4).build_mesh("cpu")
+    roles = resolve_roles(hsdp["dp_replicate", "fsdp"], None)   # RFC: rank_size 8, shard 4, dp 2
+    assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 4, 2)
+    pure = ParallelDims(world_size=8, dp_shard=8).build_mesh("cpu")
+    roles = resolve_roles(pure["dp_replicate", "fsdp"], False)   # RFC: rank_size 8, shard 1, dp 8
+    assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 1, 8)
+
+
+def test_enable_true_without_shard_dim(views):
+    with pytest.raises(ValueError, match="enable_param_shard=True but the mesh .* has no dim to shard"):
+        resolve_roles(views["tp"], True)
+
+
+def test_ambiguous_meshes_are_rejected(views):
+    with pytest.raises(ValueError, match="ambiguous fully_shard mesh"):
+        resolve_roles(views["dp_replicate", "dp_shard", "cp"], None)
+    with pytest.raises(ValueError, match="must be True, False or None"):
+        resolve_roles(views["fsdp"], "yes")
+
+
+def test_bad_use_errors(views):
+    with pytest.raises(ValueError, match="already applied"):
+        module = fully_shard(nn.Linear(4, 4), mesh=views["dp_replicate", "fsdp"])
+        fully_shard(module, mesh=views["dp_replicate", "fsdp"])
+    mixed = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).to(torch.float64))
+    with pytest.raises(ValueError, match="must share a dtype"):
+        fully_shard(mixed, mesh=views["dp_replicate", "fsdp"])
+    other_root = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
+    layer = nn.Linear(4, 4)
+    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), other_root["tp"], [Shard(0)]))
+    with pytest.raises(ValueError, match="do not share a root mesh"):
+        fully_shard(layer, mesh=views["dp_replicate", "fsdp"])
+    clash = nn.Linear(4, 4)
+    clash.weight = nn.Parameter(distribute_tensor(clash.weight.detach(), views["fsdp"], [Replicate()]))
+    with pytest.raises(ValueError, match="uses as a data-parallel dim"):
+        fully_shard(clash, mesh=views["dp_replicate", "fsdp"])
+    with pytest.raises(ValueError, match="expects an nn.Module"):
+        fully_shard(torch.zeros(3), mesh=views["fsdp"])
+
+
+def test_layout_of_a_colwise_weight(views):
+    """A colwise TP weight [out, in] is Shard(0) on tp: FSDP shards the other axis (1)."""
+    layer = nn.Linear(6, 4)
+    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), views["tp"], [Shard(0)]))
+    layer.bias = nn.Parameter(distribute_tensor(layer.bias.detach(), views["tp"], [Shard(0)]))
+    fully_shard(layer, mesh=views["dp_replicate", "fsdp"])
+    weight, bias = layer.weight, layer.bias
+    assert weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
+    assert weight.placements == (Replicate(), Shard(1), Shard(0))
+    assert weight.to_local().shape == (2, 3)            # [4/tp, 6/fsdp]
+    strided = bias.placements[1]                        # 1-D: same axis, strided after tp
+    assert isinstance(strided, _StridedShard) and strided.dim == 0 and strided.split_factor == 2
+    assert bias.to_local().shape == (1,)                # 4/tp = 2, then 2/fsdp = 1
+    assert weight.sharded_group_info.name == "fsdp" and weight.sharded_group_info.ranks == (0, 2)
+    assert weight.unsharded_group_info.name == "dp_replicate" and weight.unsharded_group_info.ranks == (0, 4)
+    assert (weight.rank_size, weight.shard_size, weight.dp_size) == (4, 2, 2)
