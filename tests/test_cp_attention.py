@@ -142,18 +142,18 @@ def test_bad_cp_index_raises():
         load_balanced_positions(16, 2, 2)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_cp_group_of_one_is_plain_attention_without_communication(causal):
+@pytest.mark.parametrize("causal, scale", [(True, None), (False, None), (True, 0.3)])
+def test_cp_group_of_one_is_plain_attention_without_communication(causal, scale):
     solo = GroupInfo("cp", (0,), None)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 10, 8, generator=gen, requires_grad=True) for _ in range(3))  # odd chunks ok
     positions = shard_sequence(torch.arange(10), 0, solo)
     with trace.record() as rec:
-        out = unshard_sequence(context_parallel_attention(q, k, v, solo, positions, causal=causal), 2, solo)
+        out = unshard_sequence(context_parallel_attention(q, k, v, solo, positions, causal=causal, scale=scale), 2, solo)
         out.sum().backward()
     assert rec.events == []
     ref_in = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    ref = F.scaled_dot_product_attention(*ref_in, is_causal=causal)
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=causal, scale=scale)
     ref.sum().backward()
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
     for mine, theirs in zip((q, k, v), ref_in):

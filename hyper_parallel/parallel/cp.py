@@ -163,8 +163,9 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     positions = positions.to(device=q.device, dtype=torch.long)
     if positions.shape != (s_local,):
         raise ValueError(f"positions must be [{s_local}] (one per local token), got shape {tuple(positions.shape)}")
+    _expand_heads(q, k[:, :, :0])  # check GQA head counts before any rank enters a collective
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scale = q.shape[-1] ** -0.5 if scale is None else scale  # SDPA's default
     if cp.size == 1:
         return _attend(q, k, v, positions, positions, causal, scale, dtype)
     layout = _layout(s_local * cp.size, cp.size).to(q.device)

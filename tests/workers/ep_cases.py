@@ -48,7 +48,7 @@ CASES = {
         "ep4_top1_no_shared": dict(dims=dict(dp_shard=4, ep=4), top_k=1, shared=False, renormalize=False),
         "ep2_etp2_top2": dict(dims=dict(dp_shard=2, tp=2, ep=2, etp=2), top_k=2),
         "ep2_etp2_top1_dead_expert": dict(dims=dict(dp_shard=2, tp=2, ep=2, etp=2), top_k=1, dead=[1],
-                                          renormalize=False),
+                                          renormalize=False, separate_etp_mesh=True),
         "ep4_tp2_split_top2": dict(dims=dict(dp_shard=2, tp=2, ep=4), top_k=2, split=True),
         # the same mesh without the split: tp ranks hold the same tokens, so expert work and expert
         # gradients are duplicated (checked: expert grads come out exactly 2x the reference)
@@ -90,12 +90,18 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
             reference.router.gate.weight[dead] = 0.0
             reference.router.gate.weight[dead, 0] = -50.0
     parallel = copy.deepcopy(reference)
-    mesh = views["ep", "etp"] if etp else views["ep"]
-    parallelize_moe(parallel, mesh, token_split_mesh=views["tp"] if spec.get("split") else None)
+    split = views["tp"] if spec.get("split") else None
+    if spec.get("separate_etp_mesh"):
+        parallelize_moe(parallel, views["ep"], views["etp"], token_split_mesh=split)
+    else:
+        parallelize_moe(parallel, views["ep", "etp"] if etp else views["ep"], token_split_mesh=split)
 
     # reference: all distinct tokens in one process
     x_all = data.reshape(dims.dp * BATCH, SEQ, D_MODEL).clone().requires_grad_(True)
     ref_out = reference(x_all)
+    with torch.no_grad():
+        _, chosen = reference.router(x_all.reshape(-1, D_MODEL))
+        tokens_per_expert = torch.bincount(chosen.reshape(-1), minlength=config.num_experts).tolist()
     (ref_out * weights.reshape(ref_out.shape)).sum().backward()
     ref_out = ref_out.detach().reshape(dims.dp, BATCH, SEQ, D_MODEL)
     ref_x_grad = x_all.grad.reshape(dims.dp, BATCH, SEQ, D_MODEL)
@@ -139,18 +145,50 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
         errors[pname] = _max(summed / replicas, dict(reference.named_parameters())[pname].grad)
     events = [[e["phase"], e["op"], e["group"], e["ranks"], e["dtype"], e["bytes"]]
               for e in recorder.events if e["kind"] == "collective"]
-    return {"errors": errors, "events": events, "seconds": elapsed,
+    return {"errors": errors, "events": events, "seconds": elapsed, "tokens_per_expert": tokens_per_expert,
             "ep_ranks": list(experts.ep.ranks),
             "etp_ranks": list(experts.etp.ranks) if etp else None,
             "local_shapes": {"w1": list(w1_grad.shape), "w2": list(w2_grad.shape)},
             "expert_ref_grad_max": max(w1_ref.abs().max().item(), w2_ref.abs().max().item())}
 
 
+def _raises(fn) -> str:
+    try:
+        fn()
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def check_errors(views_cache: dict) -> dict:
+    """Invalid uses raise ValueError on every rank before any collective (so nothing hangs)."""
+    world = dist.get_world_size()
+    small = dict(d_model=D_MODEL, hidden=HIDDEN, num_experts=4, top_k=2)
+    messages = {}
+    if world == 2:
+        views = views_cache[(("dp_shard", 2), ("ep", 2))]
+        messages["experts_not_divisible"] = _raises(
+            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, num_experts=3))), views["ep"]))
+        messages["wrong_mesh"] = _raises(lambda: parallelize_moe(MoE(MoEConfig(**small)), views["dp_shard"]))
+        twice = parallelize_moe(MoE(MoEConfig(**small)), views["ep"])
+        messages["twice"] = _raises(lambda: parallelize_moe(twice, views["ep"]))
+        views = views_cache[(("dp_shard", 1), ("ep", 2), ("tp", 2))]
+        odd_seq = parallelize_moe(MoE(MoEConfig(**small)), views["ep"], token_split_mesh=views["tp"])
+        messages["seq_not_divisible"] = _raises(lambda: odd_seq(torch.randn(1, 3, D_MODEL)))
+    else:
+        views = views_cache[(("dp_shard", 2), ("ep", 2), ("etp", 2), ("tp", 2))]
+        messages["hidden_not_divisible"] = _raises(
+            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, hidden=15))), views["ep", "etp"]))
+        messages["split_with_etp"] = _raises(
+            lambda: parallelize_moe(MoE(MoEConfig(**small)), views["ep", "etp"], token_split_mesh=views["tp"]))
+    return messages
+
+
 def main() -> int:
     imported = time.perf_counter() - STARTED
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
         print(f"rank {rank}: imports {imported:.1f} s, process group {time.perf_counter() - STARTED - imported:.1f} s",
               flush=True)
         only = sys.argv[1:]
@@ -161,11 +199,14 @@ def main() -> int:
             results[name] = run_case(name, spec, views_cache, seed)
             worst = max(v for k, v in results[name]["errors"].items())
             print(f"rank {rank} {name}: max error {worst:.3g} ({results[name]['seconds'] * 1e3:.1f} ms)", flush=True)
+        if not only:
+            results["invalid_uses"] = check_errors(views_cache)
         out = Path(os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
         (out / f"ep_rank{rank}.json").write_text(json.dumps(results))
         print(f"rank {rank}: all cases done {time.perf_counter() - STARTED:.1f} s after start", flush=True)
     finally:
         dist.destroy_process_group()
+    print(f"rank {rank}: process group destroyed {time.perf_counter() - STARTED:.1f} s after start", flush=True)
     return 0
 
 
