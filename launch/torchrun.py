@@ -264,8 +264,8 @@ def _failure(logs: dict[int, list[str]], returncode: int) -> tuple[int, str]:
     if "rank" not in fields:
         with_traceback = [rank for rank in sorted(logs) if rank >= 0 and _error_lines(logs[rank])]
         if not with_traceback:
-            tail = "\n".join(torchrun_lines[-20:])
-            return -1, f"torchrun failed ({_describe_exit(returncode)}) without naming a rank; its last output:\n{tail}"
+            tail = "\n".join(torchrun_lines[-20:]) or "(none)"
+            return -1, f"torchrun failed, {_describe_exit(returncode)}, without naming a rank; its last output:\n{tail}"
         fields["rank"] = with_traceback[0]
     rank, lines = fields["rank"], logs.get(fields["rank"], [])
     detail = _error_lines(lines) or ["no Python traceback; last output lines:", *lines[-10:]]

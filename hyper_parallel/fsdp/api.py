@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.fsdp.param import ShardedParam
+from hyper_parallel.fsdp.param import ParamLayout, ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
 from hyper_parallel.fsdp.roles import MeshRoles, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
@@ -109,31 +109,33 @@ def _default_mesh() -> DeviceMesh:
     return init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
 
 
-def _combined_mesh(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -> tuple[DeviceMesh, DeviceMesh | None, tuple]:
-    """The parameter's single mesh: the data-parallel dims of ``mesh`` + its own model-parallel dims."""
+def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -> ParamLayout:
+    """The parameter's single mesh: the data-parallel dims of ``mesh`` + its own model-parallel dims.
+
+    Model-parallel dims named in ``mesh`` but not in the parameter's DTensor are Replicate; a plain
+    parameter keeps computing as a plain tensor, a DTensor one on its own mesh and placements.
+    """
     names = tuple(mesh.mesh_dim_names)
     if not isinstance(param, DTensor):
-        if roles.model_parallel_dims:
-            mp_mesh = mesh[roles.model_parallel_dims]
-            return mesh, mp_mesh, tuple(Replicate() for _ in roles.model_parallel_dims)
-        return mesh, None, ()
-    mp_mesh, mp_placements = param.device_mesh, tuple(param.placements)
-    mp_names = tuple(mp_mesh.mesh_dim_names or ())
+        mp_dims = roles.model_parallel_dims
+        return ParamLayout(mesh, mp_dims, tuple(Replicate() for _ in mp_dims), None, ())
+    own_mesh, own_placements = param.device_mesh, tuple(param.placements)
+    own_names = tuple(own_mesh.mesh_dim_names or ())
     data_dims = tuple(d for d in names if d not in roles.model_parallel_dims)
-    clash = set(mp_names) & set(data_dims)
+    clash = set(own_names) & set(data_dims)
     if clash:
         raise ValueError(f"parameter {fqn!r} is already a DTensor over {sorted(clash)}, which fully_shard's mesh "
                          "uses as a data-parallel dim; apply TP/EP on model-parallel dims (tp, ep, etp) only")
-    if mesh._get_root_mesh() is not mp_mesh._get_root_mesh():
+    if mesh._get_root_mesh() is not own_mesh._get_root_mesh():
         raise ValueError(
-            f"the fully_shard mesh {names} and the mesh {mp_names} of parameter {fqn!r} do not share a root "
+            f"the fully_shard mesh {names} and the mesh {own_names} of parameter {fqn!r} do not share a root "
             "mesh; build both from one mesh (e.g. ParallelDims.build_mesh views, or slices of one init_device_mesh)")
-    if set(mp_names) <= set(roles.model_parallel_dims):
-        placements = tuple(mp_placements[mp_names.index(d)] if d in mp_names else Replicate()
-                           for d in roles.model_parallel_dims)
-        return mesh, mesh[roles.model_parallel_dims], placements
-    combined = DeviceMesh._concatenate([mesh[data_dims], mp_mesh]) if data_dims else mp_mesh
-    return combined, mp_mesh, mp_placements
+    if set(own_names) <= set(roles.model_parallel_dims):
+        mp_dims = roles.model_parallel_dims
+        placements = tuple(own_placements[own_names.index(d)] if d in own_names else Replicate() for d in mp_dims)
+        return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
+    combined = DeviceMesh._concatenate([mesh[data_dims], own_mesh]) if data_dims else own_mesh
+    return ParamLayout(combined, own_names, own_placements, own_mesh, own_placements)
 
 
 def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True,
@@ -153,16 +155,18 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
     params = _unmanaged_params(module)
     prefix = type(module).__name__
     managed = []
-    mp_groups_cache: dict[tuple, dict[str, GroupInfo]] = {}
+    groups: dict[tuple[str, tuple[int, ...]], GroupInfo] = {}
     for fqn, owner, leaf, param in params:
         if param.device != device and param.device.type != "meta":
             param = _moved(param, device)
-        combined, mp_mesh, mp_placements = _combined_mesh(mesh, roles, param, fqn)
-        key = (id(mp_mesh),)
-        if key not in mp_groups_cache:
-            mp_groups_cache[key] = {d: GroupInfo.from_mesh(mp_mesh, (d,)) for d in (mp_mesh.mesh_dim_names if mp_mesh else ())}
-        managed.append(ShardedParam(fqn, owner, leaf, param, roles, sharded_group, unsharded_group,
-                                    mp_groups_cache[key], combined, mp_mesh, mp_placements))
+        layout = _layout(mesh, roles, param, fqn)
+        mp_groups = {}
+        for dim in layout.mp_dims:
+            ranks = tuple(int(r) for r in layout.combined[dim].mesh.flatten().tolist())
+            if (dim, ranks) not in groups:
+                groups[(dim, ranks)] = GroupInfo.from_mesh(layout.combined, (dim,))
+            mp_groups[dim] = groups[(dim, ranks)]
+        managed.append(ShardedParam(fqn, owner, leaf, param, roles, sharded_group, unsharded_group, layout, mp_groups))
     dtypes = {p.orig_dtype for p in managed}
     if len(dtypes) > 1:
         raise ValueError(f"parameters of one fully_shard unit are gathered and reduced in one flat buffer and "

@@ -16,6 +16,7 @@ tensor is a padded full tensor whose storage is freed on reshard and refilled on
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -34,17 +35,29 @@ def placements_str(placements: tuple[Placement, ...]) -> str:
     return "(" + ", ".join(str(p) for p in placements) + ")"
 
 
+@dataclass(frozen=True)
+class ParamLayout:
+    """Where a parameter lives: its combined mesh, the model-parallel dims of that mesh and their
+    placements, and the mesh/placements it computes with (None: a plain tensor)."""
+
+    combined: DeviceMesh
+    mp_dims: tuple[str, ...]
+    mp_placements: tuple[Placement, ...]
+    compute_mesh: DeviceMesh | None
+    compute_placements: tuple[Placement, ...]
+
+
 class ShardedParam:
     def __init__(self, fqn: str, owner: nn.Module, leaf_name: str, param: nn.Parameter,
                  roles: MeshRoles, sharded_group: GroupInfo, unsharded_group: GroupInfo,
-                 model_parallel_groups: dict[str, GroupInfo], combined_mesh: DeviceMesh,
-                 mp_mesh: DeviceMesh | None, mp_placements: tuple[Placement, ...]) -> None:
+                 layout: ParamLayout, model_parallel_groups: dict[str, GroupInfo]) -> None:
         self.fqn, self.owner, self.leaf_name = fqn, owner, leaf_name
         self.roles = roles
         self.sharded_group_info = sharded_group
         self.unsharded_group_info = unsharded_group
-        self.combined_mesh = combined_mesh
-        self.mp_mesh, self.mp_placements = mp_mesh, mp_placements
+        self.layout = layout
+        self.combined_mesh = layout.combined
+        self.mp_placements = layout.mp_placements
         self.requires_grad = param.requires_grad
         local = param.to_local() if isinstance(param, DTensor) else param.detach()
         if local.dim() == 0:
@@ -98,8 +111,8 @@ class ShardedParam:
         for dim in self.combined_mesh.mesh_dim_names:
             if dim == self.roles.shard_dim and sharded:
                 result.append(self._fsdp_placement())
-            elif self.mp_mesh is not None and dim in self.mp_mesh.mesh_dim_names:
-                result.append(self.mp_placements[self.mp_mesh.mesh_dim_names.index(dim)])
+            elif dim in self.layout.mp_dims:
+                result.append(self.mp_placements[self.layout.mp_dims.index(dim)])
             else:
                 result.append(Replicate())
         return tuple(result)
@@ -108,9 +121,10 @@ class ShardedParam:
         if self.fsdp_axis not in self._mp_sharded_axes():
             return Shard(self.fsdp_axis)
         split = 1
-        for dim, placement in zip(self.mp_mesh.mesh_dim_names, self.mp_placements):
+        names = self.combined_mesh.mesh_dim_names
+        for dim, placement in zip(self.layout.mp_dims, self.mp_placements):
             if isinstance(placement, (Shard, _StridedShard)) and placement.dim == self.fsdp_axis:
-                split *= self.mp_mesh.size(self.mp_mesh.mesh_dim_names.index(dim))
+                split *= self.combined_mesh.size(names.index(dim))
         return _StridedShard(self.fsdp_axis, split_factor=split)
 
     def _marked_partial_dims(self, param: nn.Parameter) -> tuple[str, ...]:
@@ -141,7 +155,7 @@ class ShardedParam:
         """
         names = grad.device_mesh.mesh_dim_names
         target, partial = list(grad.placements), []
-        for index, (have, want) in enumerate(zip(grad.placements, self.mp_placements)):
+        for index, (have, want) in enumerate(zip(grad.placements, self.layout.compute_placements)):
             if have == want:
                 continue
             if isinstance(have, Partial) and isinstance(want, Replicate):
@@ -185,8 +199,8 @@ class ShardedParam:
             shape[self.fsdp_axis] = self.chunk * self.shard_size
             self.unsharded_padded = torch.empty(shape, dtype=dtype, device=device)
         local = self.unsharded_padded.narrow(self.fsdp_axis, 0, self.mp_local_shape[self.fsdp_axis])
-        if self.mp_mesh is not None:
-            local = DTensor.from_local(local, self.mp_mesh, self.mp_placements, run_check=False,
+        if self.layout.compute_mesh is not None:
+            local = DTensor.from_local(local, self.layout.compute_mesh, self.layout.compute_placements, run_check=False,
                                        shape=torch.Size(self.global_shape), stride=self._global_stride())
         self.unsharded_param = nn.Parameter(local, requires_grad=self.requires_grad)
         if alias is None:

@@ -1,7 +1,8 @@
 """Expert parallelism (EP) and expert tensor parallelism (ETP) for ``hyper_parallel.models.moe.MoE``.
 
 ``parallelize_moe(moe, mesh)`` keeps the MoE's routing, sorting and combining and replaces its
-``experts(routed, counts)`` step (tokens sorted by global expert id, ``counts [num_experts]``) with:
+``experts(routed, counts)`` step (tokens sorted by global expert id, ``counts [num_experts]``), with the
+default ``dispatch="all_to_all"``, by:
 
     routed [N, d] sorted by expert, counts [E]
       -> all_to_all(counts) over ep             each rank learns how many rows it gets per local expert
@@ -14,6 +15,12 @@
       -> CombineTokens: the reverse all_to_all over ep               (backward: the forward all_to_all)
     rows back in the caller's order; the MoE weights and sums them per token as in the reference.
 
+``dispatch="all_gather"`` (``hyper_parallel.parallel.ep_all_gather``, Megatron's allgather token
+dispatcher) exchanges the same rows differently: every rank all-gathers the (padded) routed rows of its
+ep group, runs its local experts on the rows routed to them, writes zeros for the others, and a
+reduce-scatter returns each source rank its rows. Same parameters, same rows per expert in the same
+order, so the same outputs and gradients (up to float reordering); ep times the traffic of all-to-all.
+
 Layouts. ``experts.w1 [E, d, h]`` and ``experts.w2 [E, h, d]`` become DTensor Parameters: ``Shard(0)``
 on ep (rank i of the ep group holds experts ``[i*E/ep, (i+1)*E/ep)``), with ETP additionally
 ``Shard(2)`` (w1, colwise) and ``Shard(1)`` (w2, rowwise) on etp. The router and the shared expert stay
@@ -21,14 +28,25 @@ plain (replicated) parameters.
 
 Collectives per MoE layer (what ``hyper_parallel.trace`` records; a group of size 1 records nothing):
 
+dispatch="all_to_all" (default)
     forward    1 all_to_all (counts, int64, even splits)  + 2 all_to_all (tokens: dispatch, combine)  on ep
                [+ 1 all_reduce on etp]  [+ 1 all_gather on the token-split group]
     backward   2 all_to_all (the reverse of combine, then of dispatch)                              on ep
                [+ 1 all_reduce on etp (input gradient of the colwise w1)]
                [+ 1 all_gather on the token-split group (input gradient)]
 
-The split sizes come from the counts as Python ints (``.tolist()``): a device-to-host sync per layer
-on GPU, the reason TorchTitan needs explicit prefetch around MoE blocks.
+dispatch="all_gather" (C = the largest routed-row count of the ep group; each rank pads to it)
+    forward    1 all_gather (counts, int64, ep x E)  + 1 all_gather (rows, ep x C)
+               + 1 reduce_scatter (outputs, ep x C)                                              on ep
+               [+ 1 all_reduce on etp]  [+ 1 all_gather on the token-split group]
+    backward   1 all_gather (output gradient) + 1 reduce_scatter (input gradient)               on ep
+               [+ 1 all_reduce on etp]  [+ 1 all_gather on the token-split group]
+    Issue order: forward counts, rows, [etp], outputs, [split]; backward all_gather, [etp],
+    reduce_scatter, [split]. No all_to_all.
+
+The split sizes (all-gather: the capacity C and the local expert counts) come from the counts as
+Python ints (``.tolist()``): a device-to-host sync per layer on GPU, the reason TorchTitan needs
+explicit prefetch around MoE blocks.
 
 Preconditions (not checkable cheaply at run time, so documented):
 * the ranks of an ep group hold DIFFERENT tokens (EP borrows ranks from dp_shard / cp, and with
@@ -58,6 +76,7 @@ from hyper_parallel.parallel.autograd_comm import (CopyToTensorParallel, GatherF
                                                    ReduceFromTensorParallel, ScatterToSequenceParallel)
 
 SEQ_DIM = 1
+DISPATCH_CHOICES = ("all_to_all", "all_gather")
 
 
 class _TokenAllToAll(torch.autograd.Function):
@@ -115,7 +134,10 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 class ExpertParallelExperts(nn.Module):
     """Drop-in for ``GroupedExperts`` (same ``forward(routed, counts)`` and parameter names ``w1``/``w2``)
-    holding this rank's experts and exchanging the tokens over ep (see the module docstring)."""
+    holding this rank's experts and exchanging the tokens over ep with all-to-all (see the module docstring).
+    ``ep_all_gather.AllGatherExpertParallelExperts`` subclasses it and only replaces ``forward``."""
+
+    dispatch = "all_to_all"
 
     def __init__(self, experts: GroupedExperts, mesh: DeviceMesh, ep: GroupInfo, etp: GroupInfo | None) -> None:
         super().__init__()
@@ -150,7 +172,8 @@ class ExpertParallelExperts(nn.Module):
 
     def extra_repr(self) -> str:
         etp = f", etp={list(self.etp.ranks)}" if self.etp is not None else ""
-        return f"num_experts={self.num_experts}, local={self.num_local_experts}, ep={list(self.ep.ranks)}{etp}"
+        return (f"num_experts={self.num_experts}, local={self.num_local_experts}, ep={list(self.ep.ranks)}{etp}, "
+                f"dispatch={self.dispatch}")
 
 
 def _expert_mesh(mesh: DeviceMesh, etp_mesh: DeviceMesh | None) -> DeviceMesh:
@@ -167,18 +190,23 @@ def _expert_mesh(mesh: DeviceMesh, etp_mesh: DeviceMesh | None) -> DeviceMesh:
 
 
 def parallelize_moe(moe: MoE, mesh: DeviceMesh, etp_mesh: DeviceMesh | None = None, *,
-                    token_split_mesh: DeviceMesh | None = None) -> MoE:
+                    token_split_mesh: DeviceMesh | None = None, dispatch: str = "all_to_all") -> MoE:
     """Expert-parallelise ``moe`` in place and return it.
 
     ``mesh``: ``views["ep"]`` or ``views["ep", "etp"]`` (or ``views["ep"]`` plus ``etp_mesh=views["etp"]``).
     ``token_split_mesh``: a 1-D mesh whose ranks hold the same tokens inside the ep group (``views["tp"]``
     when etp == 1 and tp > 1 without sequence parallelism); only with etp == 1.
-    Raises ``ValueError`` when num_experts % ep or hidden % etp is not 0.
+    ``dispatch``: how tokens reach the experts, ``"all_to_all"`` or ``"all_gather"`` (module docstring);
+    both give the same parameters and, up to float reordering, the same outputs and gradients.
+    Raises ``ValueError`` when num_experts % ep or hidden % etp is not 0, or for an unknown dispatch.
     """
     if not isinstance(moe, MoE):
         raise TypeError(f"parallelize_moe expects a hyper_parallel.models.moe.MoE, got {type(moe).__name__}")
     if not isinstance(moe.experts, GroupedExperts):
-        raise ValueError(f"moe.experts is a {type(moe.experts).__name__}, not GroupedExperts: already parallelized?")
+        raise ValueError(f"moe.experts must be a GroupedExperts, got {type(moe.experts).__name__}: "
+                         "was parallelize_moe already applied to this MoE?")
+    if dispatch not in DISPATCH_CHOICES:
+        raise ValueError(f"unknown dispatch={dispatch!r}; choose one of {', '.join(map(repr, DISPATCH_CHOICES))}")
     mesh = _expert_mesh(mesh, etp_mesh)
     ep = GroupInfo.from_mesh(mesh, ("ep",))
     etp = GroupInfo.from_mesh(mesh, ("etp",)) if mesh.ndim == 2 else None
@@ -189,10 +217,17 @@ def parallelize_moe(moe: MoE, mesh: DeviceMesh, etp_mesh: DeviceMesh | None = No
     if etp is not None and config.hidden % etp.size:
         raise ValueError(f"the expert hidden size {config.hidden} must be divisible by etp={etp.size} "
                          "(ETP splits each expert's hidden dim)")
-    moe.experts = ExpertParallelExperts(moe.experts, mesh, ep, etp)
+    moe.experts = _experts_class(dispatch)(moe.experts, mesh, ep, etp)
     if token_split_mesh is not None:
         _split_tokens(moe, token_split_mesh, etp)
     return moe
+
+
+def _experts_class(dispatch: str) -> type[ExpertParallelExperts]:
+    if dispatch == "all_gather":
+        from hyper_parallel.parallel.ep_all_gather import AllGatherExpertParallelExperts  # imports this module
+        return AllGatherExpertParallelExperts
+    return ExpertParallelExperts
 
 
 def _split_tokens(moe: MoE, split_mesh: DeviceMesh, etp: GroupInfo | None) -> None:

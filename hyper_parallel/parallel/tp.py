@@ -9,17 +9,22 @@ gradients over tp, which fully_shard sums over the tp group.
 """
 from __future__ import annotations
 
-import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
 
 from hyper_parallel.models.transformer import FeedForward, Transformer
 
 
-def parallelize_transformer_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> Transformer:
-    """Apply TP (and SP) in place; MoE feed-forwards are left to expert parallelism."""
+def parallelize_transformer_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool,
+                               moe_tokens_replicated: bool = False) -> Transformer:
+    """Apply TP (and SP) in place; MoE feed-forwards are left to expert parallelism.
+
+    With SP a MoE receives the local tensor of its sequence shard (tokens differ across tp: what EP
+    with etp == 1 needs), or, with ``moe_tokens_replicated`` (ETP, etp == tp), the whole sequence
+    all-gathered over tp, its output cut back to the shard.
+    """
     if tp_mesh.size() == 1:
         return model
     config = model.config
@@ -49,7 +54,14 @@ def parallelize_transformer_tp(model: Transformer, tp_mesh: DeviceMesh, sequence
             if isinstance(layer.feed_forward, FeedForward):
                 plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
                                                           desired_input_layouts=(Replicate(),))
+            else:  # a MoE computes on local tensors
+                plan["feed_forward"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate() if moe_tokens_replicated else Shard(1),),
+                    use_local_output=True)
         parallelize_module(layer, tp_mesh, plan)
+        if sequence_parallel and moe_tokens_replicated and not isinstance(layer.feed_forward, FeedForward):
+            parallelize_module(layer.feed_forward, tp_mesh, PrepareModuleOutput(
+                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)))
     return model
 
 
@@ -61,5 +73,3 @@ def count_tp_collectives_per_block(sequence_parallel: bool) -> dict[str, int]:
         return {"all_gather": 2, "reduce_scatter": 2}
     return {"all_reduce": 2}
 
-
-__all__ = ["parallelize_transformer_tp", "count_tp_collectives_per_block", "nn"]

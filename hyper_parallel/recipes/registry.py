@@ -60,6 +60,10 @@ _MLP_SHAPES = {"global_batch": 16, "hidden_sizes": (32, 64)}
 # TransformerConfig defaults: d_model 32, 4 heads, hidden 64, vocab 64, seq_len 16; global batch 8.
 _TRANSFORMER_SHAPES = {"global_batch": 8, "seq_len": 16, "num_heads": 4, "hidden_sizes": (32, 64, 64)}
 _SP_SHAPES = {**_TRANSFORMER_SHAPES, "sequence_parallel": True}
+# MOE_CONFIG: layer 1 is a MoE with 4 experts of hidden 32, top-2, a shared expert.
+_MOE_SHAPES = {**_SP_SHAPES, "num_experts": 4, "expert_hidden_sizes": (32,)}
+_DENSE = "hyper_parallel.recipes.transformer"
+_MOE = "hyper_parallel.recipes.moe"
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe(
@@ -125,7 +129,76 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         alternatives=({"world_size": 8, "dp_replicate": 2, "dp_shard": 2, "tp": 2},),
         implementation="hyper_parallel.recipes.transformer:fsdp_transformer", shapes=_SP_SHAPES,
         must_be_one=("ep",), must_exceed_one=("dp_replicate",), at_least_one_of=("dp_shard", "cp")),
+    Recipe(
+        name="S1", title="MoE: EP (etp=1) + dual-stack FSDP",
+        description="Experts Shard(0) over ep, tokens dispatched and combined by all-to-all; experts are a "
+                    "fully_shard unit on the sparse view (dp_replicate, efsdp), dense layers on (dp_replicate, "
+                    "fsdp). EP borrows ranks from dp_shard (and cp, tp): it is not a factor of world_size.",
+        matrix_row="S1 | sparse | TP >=1 | SP * | CP 1..>1 | FSDP2 >0 | dp_rep 0..1 | EP >1 | ETP 1 | EP only, etp=1, dual-stack FSDP | mini MoE",
+        tier="l2", default={"world_size": 4, "dp_shard": 4, "ep": 2},
+        alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2},),
+        implementation=f"{_MOE}:expert_parallel", shapes=_MOE_SHAPES, must_exceed_one=("ep",), must_be_one=("etp",)),
+    Recipe(
+        name="S2", title="MoE: EP + ETP (etp = tp) + dual-stack FSDP",
+        description="As S1, and each expert's hidden dim split over etp = tp (w1 colwise, w2 rowwise, partial "
+                    "outputs all-reduced over etp); the MoE sees the whole sequence of its tp group.",
+        matrix_row="S2 | sparse | TP >1 | SP * | CP 1..>1 | FSDP2 >0 | dp_rep 0..1 | EP >1 | ETP tp | ETP=TP, dispatch on ep | mini MoE + ETP",
+        tier="l2", default={"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2},
+        alternatives=({"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2, "etp": 2},),
+        implementation=f"{_MOE}:expert_parallel", shapes=_MOE_SHAPES, must_exceed_one=("ep", "etp")),
+    Recipe(
+        name="S3", title="MoE: S1's dims through all-gather dispatch",
+        description="The same model and dims as S1 with a second implementation of the dispatch: tokens "
+                    "all-gathered over ep, local experts applied, outputs reduce-scattered back; its numbers "
+                    "must equal S1's.",
+        matrix_row="S3 | sparse | TP any | SP * | CP 1..>1 | FSDP2 >0 | dp_rep 0..1 | EP >1 | ETP 1 | same dims as S1, other path | compare with S1",
+        tier="", default={"world_size": 4, "dp_shard": 4, "ep": 2}, alternatives=(),
+        implementation=f"{_MOE}:expert_parallel_all_gather", shapes=_MOE_SHAPES, must_exceed_one=("ep",),
+        must_be_one=("etp",)),
 ]}
+
+
+def _tier(name: str, title: str, row: str, default: dict, implementation: str, shapes: dict, tier: str = "",
+          alternatives: tuple = ()) -> Recipe:
+    """A tier A/B/C entry of seed 002 §3: a named mesh of an existing workload."""
+    return Recipe(name=name, title=title, description=f"Seed 002 tier {name}: {title}.", matrix_row=row, tier=tier,
+                  default=default, alternatives=alternatives, implementation=implementation, shapes=shapes)
+
+
+TIERS = [
+    _tier("A-TP", "TP only", "A-TP | tp=2/4 | Col/Row/all-gather vs reference", {"world_size": 2, "tp": 2},
+          f"{_DENSE}:tensor_parallel", _TRANSFORMER_SHAPES, alternatives=({"world_size": 4, "tp": 4},)),
+    _tier("A-CP", "CP only (CP ranks shard parameters)", "A-CP | cp=2/4 | CP attention vs full sequence",
+          {"world_size": 2, "cp": 2}, f"{_DENSE}:fsdp_transformer", _TRANSFORMER_SHAPES,
+          alternatives=({"world_size": 4, "cp": 4},)),
+    _tier("A-FSDP2", "FSDP only on the transformer", "A-FSDP2 | dp_shard=2 | parameter sharding, gradients",
+          {"world_size": 2, "dp_shard": 2}, f"{_DENSE}:fsdp_transformer", _TRANSFORMER_SHAPES),
+    _tier("A-EP", "EP only", "A-EP | ep=2 (MoE) | dispatch, expert forward and backward",
+          {"world_size": 2, "dp_shard": 2, "ep": 2}, f"{_MOE}:expert_parallel", _MOE_SHAPES),
+    _tier("B-1", "TP + FSDP2", "B-1 | TP + FSDP2 | fsdp_tp_example, Titan Llama3",
+          {"world_size": 4, "dp_shard": 2, "tp": 2}, f"{_DENSE}:fsdp_transformer_without_sp", _TRANSFORMER_SHAPES),
+    _tier("B-2", "TP + SP + FSDP2", "B-2 | TP + SP + FSDP2 | + enable_sequence_parallel",
+          {"world_size": 4, "dp_shard": 2, "tp": 2}, f"{_DENSE}:fsdp_transformer", _SP_SHAPES),
+    _tier("B-3", "CP + FSDP2", "B-3 | CP + FSDP2 | fsdp already contains cp",
+          {"world_size": 4, "dp_shard": 2, "cp": 2}, f"{_DENSE}:fsdp_transformer", _TRANSFORMER_SHAPES),
+    _tier("B-4", "TP + CP + FSDP2", "B-4 | TP + CP + FSDP2 | seq_len % (tp*2*cp)",
+          {"world_size": 4, "cp": 2, "tp": 2}, f"{_DENSE}:fsdp_transformer", _SP_SHAPES),
+    _tier("B-5", "HSDP: dp_replicate + fsdp", "B-5 | HSDP | get_mesh(['dp_replicate','fsdp'])",
+          {"world_size": 4, "dp_replicate": 2, "dp_shard": 2}, f"{_DENSE}:fsdp_transformer", _TRANSFORMER_SHAPES,
+          tier="l1"),
+    _tier("B-6", "EP + FSDP2 (no TP)", "B-6 | EP + FSDP2 | dual-stack FSDP",
+          {"world_size": 4, "dp_shard": 4, "ep": 2}, f"{_MOE}:expert_parallel", _MOE_SHAPES),
+    _tier("B-7", "EP + TP + ETP + FSDP2", "B-7 | EP + TP + (ETP) + FSDP2 | ETP=TP and ETP=1",
+          {"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2}, f"{_MOE}:expert_parallel", _MOE_SHAPES,
+          tier="l1", alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 1},)),
+    _tier("C", "8-rank Titan-like grid (dp_replicate, dp_shard, cp, tp) = (1, 2, 2, 2)",
+          "C | 8 ranks | (1,2,2,2) dense, MoE variant with ep=2, etp=2",
+          {"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2}, f"{_DENSE}:fsdp_transformer", _SP_SHAPES, tier="l2"),
+    _tier("C-MoE", "8-rank grid (1, 2, 2, 2) with MoE, ep=2, etp=2", "C | 8 ranks | MoE variant, legal ep/etp pair",
+          {"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2, "etp": 2}, f"{_MOE}:expert_parallel",
+          _MOE_SHAPES, tier="l2"),
+]
+RECIPES.update({recipe.name: recipe for recipe in TIERS})
 
 
 def get(name: str) -> Recipe:

@@ -69,6 +69,11 @@ def tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: int) ->
     return transformer_workload(dims, views, seed, sequence_parallel=True, enable_param_shard=False)
 
 
+def fsdp_transformer_without_sp(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """B-1: TP without SP, then FSDP."""
+    return transformer_workload(dims, views, seed, sequence_parallel=False, enable_param_shard=None)
+
+
 def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
     """M5, M6, M7 and the dense tiers: whatever of TP+SP / CP the degrees ask for, then FSDP/HSDP."""
     return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None)

@@ -165,12 +165,11 @@ def param_facts(model: nn.Module) -> dict:
     return facts
 
 
-def apply_ours(model: nn.Module, mesh, root_mesh=None, **kwargs) -> nn.Module:
-    """fully_shard bottom-up: each block, then the root (as FSDP2). ``root_mesh`` (default ``mesh``)
-    for the root unit, whose parameters (inp, head) are plain tensors, never TP DTensors."""
+def apply_ours(model: nn.Module, mesh, **kwargs) -> nn.Module:
+    """fully_shard bottom-up: each block, then the root (as FSDP2)."""
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **kwargs)
-    return fully_shard(model, mesh=mesh if root_mesh is None else root_mesh, **kwargs)
+    return fully_shard(model, mesh=mesh, **kwargs)
 
 
 def apply_torch(model: nn.Module, mesh, **kwargs) -> nn.Module:
@@ -185,11 +184,13 @@ def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def train_side_by_side(res: Result, models: dict[str, nn.Module], reference: nn.Module, local, global_,
                        comparisons: list[tuple[str, str, str]], steps: int = STEPS,
-                       on_step: Callable[[int], None] | None = None) -> None:
+                       on_step: Callable[[int], None] | None = None,
+                       on_backward: Callable[[int], None] | None = None) -> None:
     """Train every model in ``models`` on this rank's batch and ``reference`` (key "ref") on the
     global batch for ``steps`` SGD steps; compare loss, grads (before each step) and params (after
     each step) for each (a, b, tolerance) in ``comparisons``. Only ``models["ours"]`` is traced
-    (torch's FSDP2 does not call our recorder)."""
+    (torch's FSDP2 does not call our recorder). ``on_backward(step)`` runs before the optimizer
+    step, ``on_step(step)`` after it."""
     x, y = local
     gx, gy = global_
     optimizers = {k: torch.optim.SGD(m.parameters(), lr=LR) for k, m in models.items()}
@@ -210,6 +211,8 @@ def train_side_by_side(res: Result, models: dict[str, nn.Module], reference: nn.
         for a, b, tol in comparisons:
             res.compare(f"loss{step}:{a}-{b}", {"loss": losses[a]}, {"loss": losses[b]}, tol)
             res.compare(f"grad{step}:{a}-{b}", grads[a], grads[b], tol)
+        if on_backward is not None:
+            on_backward(step)
         trace.set_phase("optimizer")
         for opt in list(optimizers.values()) + [ref_opt]:
             opt.step()
@@ -313,14 +316,14 @@ def pure_tp_unfixed(res: Result) -> None:
     _pure_tp(res, mark_partial_grads=False, seed=5)
 
 
-def _local_tp(res: Result, dims: ParallelDims, seed: int, blocks_mesh: tuple[str, ...],
-              root_mesh: tuple[str, ...] | None, **kwargs) -> None:
-    """Local-tensor TP+SP (partial grads marked) over views["tp"], fully_shard on the given views."""
+def _local_tp(res: Result, dims: ParallelDims, seed: int, mesh_dims: tuple[str, ...], **kwargs) -> None:
+    """Local-tensor TP+SP over views["tp"] (partial grads marked), then fully_shard on views[mesh_dims]
+    for every unit, the root included (its inp / head weights are plain tensors)."""
     views = dims.build_mesh("cpu")
     model = new_mlp(seed)
     reference = copy.deepcopy(model)
     model = parallelize_mlp_local(model, views["tp"], mark_partial_grads=True)
-    apply_ours(model, views[blocks_mesh], root_mesh=None if root_mesh is None else views[root_mesh], **kwargs)
+    apply_ours(model, views[mesh_dims], **kwargs)
     res.facts["params"] = param_facts(model)
     *local, gx, gy = batch(seed + 10, dims.coordinates(rank())["dp"], dims.dp)
     train_side_by_side(res, {"ours": model}, reference, local, (gx, gy), [("ours", "ref", "fp32")])
@@ -328,36 +331,24 @@ def _local_tp(res: Result, dims: ParallelDims, seed: int, blocks_mesh: tuple[str
 
 @case("c6_tp_only", 4)
 def tp_only_mesh(res: Result) -> None:
-    """Case 6a as a user writes it: pure TP over 4 ranks, every unit (blocks AND root) with
-    ``mesh=views["tp"]``, enable_param_shard=None. Expected: sharding disabled by inference and a
-    result equal to the reference. (Fails: the root's plain inp/head weights become Replicate
-    DTensors on tp in forward, see the test's xfail reason.)"""
-    _local_tp(res, ParallelDims(world_size=4, tp=4), 6, ("tp",), None)
-
-
-@case("c6_tp_only_blocks", 4)
-def tp_only_blocks(res: Result) -> None:
-    """Case 6a with the root unit on the (size-1) data-parallel mesh: blocks have ``mesh=views["tp"]``
-    alone, enable_param_shard=None -> shard 1, dp 1, rank 1, no RS / AG / dp AR; the only fully_shard
-    collective is the partial-gradient AR over tp; equal to the reference."""
-    _local_tp(res, ParallelDims(world_size=4, tp=4), 6, ("tp",), ("dp_replicate", "fsdp"))
+    """Case 6a, pure TP over 4 ranks, every unit with ``mesh=views["tp"]`` and enable_param_shard=None:
+    no data-parallel dim, so sharding is disabled by inference (shard 1, dp 1, rank 1); the only
+    fully_shard collective is the partial-gradient AR over tp; equal to the reference."""
+    _local_tp(res, ParallelDims(world_size=4, tp=4), 6, ("tp",))
 
 
 @case("c6_dp_replicate_tp", 4)
 def dp_replicate_tp_mesh(res: Result) -> None:
-    """Case 6b: blocks on mesh (dp_replicate=2, tp=2), enable_param_shard=None: no shard dim, so no
-    sharding (shard 1, dp 2, rank 2): AR on dp_replicate only (+ the partial-gradient AR over tp).
-    The root's plain params use views["dp_replicate"] (same data-parallel group, no tp dim)."""
-    _local_tp(res, ParallelDims(world_size=4, dp_replicate=2, tp=2), 7, ("dp_replicate", "tp"), ("dp_replicate",))
+    """Case 6b, mesh (dp_replicate=2, tp=2) with enable_param_shard=None: no shard dim, so no
+    sharding (shard 1, dp 2, rank 2): AR on dp_replicate only (+ the partial-gradient AR over tp)."""
+    _local_tp(res, ParallelDims(world_size=4, dp_replicate=2, tp=2), 7, ("dp_replicate", "tp"))
 
 
 @case("c7_full_mesh_4", 4)
 def full_mesh_4(res: Result) -> None:
-    """Case 7 on 4 ranks: the layout of case 5 (fsdp=2, tp=2), blocks on the FULL mesh
-    (dp_replicate, fsdp, tp) with enable_param_shard=None: not mistaken for pure TP, sharding stays
-    on (RS over fsdp). Root on (dp_replicate, fsdp)."""
-    _local_tp(res, ParallelDims(world_size=4, dp_shard=2, tp=2), 8, ("dp_replicate", "fsdp", "tp"),
-              ("dp_replicate", "fsdp"))
+    """Case 7 on 4 ranks: the layout of case 5 (fsdp=2, tp=2), but the FULL mesh (dp_replicate, fsdp,
+    tp) with enable_param_shard=None: not mistaken for pure TP, sharding stays on (RS over fsdp)."""
+    _local_tp(res, ParallelDims(world_size=4, dp_shard=2, tp=2), 8, ("dp_replicate", "fsdp", "tp"))
 
 
 @case("bug_rebuilt_mesh", 4)
@@ -394,14 +385,15 @@ def mixed_precision(res: Result) -> None:
                                                                            reduce_dtype=torch.float32))
     res.facts["params"] = param_facts(model)
     *local, gx, gy = batch(19, dims.coordinates(rank())["dp"], dims.dp)
-    res.facts["grad_dtypes"] = {}
+    res.facts["dtypes"] = {}
 
-    def dtypes(step: int) -> None:
-        res.facts["grad_dtypes"][str(step)] = sorted({str(p.dtype) for p in model.parameters()})
+    def dtypes(step: int) -> None:  # sharded params and their reduced grads stay fp32
+        res.facts["dtypes"][str(step)] = {"params": sorted({str(p.dtype) for p in model.parameters()}),
+                                          "grads": sorted({str(p.grad.dtype) for p in model.parameters()})}
 
     train_side_by_side(res, {"ours": model, "torch": theirs}, reference, local, (gx, gy),
                        [("ours", "torch", "bf16_torch"), ("ours", "ref", "bf16_ref"), ("torch", "ref", "bf16_ref")],
-                       on_step=dtypes)
+                       on_backward=dtypes)
 
 
 def _accumulate(res: Result, dims: ParallelDims, mesh_names: tuple[str, ...], seed: int,
@@ -467,7 +459,8 @@ def state_dict_round_trip(res: Result, run_dir: Path) -> None:
     (a) sharded: local shards saved with torch.save, loaded with torch.load(weights_only=True) into a
     freshly built, differently initialised fully_shard model B -> identical local shards;
     (b) full: get_full_state_dict(A) == the reference's parameters; load_full_state_dict into fresh C
-    -> identical local shards; (c) A, B, C take one more step: identical losses and parameters."""
+    -> identical local shards; (c) the DTensor state dict loaded in memory into fresh D; A, B, C, D
+    take one more step: identical losses and parameters; (d) torch.save(A.state_dict()) itself."""
     dims = ParallelDims(world_size=4)
     views = dims.build_mesh("cpu")
     mesh = views["fsdp"]
@@ -492,12 +485,18 @@ def state_dict_round_trip(res: Result, run_dir: Path) -> None:
     model_b.load_state_dict({k: DTensor.from_local(loaded[k], like[k].device_mesh, like[k].placements,
                                                    run_check=False, shape=like[k].shape, stride=like[k].stride())
                              for k in like})
-    try:  # does a DTensor state dict survive torch.save / torch.load(weights_only=True) as is?
+    # (d) the DTensor state dict itself through a file: torch.save(model.state_dict()) as users write it
+    model_e = apply_ours(new_mlp(36), mesh)
+    res.facts["file_local_equal"] = {}
+    try:
         torch.save(state, path)
-        torch.load(path, weights_only=True)
-        res.facts["dtensor_weights_only_load"] = "ok"
-    except Exception as exc:  # noqa: BLE001  (a torch limitation, recorded, not a fully_shard bug)
-        res.facts["dtensor_weights_only_load"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        model_e.load_state_dict(torch.load(path, weights_only=True))
+        res.facts["dtensor_file_round_trip"] = "ok"
+    except Exception as exc:  # noqa: BLE001  (recorded; see the test's xfail)
+        res.facts["dtensor_file_round_trip"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    else:
+        got = local_params(model_e)
+        res.facts["file_local_equal"] = {n: bool(torch.equal(got[n], t)) for n, t in local_params(model_a).items()}
     full_state = get_full_state_dict(model_a)
     res.compare("full_state:ours-ref", full_state, dict(reference.named_parameters()))
     model_c = apply_ours(new_mlp(34), mesh)
@@ -624,12 +623,10 @@ def dp_tp_ep(res: Result) -> None:
 
 @case("c7_full_mesh", 8)
 def full_mesh(res: Result) -> None:
-    """Case 7, local-tensor TP on (dp_replicate=2, fsdp=2, tp=2), blocks with fully_shard on the FULL
-    mesh (dp_replicate, fsdp, tp), enable_param_shard=None: the tp dim does not make it "pure TP";
-    sharding stays on: RS on fsdp + AR on dp_replicate (+ partial AR over tp); equal to the
-    reference. Root (plain inp/head) on (dp_replicate, fsdp)."""
-    _local_tp(res, ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2), 10,
-              ("dp_replicate", "fsdp", "tp"), ("dp_replicate", "fsdp"))
+    """Case 7, local-tensor TP on (dp_replicate=2, fsdp=2, tp=2) and fully_shard on the FULL mesh
+    (dp_replicate, fsdp, tp) with enable_param_shard=None: the tp dim does not make it "pure TP";
+    sharding stays on: RS on fsdp + AR on dp_replicate (+ partial AR over tp); equal to the reference."""
+    _local_tp(res, ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2), 10, ("dp_replicate", "fsdp", "tp"))
 
 
 # --------------------------------------------------------------------------- driver

@@ -1,0 +1,79 @@
+"""MoE recipes S1-S3 on the mini transformer: EP (etp 1) or EP+ETP (etp == tp), dual-stack FSDP.
+
+Order (TorchTitan): TP(+SP) -> EP/ETP -> CP -> fully_shard. Experts are one fully_shard unit on the
+sparse view (dp_replicate, efsdp) — their ep/etp placements come from EP — and each block another
+on the dense view (dp_replicate, fsdp). The experts' gradients are divided by dp_cp, the number of
+data shards, like every dense gradient: each token of the global batch reaches its expert exactly
+once over the ep group, so their sum over ep, efsdp and dp_replicate is the sum over all data shards.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from hyper_parallel.fsdp import PARTIAL_GRAD_ATTR, fully_shard
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_views import MeshViews
+from hyper_parallel.models.moe import MoE
+from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel.ep import parallelize_moe
+from hyper_parallel.parallel.tp import parallelize_transformer_tp
+from hyper_parallel.recipes.batches import data_parallel_rows, sequence_positions
+from hyper_parallel.recipes.training import Workload
+from hyper_parallel.recipes.transformer import GLOBAL_BATCH, apply_context_parallel
+
+MOE_CONFIG = TransformerConfig(moe_layers=(1,), num_experts=4, top_k=2, moe_hidden=32, shared_expert=True)
+
+
+def _moe_layers(model: Transformer) -> list:
+    return [layer for layer in model.layers if isinstance(layer.feed_forward, MoE)]
+
+
+def apply_expert_parallel(model: Transformer, dims: ParallelDims, views: MeshViews, dispatch: str) -> None:
+    """EP (etp 1) or EP+ETP on every MoE feed-forward. Under SP with etp == 1 the router and shared
+    expert see only this rank's sequence shard: their gradients are partial over tp (marked)."""
+    mesh = views["ep", "etp"] if dims.etp > 1 else views["ep"]
+    for layer in _moe_layers(model):
+        parallelize_moe(layer.feed_forward, mesh, **({} if dispatch == "all_to_all" else {"dispatch": dispatch}))
+        if dims.tp > 1 and dims.etp == 1:
+            replicated = [layer.feed_forward.router, layer.feed_forward.shared]
+            for param in (p for module in replicated if module is not None for p in module.parameters()):
+                setattr(param, PARTIAL_GRAD_ATTR, ("tp",))
+
+
+def apply_dual_stack_fully_shard(model: Transformer, dims: ParallelDims, views: MeshViews) -> None:
+    dense = views["dp_replicate", "fsdp", "tp"] if dims.tp > 1 else views["dp_replicate", "fsdp"]
+    for layer in model.layers:
+        if isinstance(layer.feed_forward, MoE):
+            experts = fully_shard(layer.feed_forward.experts, mesh=views["dp_replicate", "efsdp"])
+            experts.set_gradient_divide_factor(dims.dp_cp)
+        fully_shard(layer, mesh=dense)
+    fully_shard(model, mesh=dense)
+
+
+def moe_workload(dims: ParallelDims, views: MeshViews, seed: int, dispatch: str = "all_to_all") -> Workload:
+    torch.manual_seed(seed)
+    model = Transformer(MOE_CONFIG)
+    reference = copy.deepcopy(model)
+    parallelize_transformer_tp(model, views["tp"], sequence_parallel=True, moe_tokens_replicated=dims.etp > 1)
+    apply_expert_parallel(model, dims, views, dispatch)
+    if dims.cp > 1:
+        apply_context_parallel(model, views)
+    apply_dual_stack_fully_shard(model, dims, views)
+    tokens, targets = token_batch(MOE_CONFIG, GLOBAL_BATCH, seed)
+    positions = sequence_positions(MOE_CONFIG.seq_len, dims)
+    local_tokens = data_parallel_rows(tokens, dims)[:, positions]
+    local_targets = data_parallel_rows(targets, dims)[:, positions]
+    return Workload(model, reference, (local_tokens, positions), local_targets, (tokens,), targets, loss_fn=lm_loss,
+                    lr=0.5)
+
+
+def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """S1 / S2: all-to-all token dispatch."""
+    return moe_workload(dims, views, seed, dispatch="all_to_all")
+
+
+def expert_parallel_all_gather(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """S3: the S1 dims through a second dispatch path (all-gather tokens, reduce-scatter outputs)."""
+    return moe_workload(dims, views, seed, dispatch="all_gather")
