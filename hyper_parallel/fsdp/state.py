@@ -61,6 +61,8 @@ class FullyShardState:
             state.name = name or "root"
             if state.group is not None:
                 state.group.name = state.name
+                for param in state.group.params:  # names relative to the unit -> names in the model
+                    param.fqn = f"{name}.{param.fqn}" if name else param.fqn
 
     def _pre_forward(self, module: nn.Module, args, kwargs):
         self._lazy_init()

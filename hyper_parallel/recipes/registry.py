@@ -202,7 +202,7 @@ RECIPES.update({recipe.name: recipe for recipe in TIERS})
 
 
 def get(name: str) -> Recipe:
-    key = name.upper()
-    if key not in RECIPES:
+    by_key = {key.upper(): recipe for key, recipe in RECIPES.items()}
+    if name.upper() not in by_key:
         raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
-    return RECIPES[key]
+    return by_key[name.upper()]

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel import trace
+from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, trace_path
 from hyper_parallel.recipes.training import train_and_compare
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         recorder.save(trace_path(out, rank))
         if rank == 0:
             metrics = {"recipe": recipe.name, "degrees": dims.degrees(), "steps": args.steps, "seed": args.seed,
-                       "backend": dist.get_backend(), **metrics}
+                       "backend": dist.get_backend(), "units": describe_units(workload.model), **metrics}
             (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
             print(f"{recipe.name}: max |loss - reference| = {metrics['max_abs_diff']:.3g}, "
                   f"max |param - reference| = {metrics['max_param_diff']:.3g}, ok={metrics['ok']}", flush=True)

@@ -73,7 +73,8 @@ def _max(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad) for name, p in module.named_parameters()}
+    """Parameter gradients by name, the local shard of DTensor ones."""
+    return {name: p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for name, p in module.named_parameters()}
 
 
 def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
@@ -170,9 +171,8 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
                            for pname, param in parallel.named_parameters()},
             "experts_class": type(experts).__name__,
         }
-    first_seen, other_seen = seen["all_to_all"], seen["all_gather"]
-    results["all_gather_vs_all_to_all"] = {
-        key: _max(other_seen[key], first_seen[key]) if key in other_seen else float("inf") for key in first_seen}
+    a2a, ag = seen["all_to_all"], seen["all_gather"]
+    results["all_gather_vs_all_to_all"] = {key: _max(ag[key], a2a[key]) if key in ag else float("inf") for key in a2a}
     return results
 
 

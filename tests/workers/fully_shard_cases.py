@@ -16,7 +16,9 @@ and records, per rank:
 * ``collectives`` and ``placements``: the trace events (``hyper_parallel.trace``) of the case.
 
 A case that raises does not stop the others: the traceback is recorded and the ranks meet at a
-barrier before the next case. Output: ``$HYPER_PARALLEL_RUN_DIR/fully_shard_rank{r}.json``.
+barrier before the next case. (The cases are SPMD, so an error is raised on every rank at the same
+point; a rank left waiting in a collective by an error elsewhere gives up after
+``--collective-timeout`` seconds.) Output: ``$HYPER_PARALLEL_RUN_DIR/fully_shard_rank{r}.json``.
 
     torchrun --nproc-per-node 4 tests/workers/fully_shard_cases.py --cases all --tolerances '{...}'
 """
@@ -73,8 +75,9 @@ def case(name: str, world_size: int):
 class Result:
     """What one case reports (JSON-serialisable)."""
 
-    def __init__(self, tolerances: dict[str, list[float]]) -> None:
+    def __init__(self, tolerances: dict[str, list[float]], run_dir: Path) -> None:
         self.tolerances = tolerances
+        self.run_dir = run_dir  # for files a case writes (removed again by the case)
         self.numbers: dict[str, dict] = {}
         self.facts: dict = {}
 
@@ -454,7 +457,7 @@ def accumulation_hsdp(res: Result) -> None:
 
 
 @case("c10_state_dict", 4)
-def state_dict_round_trip(res: Result, run_dir: Path) -> None:
+def state_dict_round_trip(res: Result) -> None:
     """Case 10, FSDP 1-D (uneven head: rank 3 holds empty shards). After one step of model A:
     (a) sharded: local shards saved with torch.save, loaded with torch.load(weights_only=True) into a
     freshly built, differently initialised fully_shard model B -> identical local shards;
@@ -468,8 +471,8 @@ def state_dict_round_trip(res: Result, run_dir: Path) -> None:
     reference = copy.deepcopy(model_a)
     apply_ours(model_a, mesh)
     res.facts["params"] = param_facts(model_a)
-    local0 = batch(31, rank(), 4)
-    local1 = batch(32, rank(), 4)
+    index = dims.coordinates(rank())["dp"]
+    local0, local1 = batch(31, index, dims.dp), batch(32, index, dims.dp)
     train_side_by_side(res, {"ours": model_a}, reference, local0[:2], local0[2:], [("ours", "ref", "fp32")], steps=1)
 
     trace.set_step(100)  # state-dict traffic: fully_shard issues no traced collectives here
@@ -477,7 +480,7 @@ def state_dict_round_trip(res: Result, run_dir: Path) -> None:
     res.facts["state_dict_types"] = sorted({type(v).__name__ for v in state.values()})
     res.facts["state_dict_placements"] = {k: placements_str(v.placements) for k, v in state.items()
                                           if isinstance(v, DTensor)}
-    path = run_dir / f"fully_shard_c10_rank{rank()}.pt"
+    path = res.run_dir / f"fully_shard_c10_rank{rank()}.pt"
     torch.save({k: v.to_local() for k, v in state.items()}, path)
     loaded = torch.load(path, weights_only=True)
     model_b = apply_ours(new_mlp(33), mesh)
@@ -646,16 +649,13 @@ def clear_dtensor_caches() -> None:
 
 
 def run_case(name: str, fn: Callable, tolerances: dict, run_dir: Path) -> dict:
-    res = Result(tolerances)
+    res = Result(tolerances, run_dir)
     clear_dtensor_caches()
     start = time.perf_counter()
     error = None
     with trace.record() as recorder:
         try:
-            if "run_dir" in fn.__code__.co_varnames[:fn.__code__.co_argcount]:
-                fn(res, run_dir)
-            else:
-                fn(res)
+            fn(res)
         except Exception:  # noqa: BLE001  (recorded per case; the other cases still run)
             error = traceback.format_exc()
     events = recorder.events

@@ -1,0 +1,40 @@
+"""What each fully_shard unit of a model holds and how it communicates: for figures and cost checks."""
+from __future__ import annotations
+
+import torch.nn as nn
+
+
+def describe_units(root: nn.Module) -> list[dict]:
+    """One dict per fully_shard unit under ``root`` (outermost last, as units are applied bottom-up).
+
+    ``mp_local_bytes``: bytes of the unit's parameters as each rank computes with them (after TP/EP);
+    ``padded_bytes``: the flat all-gather buffer (mp-local bytes padded to a multiple of shard_size);
+    ``sharded_group`` / ``unsharded_group``: name and global ranks of the RS and AR groups.
+    """
+    units = []
+    for name, module in root.named_modules():
+        state = getattr(module, "_hp_state", None)
+        if state is None or state.group is None:
+            continue
+        group = state.group
+        element = group.params[0].sharded_param.element_size()
+        units.append({
+            "unit": name or "root",
+            "params": [p.fqn for p in group.params],
+            "mp_local_bytes": sum(_numel(p.mp_local_shape) for p in group.params) * element,
+            "padded_bytes": group.total * group.shard_size * element,
+            "global_bytes": sum(_numel(p.global_shape) for p in group.params) * element,
+            "shard_size": group.shard_size, "dp_size": group.dp_size, "rank_size": group.rank_size,
+            "sharded_group": {"name": group.sharded_group.name, "ranks": list(group.sharded_group.ranks)},
+            "unsharded_group": {"name": group.unsharded_group.name, "ranks": list(group.unsharded_group.ranks)},
+            "reshard_after_forward": state.reshard_after_forward and not state.is_root,
+            "dtype": str(group.orig_dtype).removeprefix("torch."),
+        })
+    return sorted(units, key=lambda unit: unit["unit"] == "root")
+
+
+def _numel(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
