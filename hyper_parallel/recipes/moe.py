@@ -35,7 +35,7 @@ def apply_expert_parallel(model: Transformer, dims: ParallelDims, views: MeshVie
     expert see only this rank's sequence shard: their gradients are partial over tp (marked)."""
     mesh = views["ep", "etp"] if dims.etp > 1 else views["ep"]
     for layer in _moe_layers(model):
-        parallelize_moe(layer.feed_forward, mesh, **({} if dispatch == "all_to_all" else {"dispatch": dispatch}))
+        parallelize_moe(layer.feed_forward, mesh, dispatch=dispatch)
         if dims.tp > 1 and dims.etp == 1:
             replicated = [layer.feed_forward.router, layer.feed_forward.shared]
             for param in (p for module in replicated if module is not None for p in module.parameters()):
