@@ -2,8 +2,9 @@
 
     launch.torchrun(target, nproc, ...)   any script or module on N local ranks
     launch.run(recipe, **degrees)         a recipe against its single-process reference
+    launch.run_many([{...}, ...])         several runs of one world size in one launch
 """
-from launch.runner import RunResult, run, validate
+from launch.runner import RunResult, run, run_many, validate
 from launch.torchrun import TorchrunResult, torchrun
 
-__all__ = ["run", "validate", "RunResult", "torchrun", "TorchrunResult"]
+__all__ = ["run", "run_many", "validate", "RunResult", "torchrun", "TorchrunResult"]

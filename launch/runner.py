@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -99,15 +98,47 @@ def run(recipe: str, *, steps: int | None = None, timeout: float = 300.0, out: s
     ``degrees``: world_size, dp_replicate, dp_shard, cp, tp, ep, etp (pp must stay 1). Raises
     ``ValueError`` before any worker starts when they are invalid.
     """
-    spec, dims = validate(recipe, **degrees)
-    steps = spec.steps if steps is None else steps
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    run_dir = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix=f"hp-{spec.name}-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
-        stale.unlink(missing_ok=True)
-    explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
+    spec = {"recipe": recipe, "steps": steps, "seed": seed, **degrees}
+    run_dir = Path(out) if out is not None else None
+    return run_many([spec], timeout=timeout, out=run_dir, on_line=on_line, on_progress=on_progress,
+                    run_dirs=[run_dir] if run_dir is not None else None)[0]
+
+
+def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None = None,
+             on_line: Callable[[int, str], None] | None = None, on_progress: Callable[[dict], None] | None = None,
+             run_dirs: list[Path] | None = None) -> list[RunResult]:
+    """Several recipe runs of the same world size in ONE torchrun launch (one process group).
+
+    Each run is ``{"recipe": ..., "steps": ..., "seed": ..., **degrees}`` and gets its own directory
+    (``out/NN-RECIPE`` unless ``run_dirs`` says otherwise). All runs are validated before anything
+    starts. Saves the start-up of a launch per run (importing torch on every rank, rendezvous).
+    """
+    if not runs:
+        raise ValueError("run_many needs at least one run")
+    prepared = []
+    for spec in runs:
+        spec = dict(spec)
+        name, steps, seed = spec.pop("recipe"), spec.pop("steps", None), spec.pop("seed", 0)
+        recipe, dims = validate(name, **spec)
+        steps = recipe.steps if steps is None else steps
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        prepared.append((recipe, dims, steps, seed))
+    worlds = {dims.world_size for _, dims, _, _ in prepared}
+    if len(worlds) != 1:
+        raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
+    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="hp-run-"))
+    root.mkdir(parents=True, exist_ok=True)
+    dirs = run_dirs or [root / f"{index:02d}-{recipe.name}" for index, (recipe, *_) in enumerate(prepared)]
+    batch = []
+    for (recipe, dims, steps, seed), run_dir in zip(prepared, dirs):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
+            stale.unlink(missing_ok=True)
+        explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
+        batch.append({"recipe": recipe.name, "degrees": explicit, "steps": steps, "seed": seed, "out": str(run_dir)})
+    batch_file = root / "batch.json"
+    batch_file.write_text(json.dumps(batch, indent=1))
 
     def forward_line(rank: int, line: str) -> None:
         if rank == 0 and line.startswith(PROGRESS_PREFIX) and on_progress is not None:
@@ -115,12 +146,11 @@ def run(recipe: str, *, steps: int | None = None, timeout: float = 300.0, out: s
         if on_line is not None:
             on_line(rank, line)
 
-    args = ["--recipe", spec.name, "--degrees", json.dumps(explicit), "--steps", str(steps), "--seed", str(seed),
-            "--out", str(run_dir), "--collective-timeout", str(max(30.0, timeout))]
-    started = time.perf_counter()
-    process = torchrun(WORKER_MODULE, dims.world_size, args=args, timeout=timeout, on_line=forward_line,
-                       run_dir=run_dir)
-    result = RunResult(spec.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir))
-    result.metrics.setdefault("wall_time", time.perf_counter() - started)
-    result.save_summary()
-    return result
+    args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, timeout))]
+    process = torchrun(WORKER_MODULE, worlds.pop(), args=args, timeout=timeout, on_line=forward_line, run_dir=root)
+    results = []
+    for (recipe, dims, _, _), run_dir in zip(prepared, dirs):
+        result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir))
+        result.save_summary()
+        results.append(result)
+    return results

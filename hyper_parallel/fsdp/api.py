@@ -126,7 +126,7 @@ def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -
     if clash:
         raise ValueError(f"parameter {fqn!r} is already a DTensor over {sorted(clash)}, which fully_shard's mesh "
                          "uses as a data-parallel dim; apply TP/EP on model-parallel dims (tp, ep, etp) only")
-    if mesh._get_root_mesh() is not own_mesh._get_root_mesh():
+    if mesh._get_root_mesh() != own_mesh._get_root_mesh():
         raise ValueError(
             f"the fully_shard mesh {names} and the mesh {own_names} of parameter {fqn!r} do not share a root "
             "mesh; build both from one mesh (e.g. ParallelDims.build_mesh views, or slices of one init_device_mesh)")

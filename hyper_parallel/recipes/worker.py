@@ -27,13 +27,18 @@ from hyper_parallel.recipes.training import train_and_compare
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--recipe", required=True)
-    parser.add_argument("--degrees", required=True, help="JSON object of degrees, e.g. '{\"dp_shard\": 2}'")
+    parser.add_argument("--recipe", help="one run: the recipe")
+    parser.add_argument("--degrees", default="{}", help="one run: JSON object of degrees, e.g. '{\"dp_shard\": 2}'")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
+    parser.add_argument("--batch", help="several runs in one process group: a JSON file with a list of "
+                                        "{recipe, degrees, steps, seed, out} (saves the start-up of a launch per run)")
     parser.add_argument("--collective-timeout", type=float, default=300.0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.recipe is None) == (args.batch is None):
+        parser.error("give either --recipe (one run) or --batch (several)")
+    return args
 
 
 def _load(implementation: str):
@@ -41,36 +46,48 @@ def _load(implementation: str):
     return getattr(importlib.import_module(module_name), function)
 
 
+def run_one(spec: dict, device_type: str) -> None:
+    """Build, train and check one recipe run; write its trace (every rank) and metrics (rank 0)."""
+    rank = dist.get_rank()
+    recipe = registry.get(spec["recipe"])
+    dims = recipe.validate(world_size=dist.get_world_size(), **spec["degrees"])
+    views = dims.build_mesh(device_type)
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    build = _load(recipe.implementation)
+
+    def report(progress: dict) -> None:
+        print(PROGRESS_PREFIX + json.dumps({"recipe": recipe.name, **progress}), flush=True)
+
+    with trace.record() as recorder:
+        workload = build(dims, views, spec["seed"])
+        metrics = train_and_compare(workload, spec["steps"], on_step=report,
+                                    trace_torch_collectives=lambda: trace.TorchCollectiveTracer(views.group_names()))
+    recorder.save(trace_path(out, rank))
+    if rank == 0:
+        metrics = {"recipe": recipe.name, "degrees": dims.degrees(), "steps": spec["steps"], "seed": spec["seed"],
+                   "backend": dist.get_backend(), "units": describe_units(workload.model), **metrics}
+        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
+        print(f"{recipe.name}: max |loss - reference| = {metrics['max_abs_diff']:.3g}, "
+              f"max |param - reference| = {metrics['max_param_diff']:.3g}, ok={metrics['ok']}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.batch:
+        specs = json.loads(Path(args.batch).read_text())
+    else:
+        specs = [{"recipe": args.recipe, "degrees": json.loads(args.degrees), "steps": args.steps,
+                  "seed": args.seed, "out": args.out}]
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if use_cuda else "gloo",
                             timeout=datetime.timedelta(seconds=args.collective_timeout))
     try:
-        rank = dist.get_rank()
-        recipe = registry.get(args.recipe)
-        degrees = json.loads(args.degrees)
-        dims = recipe.validate(world_size=dist.get_world_size(), **degrees)
-        views = dims.build_mesh("cuda" if use_cuda else "cpu")
-        out = Path(args.out)
-        build = _load(recipe.implementation)
-
-        def report(progress: dict) -> None:
-            print(PROGRESS_PREFIX + json.dumps(progress), flush=True)
-
-        with trace.record() as recorder:
-            workload = build(dims, views, args.seed)
-            metrics = train_and_compare(workload, args.steps, on_step=report,
-                                        trace_torch_collectives=lambda: trace.TorchCollectiveTracer(views.group_names()))
-        recorder.save(trace_path(out, rank))
-        if rank == 0:
-            metrics = {"recipe": recipe.name, "degrees": dims.degrees(), "steps": args.steps, "seed": args.seed,
-                       "backend": dist.get_backend(), "units": describe_units(workload.model), **metrics}
-            (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
-            print(f"{recipe.name}: max |loss - reference| = {metrics['max_abs_diff']:.3g}, "
-                  f"max |param - reference| = {metrics['max_param_diff']:.3g}, ok={metrics['ok']}", flush=True)
+        for spec in specs:
+            run_one(spec, "cuda" if use_cuda else "cpu")
+            dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0

@@ -1,0 +1,97 @@
+"""Shared look of the workbook's figures: rank, op, group and phase colours, titles, new figures.
+
+Figures are plain ``matplotlib.figure.Figure`` objects with an Agg canvas: no pyplot state, nothing to
+close, safe in scripts, tests and threads; Jupyter's inline backend displays a returned Figure.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce": "#d62728",
+             "all_to_all": "#2ca02c", "broadcast": "#9467bd"}
+OP_SHORT = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A",
+            "broadcast": "BC"}
+GROUP_HATCHES = {"fsdp": "", "dp_shard": "", "dp_replicate": "///", "tp": "...", "cp": "xxx",
+                 "ep": "\\\\\\", "etp": "+++", "efsdp": "---", "dp_replicate+fsdp": "|||",
+                 "dp_replicate+efsdp": "|||", "dp": "ooo", "dp_cp": "OO"}
+_EXTRA_HATCHES = ("**", "oo", "//..", "\\\\..", "xx..", "--..")
+PHASE_COLORS = {"init": "#eeeeee", "forward": "#dcebf7", "backward": "#fbe3d1", "optimizer": "#dff0d8",
+                "other": "#f2f2f2"}
+DEGREE_ORDER = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+
+
+def rank_color(rank: int, world_size: int = 8) -> tuple[float, float, float, float]:
+    """The colour of one rank, the same in every figure of a run (tab10, tab20 beyond 10 ranks)."""
+    if world_size <= 10:
+        return to_rgba(matplotlib.colormaps["tab10"](rank % 10))
+    if world_size <= 20:
+        return to_rgba(matplotlib.colormaps["tab20"](rank % 20))
+    return to_rgba(matplotlib.colormaps["hsv"](rank / world_size))
+
+
+def group_color(index: int) -> tuple[float, float, float, float]:
+    """Colour of the ``index``-th process group of a mesh dim (pastel, distinct from rank colours)."""
+    palette = matplotlib.colormaps["Set3"] if index < 12 else matplotlib.colormaps["tab20b"]
+    return to_rgba(palette(index % palette.N))
+
+
+def group_hatch(group: str) -> str:
+    if group in GROUP_HATCHES:
+        return GROUP_HATCHES[group]
+    return _EXTRA_HATCHES[sum(map(ord, group)) % len(_EXTRA_HATCHES)]
+
+
+def degrees_text(degrees: dict[str, int] | Any | None) -> str:
+    """'world 8 = dp_shard 2 × cp 2 × tp 2' (+ 'ep 2, etp 2'): the degrees > 1 of a run."""
+    if degrees is None:
+        return ""
+    if not isinstance(degrees, dict):
+        degrees = degrees.degrees()
+    dense = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[:4] if degrees.get(name, 1) > 1]
+    text = f"world {degrees.get('world_size', '?')}"
+    if dense:
+        text += " = " + " × ".join(dense)
+    sparse = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[4:] if degrees.get(name, 1) > 1]
+    if sparse:
+        text += " (experts: " + ", ".join(sparse) + ")"
+    return text
+
+
+def title(what: str, recipe: str | None = None, degrees=None) -> str:
+    parts = [what]
+    head = " · ".join(p for p in (recipe, degrees_text(degrees)) if p)
+    if head:
+        parts.append(head)
+    return " — ".join(parts)
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def ranks_text(ranks: Iterable[int], world_size: int | None = None) -> str:
+    """'0,2,4' or 'all 8 ranks' or '0-3' for a run of consecutive ranks."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return "nobody"
+    if world_size is not None and len(ranks) == world_size and world_size > 1:
+        return f"all {world_size}"
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))

@@ -1,0 +1,134 @@
+"""Per-rank timeline of one training step: a bar per collective, coloured by op, hatched by group."""
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from hyper_parallel.viz.style import (OP_COLORS, OP_SHORT, OPS, PHASE_COLORS, group_hatch, new_figure,
+                                      title)
+
+Traces = dict[int, list[dict[str, Any]]]
+MIN_BAR = 0.006
+"""Bars shorter than this fraction of the step are drawn this wide (and outlined) so they stay visible."""
+
+
+def steps_of(traces: Traces) -> list[int]:
+    return sorted({e["step"] for events in traces.values() for e in events if e.get("kind") == "collective"})
+
+
+def collectives(traces: Traces, step: int | None = None, rank: int | None = None,
+                include_init: bool = False) -> list[tuple[int, dict]]:
+    """(rank, event) of every collective of ``step`` (all steps: None), init-phase ones excluded by default."""
+    return [(r, e) for r, events in sorted(traces.items()) if rank is None or r == rank for e in events
+            if e.get("kind") == "collective" and (step is None or e["step"] == step)
+            and (include_init or e["phase"] != "init")]
+
+
+def _times(event: dict) -> tuple[float, float]:
+    return (event["t_start"], event["t_end"]) if event.get("kind") == "collective" else (event["t"], event["t"])
+
+
+def phase_spans(events: list[dict]) -> list[tuple[str, float, float]]:
+    """(phase, start, end) in time order: a phase runs from its first event to the next phase's first
+    event; the last one ends with its last event."""
+    firsts, last = {}, None
+    for event in sorted(events, key=lambda e: _times(e)[0]):
+        start, end = _times(event)
+        firsts.setdefault(event["phase"], start)
+        last = end if last is None else max(last, end)
+    ordered = sorted(firsts.items(), key=lambda item: item[1])
+    return [(phase, start, ordered[i + 1][1] if i + 1 < len(ordered) else last)
+            for i, (phase, start) in enumerate(ordered)]
+
+
+def timeline(traces: Traces, step: int | None = None, by_group: bool | None = None, recipe: str | None = None,
+             degrees=None, label_modules: bool = True) -> Figure:
+    """Every rank's collectives of one step (default: the last) against time.
+
+    One row per rank (``by_group=True``: one row per rank and group; None: split when there are
+    several groups and at most 32 rows). A bar spans t_start..t_end (ms from the step's first event,
+    at least ``MIN_BAR`` of the step wide), its colour is the op, its hatch the group; the background
+    of each row is shaded by phase (forward / backward / optimizer). Collective bars have
+    ``gid="collective"``; ``label_modules`` writes the fully_shard unit over rank 0's bars.
+    """
+    steps = steps_of(traces)
+    if not steps:
+        raise ValueError("the traces hold no collectives")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise ValueError(f"no collectives in step {step}; steps with collectives: {steps}")
+    chosen = collectives(traces, step)
+    groups = sorted({e["group"] for _, e in chosen}, key=lambda g: (g not in ("fsdp", "efsdp"), g))
+    ranks = sorted(traces)
+    if by_group is None:
+        by_group = len(groups) > 1 and len(ranks) * len(groups) <= 32
+    lanes = [(r, g) for r in ranks for g in groups] if by_group else [(r, None) for r in ranks]
+    row_of = {lane: i for i, lane in enumerate(lanes)}
+    step_events = {r: [e for e in traces[r] if e["step"] == step and e["phase"] != "init"] for r in ranks}
+    t0 = min(_times(e)[0] for events in step_events.values() for e in events)
+    t1 = max(_times(e)[1] for events in step_events.values() for e in events)
+    span = max(t1 - t0, 1e-9)
+    ms = lambda t: (t - t0) * 1e3
+    fig = new_figure(13, 1.9 + 0.3 * len(lanes) + (0.3 if by_group else 0))
+    ax = fig.add_subplot()
+    ax.set_label("timeline")
+    for r in ranks:
+        rows = [row_of[lane] for lane in lanes if lane[0] == r]
+        for phase, start, end in phase_spans(step_events[r]):
+            ax.add_patch(Rectangle((ms(start), min(rows) - 0.5), ms(end) - ms(start), len(rows),
+                                   facecolor=PHASE_COLORS.get(phase, "#f2f2f2"), edgecolor="none", zorder=0,
+                                   gid="phase"))
+            if r == ranks[0]:
+                ax.text((ms(start) + ms(end)) / 2, -1.0, phase, ha="center", va="bottom", fontsize=9,
+                        color="#555555", fontstyle="italic")
+    for r, event in chosen:
+        row = row_of[(r, event["group"] if by_group else None)]
+        start, width = ms(event["t_start"]), ms(event["t_end"]) - ms(event["t_start"])
+        tiny = width < MIN_BAR * span * 1e3
+        width = max(width, MIN_BAR * span * 1e3)
+        ax.add_patch(Rectangle((start, row - 0.38), width, 0.76, facecolor=OP_COLORS.get(event["op"], "grey"),
+                               hatch=group_hatch(event["group"]), edgecolor="black" if tiny else "#333333",
+                               linewidth=0.8 if tiny else 0.4, zorder=2, gid="collective"))
+        if width > 0.045 * span * 1e3:
+            ax.text(start + width / 2, row, f"{OP_SHORT.get(event['op'], event['op'])} {event['group']}",
+                    ha="center", va="center", fontsize=7, zorder=3, clip_on=True,
+                    bbox=dict(boxstyle="round,pad=0.1", facecolor="white", alpha=0.8, linewidth=0))
+    if label_modules:
+        _label_units(ax, [e for r, e in chosen if r == ranks[0]], row_of, ranks[0], by_group, ms, span)
+    ax.set_xlim(-0.01 * span * 1e3, span * 1.01e3)
+    ax.set_ylim(len(lanes) - 0.5, -1.45)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([f"rank {r}" + (f" · {g}" if g else "") for r, g in lanes], fontsize=8)
+    for i in range(1, len(ranks)):
+        ax.axhline(i * len(lanes) / len(ranks) - 0.5, color="black", linewidth=0.8, zorder=1)
+    ax.set_xlabel(f"time in step {step} (ms since its first traced event; all ranks on one aligned clock)")
+    ax.grid(axis="x", color="white", linewidth=0.6, zorder=1)
+    ops = [op for op in OPS if any(e["op"] == op for _, e in chosen)]
+    handles = [Patch(facecolor=OP_COLORS[op], edgecolor="black", label=op) for op in ops]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch=group_hatch(g), label=f"group {g}") for g in groups]
+    handles += [Patch(facecolor=PHASE_COLORS[p], label=f"{p} phase") for p in PHASE_COLORS
+                if any(e["phase"] == p for events in step_events.values() for e in events)]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="colour = op, hatch = group",
+               title_fontsize=8)
+    counts = ", ".join(f"{sum(e['op'] == op for r, e in chosen if r == ranks[0])} {OP_SHORT[op]}" for op in ops)
+    fig.suptitle(title(f"Collectives per rank, step {step}", recipe, degrees) +
+                 f"\nrank 0: {counts}; tiny bars are widened to {MIN_BAR:.1%} of the step and outlined", fontsize=10)
+    return fig
+
+
+def _label_units(ax, events, row_of, rank, by_group, ms, span) -> None:
+    """Write the fully_shard unit name above rank 0's bars (once per consecutive run of a unit)."""
+    previous_end, previous_module = None, None
+    for event in sorted(events, key=lambda e: e["t_start"]):
+        module = event.get("module") or ""
+        if not module or event["group"] in ("tp", "cp", "ep", "etp"):
+            continue
+        x = ms(event["t_start"])
+        if module == previous_module and previous_end is not None and x - previous_end < 0.05 * span * 1e3:
+            continue
+        if previous_end is not None and x - previous_end < 0.05 * span * 1e3:
+            continue
+        ax.text(x, -0.42, module, ha="left", va="bottom", fontsize=7, color="#222222", rotation=0, clip_on=True)
+        previous_end, previous_module = x + len(module) * 0.0065 * span * 1e3, module
