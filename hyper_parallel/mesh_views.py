@@ -60,13 +60,18 @@ class MeshViews:
         raise ValueError(f"no view has the dims {wanted} in this order; known dims: {known} "
                          "(dims of one view must be given outermost first)")
 
-    def group_names(self) -> dict[str, str]:
-        """Process-group name -> mesh dim name, so traces of torch's own collectives name their dim."""
-        names = {}
-        for mesh in self.meshes.values():
-            for dim in mesh.mesh_dim_names:
-                if mesh.size(mesh.mesh_dim_names.index(dim)) > 1:
-                    names.setdefault(mesh.get_group(dim).group_name, dim)
+    def group_names(self) -> dict[tuple[int, ...], str]:
+        """This rank's groups (sorted global ranks) -> mesh dim name, so traces of torch's own
+        collectives (DTensor) can name their dim. Where dims share ranks, the model-parallel name wins."""
+        rank = dist.get_rank()
+        names: dict[tuple[int, ...], str] = {}
+        for dim in ("tp", "cp", "ep", "etp", "fsdp", "efsdp", "dp_replicate", "dp_shard", "dp", "dp_cp"):
+            try:
+                ranks = tuple(self.dims.group_of(dim, rank))
+            except ValueError:  # e.g. no ep dims when ep == 1
+                continue
+            if len(ranks) > 1:
+                names.setdefault(ranks, dim)
         return names
 
     def all_group_ranks(self, dim: str) -> list[list[int]]:

@@ -153,11 +153,11 @@ class TorchCollectiveTracer(TorchDispatchMode):
 
     Our own collectives go through ``hyper_parallel.comm``; DTensor's go through the functional
     collectives ``_c10d_functional.*``, which this dispatch mode intercepts. ``group_names`` maps a
-    process group's name to the mesh dim it belongs to (``MeshViews.group_names()``). Each op is
+    group's sorted global ranks to the mesh dim it belongs to (``MeshViews.group_names()``). Each op is
     waited for at once so its bar on the timeline has a real end (on CPU/gloo it is synchronous anyway).
     """
 
-    def __init__(self, group_names: dict[str, str]) -> None:
+    def __init__(self, group_names: dict[tuple[int, ...], str]) -> None:
         super().__init__()
         self.group_names = group_names
 
@@ -170,7 +170,8 @@ class TorchCollectiveTracer(TorchDispatchMode):
         group = dist.distributed_c10d._resolve_process_group(group_name)
         ranks = dist.get_process_group_ranks(group)
         nbytes = tensor.numel() * tensor.element_size() * (len(ranks) if op == "all_gather" else 1)
-        with collective(op, self.group_names.get(group_name, group_name), ranks, nbytes, tensor.dtype):
+        name = self.group_names.get(tuple(sorted(ranks)), group_name)
+        with collective(op, name, ranks, nbytes, tensor.dtype):
             out = func(*args, **kwargs)
             out = torch.ops._c10d_functional.wait_tensor(out)
         return out

@@ -74,7 +74,8 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     input and the logits (2L+2), and reduce-scatters after wo, w2 and the embedding (2L+1); backward
     mirrors it (2L+1 each); the norm weights' Partial gradients add one tp all-reduce per dense unit.
     A MoE block under SP skips the feed-forward all-gather / reduce-scatter (etp=1: it works on its
-    sequence shard) or all-gathers its input only (etp=tp: output cut back without communication).
+    sequence shard) or all-gathers its input (etp=tp: the output is cut back to the shard without
+    communication; in backward that cut becomes an all-gather and the input gather a local cut).
     CP: one K/V all-gather per attention in forward, one reduce-scatter in backward.
     EP per MoE layer (all-to-all dispatch): forward counts + dispatch + combine all-to-alls, backward
     two; all-gather dispatch: forward counts and rows all-gathered, outputs reduce-scattered, backward
@@ -102,8 +103,8 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     if tp > 1 and sequence_parallel:
         expected[("all_gather", "tp", "forward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 2
         expected[("reduce_scatter", "tp", "forward")] = 2 * dense_layers + moe_layers + 1
-        expected[("all_gather", "tp", "backward")] = 2 * dense_layers + moe_layers + 1
-        expected[("reduce_scatter", "tp", "backward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 1
+        expected[("all_gather", "tp", "backward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 1
+        expected[("reduce_scatter", "tp", "backward")] = 2 * dense_layers + moe_layers + 1
         expected[("all_reduce", "tp", "backward")] = UNITS
     elif tp > 1:
         expected[("all_reduce", "tp", "forward")] = 2 * LAYERS + 1

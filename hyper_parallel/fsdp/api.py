@@ -183,10 +183,25 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
             exposed.unsharded_group_info = param.unsharded_group_info
             exposed.shard_size, exposed.dp_size, exposed.rank_size = param.shard_size, param.dp_size, param.rank_size
     state = FullyShardState(module, group, reshard_after_forward, mp_policy)
+    module.register_state_dict_post_hook(_detach_from_flat_buffer)
     cls = module.__class__
     module.__class__ = type(f"FullyShard{cls.__name__}", (cls, FullyShardModule), {})
     module._hp_state = state
     return module
+
+
+def _detach_from_flat_buffer(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """Give each sharded tensor of the state dict its own storage.
+
+    A unit's shards are views into one flat buffer (the all-gather input); torch.save cannot pickle a
+    DTensor whose local tensor is a view at a non-zero offset, and a checkpoint should not pin the
+    whole buffer either. The clone costs one copy of this rank's shards, only when a state dict is taken.
+    """
+    for key, value in state_dict.items():
+        if key.startswith(prefix) and isinstance(value, DTensor) and value.to_local().storage_offset() != 0:
+            local = value.to_local().detach().clone()
+            state_dict[key] = DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
+                                                 shape=value.shape, stride=value.stride())
 
 
 def _moved(param: nn.Parameter, device: torch.device) -> nn.Parameter:

@@ -29,6 +29,7 @@ class FullyShardState:
         self.backward_prefetch: list[FullyShardState] = []
         self.is_root: bool | None = None
         self.name = type(module).__name__
+        self.parent_name = ""  # the enclosing unit's name: the trace label once this unit's backward is done
         self._outer_module_label = ""
         self.subtree: list[FullyShardState] = []
         self._grads_seen = 0
@@ -51,11 +52,13 @@ class FullyShardState:
             return
         self.is_root = True
         self.subtree = []
+        names = {}
         for name, module in self.module.named_modules():
             state = getattr(module, "_hp_state", None)
             if state is None:
                 continue
             self.subtree.append(state)
+            names[state] = name
             if state is not self:
                 state.is_root = False
             state.name = name or "root"
@@ -63,6 +66,11 @@ class FullyShardState:
                 state.group.name = state.name
                 for param in state.group.params:  # names relative to the unit -> names in the model
                     param.fqn = f"{name}.{param.fqn}" if name else param.fqn
+        for state, name in names.items():
+            enclosing = [other for other, prefix in names.items()
+                         if other is not state and (prefix == "" or name.startswith(prefix + "."))]
+            if enclosing:
+                state.parent_name = max(enclosing, key=lambda other: len(names[other])).name
 
     def _pre_forward(self, module: nn.Module, args, kwargs):
         self._lazy_init()
@@ -120,6 +128,7 @@ class FullyShardState:
         self.group.reduce_grads()
         self.group.reshard()
         self._grads_seen = 0
+        trace.set_module(self.parent_name)
 
     def _end_of_backward(self) -> None:
         for state in self.subtree:

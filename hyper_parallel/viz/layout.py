@@ -49,6 +49,9 @@ def parse_placements(text: str) -> list[Placement]:
 def dim_size(dims: ParallelDims, name: str) -> int:
     """Size of a mesh dim, flattened names ('dp_replicate+fsdp') included."""
     sizes = {dim: size for view in dims.views().values() for dim, size in view}
+    unknown = [part for part in name.split("+") if part not in sizes]
+    if unknown:
+        raise ValueError(f"mesh dim {name!r} is not a dim of {dims}; known dims: {sorted(sizes)}")
     return math.prod(sizes[part] for part in name.split("+"))
 
 

@@ -110,7 +110,7 @@ def mesh_map(dims: ParallelDims, recipe: str | None = None) -> Figure:
     for r, row_panels in enumerate([dense, sparse][:nrows]):
         for c, (dim, heading) in enumerate(row_panels):
             _draw_panel(fig.add_subplot(grid[r, c]), dims, dim, heading, rows, cols)
-    lines = [title("Device mesh", recipe, dims), "same colour = one process group of that dim"]
+    lines = [title("Device mesh", recipe, dims), "number = global rank, small text = its index on that dim, same colour = one process group of that dim"]
     if sparse:
         lines.append("top row: dense view (dp_replicate, dp_shard, cp, tp) · bottom row: expert view "
                      f"(dp_replicate, efsdp, ep{', etp' if dims.etp > 1 else ''})")

@@ -215,10 +215,11 @@ def placement_overview(traces_or_events, dims: ParallelDims, module: str | None 
     table = ax.table(cellText=rows, colLabels=header, loc="upper center", cellLoc="left")
     table.auto_set_font_size(False)
     table.set_fontsize(8)
-    table.auto_set_column_width(list(range(len(header))))
+    widths = [max(len(str(r[c])) for r in rows + [header]) + 2 for c in range(len(header))]
     unit_order = list(dict.fromkeys(r[0] for r in rows))
     for (row, col), cell in table.get_celld().items():
         cell.set_height(1.0 / (len(rows) + 1))
+        cell.set_width(widths[col] / sum(widths))
         if row == 0:
             cell.set_facecolor("#d9d9d9")
             cell.get_text().set_fontweight("bold")

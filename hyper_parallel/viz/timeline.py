@@ -1,8 +1,10 @@
 """Per-rank timeline of one training step: a bar per collective, coloured by op, hatched by group."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
@@ -15,7 +17,9 @@ MIN_BAR = 0.006
 
 
 def steps_of(traces: Traces) -> list[int]:
-    return sorted({e["step"] for events in traces.values() for e in events if e.get("kind") == "collective"})
+    """Steps that have collectives outside the init phase."""
+    return sorted({e["step"] for events in traces.values() for e in events
+                   if e.get("kind") == "collective" and e["phase"] != "init"})
 
 
 def collectives(traces: Traces, step: int | None = None, rank: int | None = None,
@@ -24,6 +28,56 @@ def collectives(traces: Traces, step: int | None = None, rank: int | None = None
     return [(r, e) for r, events in sorted(traces.items()) if rank is None or r == rank for e in events
             if e.get("kind") == "collective" and (step is None or e["step"] == step)
             and (include_init or e["phase"] != "init")]
+
+
+def clock_offsets(traces: Traces) -> dict[int, float]:
+    """Per-rank clock offset (seconds, rank 0 = 0) estimated from the collectives themselves.
+
+    The k-th collective on one group (same name and ranks) is the same operation on every member, and
+    a collective ends at nearly the same moment on all of them (nobody leaves before the last one
+    arrived). Offsets are the least-squares fit of the median end-time difference of every rank pair.
+    Needed because each rank's epoch is read after a barrier, which a loaded machine can delay by tens
+    of milliseconds on some ranks.
+    """
+    ranks = sorted(traces)
+    ends: dict[tuple, dict[int, float]] = {}
+    for rank in ranks:
+        seen: dict[tuple, int] = {}
+        for event in traces[rank]:
+            if event.get("kind") != "collective":
+                continue
+            key = (event["group"], tuple(event["ranks"]))
+            k = seen[key] = seen.get(key, -1) + 1
+            ends.setdefault(key + (k,), {})[rank] = event["t_end"]
+    pairs: dict[tuple[int, int], list[float]] = {}
+    for members in ends.values():
+        first = min(members)
+        for rank, end in members.items():
+            if rank != first:
+                pairs.setdefault((rank, first), []).append(end - members[first])
+    if not pairs:
+        return {rank: 0.0 for rank in ranks}
+    index = {rank: i for i, rank in enumerate(ranks)}
+    rows, rhs = [], []
+    for (r, s), diffs in pairs.items():
+        row = np.zeros(len(ranks))
+        row[index[r]], row[index[s]] = 1.0, -1.0
+        rows.append(row * math.sqrt(len(diffs)))
+        rhs.append(float(np.median(diffs)) * math.sqrt(len(diffs)))
+    anchor = np.zeros(len(ranks))
+    anchor[0] = 1e3
+    solution = np.linalg.lstsq(np.array(rows + [anchor]), np.array(rhs + [0.0]), rcond=None)[0]
+    return {rank: float(solution[index[rank]]) for rank in ranks}
+
+
+def shift_clocks(traces: Traces, offsets: dict[int, float]) -> Traces:
+    """The traces with rank r's times moved by ``-offsets[r]``."""
+    shifted = {}
+    for rank, events in traces.items():
+        d = offsets.get(rank, 0.0)
+        shifted[rank] = [dict(e, t_start=e["t_start"] - d, t_end=e["t_end"] - d) if e.get("kind") == "collective"
+                         else dict(e, t=e["t"] - d) if "t" in e else e for e in events]
+    return shifted
 
 
 def _times(event: dict) -> tuple[float, float]:
@@ -44,7 +98,7 @@ def phase_spans(events: list[dict]) -> list[tuple[str, float, float]]:
 
 
 def timeline(traces: Traces, step: int | None = None, by_group: bool | None = None, recipe: str | None = None,
-             degrees=None, label_modules: bool = True) -> Figure:
+             degrees=None, label_modules: bool = True, align: bool = True) -> Figure:
     """Every rank's collectives of one step (default: the last) against time.
 
     One row per rank (``by_group=True``: one row per rank and group; None: split when there are
@@ -52,7 +106,11 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
     at least ``MIN_BAR`` of the step wide), its colour is the op, its hatch the group; the background
     of each row is shaded by phase (forward / backward / optimizer). Collective bars have
     ``gid="collective"``; ``label_modules`` writes the fully_shard unit over rank 0's bars.
+    ``align`` corrects the ranks' clock offsets first (``clock_offsets``).
     """
+    offsets = clock_offsets(traces) if align else {}
+    if align:
+        traces = shift_clocks(traces, offsets)
     steps = steps_of(traces)
     if not steps:
         raise ValueError("the traces hold no collectives")
@@ -103,7 +161,7 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
     ax.set_yticklabels([f"rank {r}" + (f" · {g}" if g else "") for r, g in lanes], fontsize=8)
     for i in range(1, len(ranks)):
         ax.axhline(i * len(lanes) / len(ranks) - 0.5, color="black", linewidth=0.8, zorder=1)
-    ax.set_xlabel(f"time in step {step} (ms since its first traced event; all ranks on one aligned clock)")
+    ax.set_xlabel(f"time in step {step} (ms since the step's first traced event)")
     ax.grid(axis="x", color="white", linewidth=0.6, zorder=1)
     ops = [op for op in OPS if any(e["op"] == op for _, e in chosen)]
     handles = [Patch(facecolor=OP_COLORS[op], edgecolor="black", label=op) for op in ops]
@@ -113,8 +171,11 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="colour = op, hatch = group",
                title_fontsize=8)
     counts = ", ".join(f"{sum(e['op'] == op for r, e in chosen if r == ranks[0])} {OP_SHORT[op]}" for op in ops)
+    shift = max((abs(v) for v in offsets.values()), default=0.0) * 1e3
+    clocks = f"clocks aligned on collective ends (largest shift {shift:.1f} ms)" if align else "raw clocks"
     fig.suptitle(title(f"Collectives per rank, step {step}", recipe, degrees) +
-                 f"\nrank 0: {counts}; tiny bars are widened to {MIN_BAR:.1%} of the step and outlined", fontsize=10)
+                 f"\nrank 0: {counts}\n{clocks}; bars under {MIN_BAR:.1%} of the step are widened and outlined",
+                 fontsize=10)
     return fig
 
 

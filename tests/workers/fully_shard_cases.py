@@ -354,13 +354,13 @@ def full_mesh_4(res: Result) -> None:
     _local_tp(res, ParallelDims(world_size=4, dp_shard=2, tp=2), 8, ("dp_replicate", "fsdp", "tp"))
 
 
-@case("bug_rebuilt_mesh", 4)
+@case("rebuilt_mesh", 4)
 def rebuilt_mesh(res: Result) -> None:
-    """Reproduction: build the same ParallelDims views twice in one process (as every case of this
-    worker does), run any DTensor op on the first build, then TP + fully_shard on the second build.
-    Expected: works like the first build. Actual: ValueError "... do not share a root mesh": DTensor's
-    sharding-propagation cache returns the first build's (value-equal) tp mesh, and fully_shard
-    compares root meshes with ``is``."""
+    """Regression (bug found by this suite): build the same ParallelDims views twice in one process,
+    run the same DTensor ops on the first build, then TP + fully_shard on the second build. DTensor's
+    sharding-propagation cache hands the second build's TP parameters the first build's (value-equal)
+    tp mesh object; fully_shard used to compare root meshes with ``is`` and raised "... do not share
+    a root mesh". Must train like any other build."""
     dims = ParallelDims(world_size=4, dp_shard=2, tp=2)
     first = dims.build_mesh("cpu")
     parallelize_mlp_local(new_mlp(40), first["tp"], mark_partial_grads=True)  # DTensor ops on build 1
@@ -641,9 +641,9 @@ PLACEMENT_KEYS = ("param", "mesh_dims", "before", "after", "local_shape", "globa
 def clear_dtensor_caches() -> None:
     """Forget DTensor's cached sharding propagations (C++ fast path and Python lru_cache).
 
-    Workaround for the identity check in fully_shard (see ``bug_rebuilt_mesh``): those caches key on
-    DeviceMesh *equality*, so a DTensor op on a freshly built but value-equal mesh returns a spec
-    carrying the mesh object of an earlier case, whose root mesh is not the new one."""
+    Keeps the cases independent: those caches key on DeviceMesh *equality*, so without this a DTensor
+    op on a freshly built but value-equal mesh returns a spec carrying an earlier case's mesh object
+    (case ``rebuilt_mesh`` creates that situation on purpose)."""
     torch._C._clear_DTensor_sharding_propagator_cache()
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
 

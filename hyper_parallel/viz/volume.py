@@ -1,0 +1,153 @@
+"""Communication volume of one step: measured bytes per (op, group) against fully_shard's minimum."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MultipleLocator
+
+from hyper_parallel.viz.style import OP_COLORS, OP_SHORT, OPS, fmt_bytes, group_hatch, new_figure, title
+from hyper_parallel.viz.timeline import collectives, steps_of
+
+Key = tuple[str, str]
+
+
+def theoretical_bytes(units: list[dict[str, Any]]) -> dict[Key, float]:
+    """The minimum bytes fully_shard must move in one training step, per (op, group), as the sum of the
+    full buffers of its collectives (the same convention as the trace's ``bytes``).
+
+    For every fully_shard unit (``metrics.json`` "units"), with B = its ``mp_local_bytes`` (the unit's
+    parameters as each rank computes with them, after TP/EP, unpadded) and S = ``shard_size``:
+      * S > 1: all-gather of B on the sharded group once in forward, and once more in backward if the
+        unit reshards after forward; one reduce-scatter of B on the sharded group;
+      * ``dp_size`` > 1 (HSDP, or DDP when S == 1): one all-reduce of B / S on the unsharded group.
+    Not modelled: padding (measured buffers are padded to a multiple of S, so it shows as a ratio
+    > 1), mixed precision (B is in the parameters' own dtype), the gradient all-reduce of parameters
+    partial over a model-parallel dim, and the collectives of TP, CP and EP themselves.
+    """
+    result: dict[Key, float] = defaultdict(float)
+    for unit in units:
+        size, shard = unit["mp_local_bytes"], unit["shard_size"]
+        if shard > 1:
+            group = unit["sharded_group"]["name"]
+            result[("all_gather", group)] += size * (2 if unit.get("reshard_after_forward") else 1)
+            result[("reduce_scatter", group)] += size
+        if unit["dp_size"] > 1:
+            result[("all_reduce", unit["unsharded_group"]["name"])] += size / shard
+    return dict(result)
+
+
+def wire_factor(op: str, n: int) -> float:
+    """Bytes one rank sends per byte of the full buffer with ring algorithms on a group of n ranks:
+    all-gather, reduce-scatter, all-to-all (even splits), broadcast (average): (n-1)/n; all-reduce
+    (reduce-scatter + all-gather): 2(n-1)/n."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def measured_bytes(traces, step: int, rank: int = 0) -> tuple[dict[Key, float], dict[Key, int]]:
+    """Sum of the traced full-buffer bytes of ``rank``'s collectives in ``step`` per (op, group), and counts."""
+    total: dict[Key, float] = defaultdict(float)
+    count: dict[Key, int] = defaultdict(int)
+    for _, event in collectives(traces, step, rank):
+        total[(event["op"], event["group"])] += event["bytes"]
+        count[(event["op"], event["group"])] += 1
+    return dict(total), dict(count)
+
+
+def wire_bytes(traces, step: int) -> dict[int, dict[Key, float]]:
+    """Per rank: bytes it puts on the wire in ``step`` per (op, group), ``bytes * wire_factor``."""
+    result: dict[int, dict[Key, float]] = {}
+    for rank in sorted(traces):
+        per: dict[Key, float] = defaultdict(float)
+        for _, event in collectives(traces, step, rank):
+            per[(event["op"], event["group"])] += event["bytes"] * wire_factor(event["op"], len(event["ranks"]))
+        result[rank] = dict(per)
+    return result
+
+
+def _byte_axis(ax, top: float) -> None:
+    """Ticks at round numbers of B / KiB / MiB instead of round numbers of bytes."""
+    scale, unit = next(((1024.0 ** k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if top >= 1024.0 ** k * 2),
+                       (1.0, "B"))
+    ax.yaxis.set_major_locator(MultipleLocator(scale * _nice(top / scale / 6)))
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v / scale:g} {unit}")
+
+
+def _nice(x: float) -> float:
+    power = 10 ** math.floor(math.log10(x)) if x > 0 else 1
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= x)
+
+
+def _order(keys) -> list[Key]:
+    return sorted(keys, key=lambda k: (OPS.index(k[0]) if k[0] in OPS else 99, k[1]))
+
+
+def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Figure:
+    """Left: rank 0's bytes per (op, group) in one step (default: the last), measured next to
+    ``theoretical_bytes(metrics["units"])`` with measured/minimum written on each bar; (op, group)s
+    that fully_shard does not issue (TP, CP, EP) are measured only. Right: every rank's wire bytes,
+    ``wire_factor`` applied, stacked by (op, group). Measured bars have ``gid="measured"``, minimum
+    bars ``gid="theory"``.
+    """
+    steps = steps_of(traces)
+    if not steps:
+        raise ValueError("the traces hold no collectives")
+    step = steps[-1] if step is None else step
+    measured, counts = measured_bytes(traces, step, 0)
+    theory = theoretical_bytes(metrics.get("units", []))
+    keys = _order(set(measured) | set(theory))
+    fig = new_figure(max(11.0, 1.3 * len(keys) + 5.5), 5.4)
+    grid = fig.add_gridspec(1, 2, width_ratios=[max(len(keys), 2), max(len(traces), 2) * 0.6 + 1])
+    ax = fig.add_subplot(grid[0, 0])
+    ax.set_label("volume")
+    top = max([*measured.values(), *theory.values(), 1.0])
+    for i, key in enumerate(keys):
+        op, group = key
+        if key in theory:
+            ax.bar(i - 0.2, theory[key], 0.38, color="#d0d0d0", edgecolor="black", hatch="xx", gid="theory")
+        if key in measured:
+            x = i + 0.2 if key in theory else i
+            ax.bar(x, measured[key], 0.38, color=OP_COLORS.get(op, "grey"), edgecolor="black",
+                   hatch=group_hatch(group), gid="measured")
+            note = f"×{measured[key] / theory[key]:.2f} of min" if key in theory and theory[key] else "measured only"
+            ax.text(x, measured[key] + top * 0.015, f"{note}\n{counts[key]} call{'s' * (counts[key] != 1)}\n"
+                    f"{fmt_bytes(measured[key])}", ha="center", va="bottom", fontsize=7.5)
+        elif key in theory:
+            ax.text(i - 0.2, theory[key] + top * 0.015, "expected,\nnot traced", ha="center", va="bottom",
+                    fontsize=7.5, color="#b00000")
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{OP_SHORT.get(op, op)}\non {group}" for op, group in keys], fontsize=8.5)
+    ax.set_ylim(0, top * 1.28)
+    ax.set_ylabel("bytes (sum of full buffers)")
+    _byte_axis(ax, top)
+    ax.set_title(f"rank 0, step {step}: measured vs fully_shard's minimum", fontsize=10)
+    ax.legend(handles=[Patch(facecolor="#d0d0d0", edgecolor="black", hatch="xx", label="minimum (model)"),
+                       Patch(facecolor="white", edgecolor="black", label="measured (colour = op)")],
+              fontsize=8, loc="upper right")
+    wax = fig.add_subplot(grid[0, 1])
+    wax.set_label("wire")
+    wire = wire_bytes(traces, step)
+    wire_keys = _order({k for per in wire.values() for k in per})
+    ranks = sorted(wire)
+    bottoms = [0.0] * len(ranks)
+    for key in wire_keys:
+        heights = [wire[r].get(key, 0.0) for r in ranks]
+        wax.bar(ranks, heights, 0.7, bottom=bottoms, color=OP_COLORS.get(key[0], "grey"), edgecolor="black",
+                hatch=group_hatch(key[1]), label=f"{OP_SHORT.get(key[0], key[0])} on {key[1]}", gid="wire")
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    wax.set_xticks(ranks)
+    wax.set_xlabel("rank")
+    wax.set_ylabel("bytes sent per rank")
+    wax.set_ylim(0, max(bottoms + [1.0]) * 1.35)
+    _byte_axis(wax, max(bottoms + [1.0]))
+    wax.set_title("wire bytes per rank (ring: AG/RS ×(n-1)/n, AR ×2(n-1)/n)", fontsize=10)
+    wax.legend(fontsize=7.5, ncol=2, loc="upper center")
+    fig.suptitle(title(f"Communication volume, step {step}", metrics.get("recipe"), metrics.get("degrees")) +
+                 "\nminimum = per fully_shard unit: AG of its parameters (twice if resharded after forward), "
+                 "one RS, AR of 1/shard_size (HSDP)", fontsize=10)
+    return fig
