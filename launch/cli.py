@@ -69,9 +69,17 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def cmd_list() -> int:
-    rows = [(r.name, r.tier or "-", " ".join(f"{k}={v}" for k, v in r.default.items()), r.constraints(), r.title)
-            for r in registry.RECIPES.values()]
-    print_table(("recipe", "tier", "default degrees", "constraints", "title"), rows)
+    rows = []
+    for recipe in registry.RECIPES.values():
+        dims = ParallelDims(**recipe.default)
+        active = " x ".join(f"{name}={getattr(dims, name)}" for name in ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+                            if getattr(dims, name) > 1)
+        meshes = 1 + len(recipe.alternatives)
+        status = f"checked on {meshes} mesh{'es' if meshes > 1 else ''}"
+        rows.append((recipe.name, recipe.tier or "-", f"{dims.world_size}: {active}", recipe.constraints() or "-",
+                     status, recipe.title))
+    print_table(("recipe", "tier", "ranks: default dims", "constraints", "status", "title"), rows)
+    print("\nstatus: runs of tests/test_recipes.py against the single-process reference (python -m launch run RECIPE)")
     return 0
 
 

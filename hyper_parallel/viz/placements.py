@@ -93,13 +93,16 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
     ax.set_xticks(xs)
     ax.tick_params(labelsize=7)
     ys = sorted({v for y0, h in row_y.values() for v in (y0, y0 + h)})
-    ax.set_yticks(ys if ndim > 1 else [])
+    ax.set_yticks(ys if ndim == 2 else [])
+    if ndim > 2:  # rows are boxes of the leading axes: name each band by its index ranges
+        ax.set_yticks([y0 + h / 2 for y0, h in row_y.values()],
+                      ["[" + ", ".join(f"{lo}:{hi}" for lo, hi in key) + ", :]" for key in row_y], fontsize=7)
     if ndim == 1:
         ax.set_xlabel(f"dim 0 (length {global_shape[0]})", fontsize=8)
     else:
         ax.set_xlabel(f"dim {ndim - 1} (columns, {global_shape[-1]})", fontsize=8)
-        rows = " × ".join(f"dim {a}" for a in range(ndim - 1))
-        ax.set_ylabel(f"{rows} (rows)" if ndim > 2 else f"dim 0 (rows, {global_shape[0]})", fontsize=8)
+        rows = ", ".join(f"dim {a}" for a in range(ndim - 1))
+        ax.set_ylabel(f"rows: boxes of {rows}" if ndim > 2 else f"dim 0 (rows, {global_shape[0]})", fontsize=8)
 
 
 def _draw_block(ax, x, y, w, h, owners, world: int, label: bool) -> None:
@@ -146,7 +149,7 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
               ("unsharded", unshard["after"], f"{unshard['phase']}: computes with this")]
     if reshard is not None:
         states.append(("resharded", reshard["after"], f"after {reshard['phase']}: back to the shard"))
-    fig = new_figure(4.2 * len(states) + 1.6 * (len(states) - 1), 5.2 if len(shape) > 1 else 3.6)
+    fig = new_figure(4.2 * len(states) + 1.6 * (len(states) - 1), 5.2 if len(shape) > 1 else 3.0)
     ratios = [1.0, 0.38] * (len(states) - 1) + [1.0]
     grid = fig.add_gridspec(1, len(ratios), width_ratios=ratios)
     dims_text = "(" + ", ".join(mesh_dims) + ")"
@@ -164,7 +167,8 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
             before, after = placements, states[i + 1][1]
             gathered = [d for d, b, a in zip(mesh_dims, parse_placements(before), parse_placements(after))
                         if str(b) != str(a)]
-            verb = ("all-gather on " if i == 0 else "reshard on ") + (", ".join(gathered) or "nothing")
+            verb = ("all-gather on " if i == 0 else "reshard on ") + ", ".join(gathered) if gathered else \
+                "no communication:\nnot sharded on a data-parallel dim"
             arrow.annotate("", xy=(0.95, 0.55), xytext=(0.05, 0.55), xycoords="axes fraction",
                            arrowprops=dict(arrowstyle="-|>", lw=2, color="#333333"))
             arrow.text(0.5, 0.62, verb, ha="center", va="bottom", fontsize=9, fontweight="bold", wrap=True)
@@ -220,6 +224,7 @@ def placement_overview(traces_or_events, dims: ParallelDims, module: str | None 
     for (row, col), cell in table.get_celld().items():
         cell.set_height(1.0 / (len(rows) + 1))
         cell.set_width(widths[col] / sum(widths))
+        cell.PAD = 0.03
         if row == 0:
             cell.set_facecolor("#d9d9d9")
             cell.get_text().set_fontweight("bold")

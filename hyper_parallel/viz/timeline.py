@@ -139,7 +139,7 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
                                    facecolor=PHASE_COLORS.get(phase, "#f2f2f2"), edgecolor="none", zorder=0,
                                    gid="phase"))
             if r == ranks[0]:
-                ax.text((ms(start) + ms(end)) / 2, -1.0, phase, ha="center", va="bottom", fontsize=9,
+                ax.text((ms(start) + ms(end)) / 2, -1.25, phase, ha="center", va="bottom", fontsize=9,
                         color="#555555", fontstyle="italic")
     for r, event in chosen:
         row = row_of[(r, event["group"] if by_group else None)]
@@ -154,9 +154,9 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
                     ha="center", va="center", fontsize=7, zorder=3, clip_on=True,
                     bbox=dict(boxstyle="round,pad=0.1", facecolor="white", alpha=0.8, linewidth=0))
     if label_modules:
-        _label_units(ax, [e for r, e in chosen if r == ranks[0]], row_of, ranks[0], by_group, ms, span)
+        _label_units(ax, [e for r, e in chosen if r == ranks[0]], ms, span)
     ax.set_xlim(-0.01 * span * 1e3, span * 1.01e3)
-    ax.set_ylim(len(lanes) - 0.5, -1.45)
+    ax.set_ylim(len(lanes) - 0.5, -1.7)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels([f"rank {r}" + (f" · {g}" if g else "") for r, g in lanes], fontsize=8)
     for i in range(1, len(ranks)):
@@ -179,17 +179,17 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
     return fig
 
 
-def _label_units(ax, events, row_of, rank, by_group, ms, span) -> None:
-    """Write the fully_shard unit name above rank 0's bars (once per consecutive run of a unit)."""
-    previous_end, previous_module = None, None
+def _label_units(ax, events, ms, span) -> None:
+    """Write the fully_shard unit over each of rank 0's FSDP collectives, on two staggered lines."""
+    level_end = [float("-inf"), float("-inf")]
+    char = 0.0062 * span * 1e3
     for event in sorted(events, key=lambda e: e["t_start"]):
         module = event.get("module") or ""
         if not module or event["group"] in ("tp", "cp", "ep", "etp"):
             continue
         x = ms(event["t_start"])
-        if module == previous_module and previous_end is not None and x - previous_end < 0.05 * span * 1e3:
+        level = next((i for i, end in enumerate(level_end) if x > end), None)
+        if level is None:
             continue
-        if previous_end is not None and x - previous_end < 0.05 * span * 1e3:
-            continue
-        ax.text(x, -0.42, module, ha="left", va="bottom", fontsize=7, color="#222222", rotation=0, clip_on=True)
-        previous_end, previous_module = x + len(module) * 0.0065 * span * 1e3, module
+        ax.text(x, -0.45 - 0.36 * level, module, ha="left", va="bottom", fontsize=7, color="#222222", clip_on=True)
+        level_end[level] = x + (len(module) + 1) * char

@@ -100,7 +100,7 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
     step = steps[-1] if step is None else step
     measured, counts = measured_bytes(traces, step, 0)
     theory = theoretical_bytes(metrics.get("units", []))
-    keys = _order(set(measured) | set(theory))
+    keys = _order(theory) + _order(set(measured) - set(theory))
     fig = new_figure(max(11.0, 1.3 * len(keys) + 5.5), 5.4)
     grid = fig.add_gridspec(1, 2, width_ratios=[max(len(keys), 2), max(len(traces), 2) * 0.6 + 1])
     ax = fig.add_subplot(grid[0, 0])
@@ -109,7 +109,7 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
     for i, key in enumerate(keys):
         op, group = key
         if key in theory:
-            ax.bar(i - 0.2, theory[key], 0.38, color="#d0d0d0", edgecolor="black", hatch="xx", gid="theory")
+            ax.bar(i - 0.2, theory[key], 0.38, color="#c8c8c8", edgecolor="#555555", linestyle="--", gid="theory")
         if key in measured:
             x = i + 0.2 if key in theory else i
             ax.bar(x, measured[key], 0.38, color=OP_COLORS.get(op, "grey"), edgecolor="black",
@@ -120,13 +120,17 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
         elif key in theory:
             ax.text(i - 0.2, theory[key] + top * 0.015, "expected,\nnot traced", ha="center", va="bottom",
                     fontsize=7.5, color="#b00000")
+    if theory and len(theory) < len(keys):
+        ax.axvline(len(theory) - 0.5, color="#777777", linestyle=":", linewidth=1)
+        ax.text(len(theory) - 0.45, top * 1.25, "not fully_shard's (TP, CP, EP): measured only →", fontsize=8,
+                va="top", color="#555555")
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels([f"{OP_SHORT.get(op, op)}\non {group}" for op, group in keys], fontsize=8.5)
     ax.set_ylim(0, top * 1.28)
     ax.set_ylabel("bytes (sum of full buffers)")
     _byte_axis(ax, top)
     ax.set_title(f"rank 0, step {step}: measured vs fully_shard's minimum", fontsize=10)
-    ax.legend(handles=[Patch(facecolor="#d0d0d0", edgecolor="black", hatch="xx", label="minimum (model)"),
+    ax.legend(handles=[Patch(facecolor="#c8c8c8", edgecolor="#555555", linestyle="--", label="minimum (model)"),
                        Patch(facecolor="white", edgecolor="black", label="measured (colour = op)")],
               fontsize=8, loc="upper right")
     wax = fig.add_subplot(grid[0, 1])
