@@ -19,7 +19,10 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:  # torch is imported only by build_mesh
+    from hyper_parallel.mesh_views import MeshViews
 
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 

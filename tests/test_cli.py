@@ -33,9 +33,10 @@ def test_list_shows_the_matrix():
     done, _ = launch_cli("list")
     assert done.returncode == 0
     lines = done.stdout.splitlines()
-    assert lines[0].split()[:4] == ["recipe", "tier", "default", "degrees"]
-    names = [line.split()[0] for line in lines[2:]]
-    assert "M1" in names and "M4" in names
+    assert lines[0].split()[:5] == ["recipe", "tier", "ranks:", "default", "dims"]
+    rows = {line.split()[0]: line for line in lines[2:] if line.strip() and not line.startswith("status")}
+    assert {"M1", "M2", "M3", "M4", "M5", "M6", "M7", "S1", "S2", "S3", "C"} <= set(rows)
+    assert "8: dp_shard=2 x cp=2 x tp=2" in rows["M6"] and "checked on 2 meshes" in rows["M6"]
 
 
 def test_multinode_command_uses_c10d_rendezvous():

@@ -37,11 +37,24 @@ FIGURES = ("mesh", "placements", "placement_overview", "timeline", "comm_volume"
 
 
 def _enable_notebook_display() -> None:
-    """In a Jupyter kernel, importing pyplot activates the inline backend, which registers the PNG
-    display of Figure objects (a bare Figure would otherwise print as text)."""
-    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    if shell is not None and "ipykernel" in sys.modules:
-        import matplotlib.pyplot  # noqa: F401
+    """In IPython/Jupyter, show a returned Figure as a PNG (a bare Figure would print as text unless the
+    inline backend happens to be active); the user's matplotlib backend is left alone."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None:
+        return
+    formatter = shell.display_formatter.formatters["image/png"]
+    try:
+        formatter.lookup_by_type(Figure)
+    except KeyError:
+        formatter.for_type(Figure, _png_bytes)
+
+
+def _png_bytes(fig: Figure) -> bytes:
+    import io
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
 
 
 _enable_notebook_display()
