@@ -3,7 +3,8 @@
 ``with trace.record() as rec:`` makes ``rec`` the current recorder of this thread of control (a
 ``ContextVar``, so nested or concurrent runs do not mix); code that communicates calls
 ``trace.collective(...)`` / ``trace.placement(...)``, which cost one ContextVar lookup when nothing
-records. Times are seconds since an epoch taken right after a barrier, so the ranks' clocks line up.
+records. Times are seconds of the host's wall clock since rank 0's epoch (broadcast once), so the
+ranks of one machine share a clock exactly (across machines: as well as their clocks are synced).
 Reading and exporting saved traces is in ``hyper_parallel.run_files`` (no torch needed).
 """
 from __future__ import annotations
@@ -35,12 +36,13 @@ class Recorder:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.sync_cuda = sync_cuda and torch.cuda.is_available()
+        epoch = [time.time()]
         if dist.is_initialized():
-            dist.barrier()
-        self.epoch = time.perf_counter()
+            dist.broadcast_object_list(epoch, src=0)
+        self.epoch = epoch[0]
 
     def now(self) -> float:
-        return time.perf_counter() - self.epoch
+        return time.time() - self.epoch
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

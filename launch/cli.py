@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds")
     run.add_argument("--out", help="run directory (default: a new temporary one)")
     run.add_argument("--quiet", action="store_true", help="do not stream the workers' lines")
+    run.add_argument("--no-figures", action="store_true", help="do not draw the figures (PNG + SVG) into the run directory")
+    run.add_argument("--chrome-trace", action="store_true",
+                     help="also write chrome_trace.json (open it in Perfetto / chrome://tracing)")
     command = sub.add_parser("command", help="print the multi-node torchrun command of a recipe")
     command.add_argument("recipe")
     _add_degrees(command)
@@ -127,6 +130,13 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"max |loss - reference| = {summary['max_abs_diff']}, max |param - reference| = {summary['max_param_diff']}")
     if result.error:
         print(result.error, file=sys.stderr)
+    if result.traces and not args.no_figures:
+        from hyper_parallel.viz import run_figures
+        figures = run_figures(result.run_dir, out_dir=result.run_dir)
+        print(f"figures: {', '.join(f'{name}.png/.svg' for name in figures)}")
+    if result.traces and args.chrome_trace:
+        from hyper_parallel.run_files import to_chrome_trace
+        print(f"chrome trace: {to_chrome_trace(result.traces, result.run_dir / 'chrome_trace.json')}")
     print(f"run directory: {result.run_dir}")
     return 0 if result.ok else 1
 

@@ -53,7 +53,8 @@ def test_multinode_command_uses_c10d_rendezvous():
 @pytest.mark.distributed
 def test_run_writes_summary_and_traces(tmp_path):
     out = tmp_path / "m1"
-    done, _ = launch_cli("run", "M1", "--dp-shard", "2", "--steps", "2", "--out", str(out), "--quiet")
+    done, _ = launch_cli("run", "M1", "--dp-shard", "2", "--steps", "2", "--out", str(out), "--quiet",
+                         "--chrome-trace")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "step 2/2 [####################]" in done.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -62,3 +63,9 @@ def test_run_writes_summary_and_traces(tmp_path):
     assert len(summary["losses"]) == len(summary["reference_losses"]) == 2
     assert summary["max_abs_diff"] <= 1e-5 * max(abs(x) for x in summary["reference_losses"])
     assert sorted(p.name for p in out.glob("trace_rank*.json")) == ["trace_rank0.json", "trace_rank1.json"]
+    for name in ("mesh", "placements", "timeline", "comm_volume", "numerics"):
+        assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.svg").stat().st_size > 0
+    chrome = json.loads((out / "chrome_trace.json").read_text())["traceEvents"]
+    slices = [e for e in chrome if e["ph"] == "X"]
+    # M1 on 2 ranks, 2 steps: 3 units x 1 all-reduce per step per rank, nothing else
+    assert len(slices) == 2 * 2 * 3 and {e["name"] for e in slices} == {"all_reduce[dp_replicate+fsdp]"}

@@ -8,9 +8,21 @@ from matplotlib.colors import to_rgba
 from matplotlib.patches import Rectangle
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.viz import (clock_offsets, comm_volume, mesh_map, numerics, placement_overview,
-                                placement_transitions, rank_color, rank_ranges, run_figures, save,
-                                theoretical_bytes, timeline, wire_factor)
+from hyper_parallel.viz import (
+    clock_offsets,
+    comm_volume,
+    mesh_map,
+    numerics,
+    placement_overview,
+    placement_transitions,
+    rank_color,
+    rank_ranges,
+    run_figures,
+    save,
+    theoretical_bytes,
+    timeline,
+    wire_factor,
+)
 from hyper_parallel.viz.placements import representative_param
 
 FSDP_TP = ParallelDims(world_size=4, dp_shard=2, tp=2)  # fsdp view (dp_replicate, fsdp, tp): rank = 2*fsdp + tp
@@ -248,3 +260,17 @@ def test_run_figures_of_a_run_dir(tmp_path):
     assert list(figures) == ["mesh", "placements", "placement_overview", "timeline", "comm_volume", "numerics"]
     png, svg = save(figures["mesh"], tmp_path / "out", "mesh")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:400]
+
+
+def test_figures_display_as_png_in_ipython(monkeypatch):
+    import types
+
+    from IPython.core.formatters import PNGFormatter
+
+    from hyper_parallel import viz
+    formatter = PNGFormatter()
+    shell = types.SimpleNamespace(display_formatter=types.SimpleNamespace(formatters={"image/png": formatter}))
+    monkeypatch.setitem(__import__("sys").modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    viz._enable_notebook_display()
+    png = formatter(mesh_map(ParallelDims(world_size=2, dp_shard=2)))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -24,14 +24,40 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.viz.layout import ownership, parse_placements, rank_ranges
 from hyper_parallel.viz.mesh_map import mesh_map
 from hyper_parallel.viz.numerics import numerics
-from hyper_parallel.viz.placements import placement_overview, placement_transitions, representative_param
+from hyper_parallel.viz.placements import (
+    placement_overview,
+    placement_transitions,
+    representative_param,
+)
 from hyper_parallel.viz.style import rank_color
 from hyper_parallel.viz.timeline import clock_offsets, timeline
-from hyper_parallel.viz.volume import comm_volume, theoretical_bytes, wire_bytes, wire_factor
+from hyper_parallel.viz.volume import (
+    comm_volume,
+    theoretical_bytes,
+    wire_bytes,
+    wire_factor,
+)
 
-__all__ = ["mesh_map", "placement_transitions", "placement_overview", "timeline", "comm_volume", "numerics",
-           "theoretical_bytes", "wire_factor", "wire_bytes", "save", "run_figures", "rank_color", "ownership",
-           "rank_ranges", "parse_placements", "representative_param", "clock_offsets", "FIGURES"]
+__all__ = [
+    "FIGURES",
+    "clock_offsets",
+    "comm_volume",
+    "mesh_map",
+    "numerics",
+    "ownership",
+    "parse_placements",
+    "placement_overview",
+    "placement_transitions",
+    "rank_color",
+    "rank_ranges",
+    "representative_param",
+    "run_figures",
+    "save",
+    "theoretical_bytes",
+    "timeline",
+    "wire_bytes",
+    "wire_factor",
+]
 
 FIGURES = ("mesh", "placements", "placement_overview", "timeline", "comm_volume", "numerics")
 
@@ -85,7 +111,12 @@ def run_figures(run_dir: str | Path, out_dir: str | Path | None = None, step: in
     2-D weight if there is one); timeline and volume show ``step`` (default: the last step).
     Figures whose inputs are missing (no traces, no losses) are left out.
     """
-    from hyper_parallel.run_files import METRICS_FILE, SUMMARY_FILE, load_json, load_traces
+    from hyper_parallel.run_files import (
+        METRICS_FILE,
+        SUMMARY_FILE,
+        load_json,
+        load_traces,
+    )
     run_dir = Path(run_dir)
     metrics = load_json(run_dir / METRICS_FILE) or load_json(run_dir / SUMMARY_FILE)
     if not metrics:

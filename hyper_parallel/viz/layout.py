@@ -9,6 +9,7 @@ over tp first and each tp piece over fsdp.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ def ownership(global_shape, mesh_dims, placements, dims: ParallelDims) -> list[B
     for axis, n in enumerate(global_shape):
         points = {0, n} | {r[axis][0] for r in ranges.values()} | {r[axis][1] for r in ranges.values()}
         points = sorted(p for p in points if 0 <= p <= n)
-        cuts.append([(a, b) for a, b in zip(points, points[1:]) if b > a] or [(0, 0)])
+        cuts.append([(a, b) for a, b in itertools.pairwise(points) if b > a] or [(0, 0)])
     blocks = []
 
     def walk(axis: int, chosen: list[tuple[int, int]]) -> None:

@@ -112,7 +112,7 @@ def _draw_block(ax, x, y, w, h, owners, world: int, label: bool) -> None:
                                gid=f"owner{owners[0]}"))
         if label:
             ax.text(x + w / 2, y + h / 2, f"rank {owners[0]}", ha="center", va="center", fontsize=8,
-                    bbox=dict(boxstyle="round,pad=0.2", facecolor="white", alpha=0.85, linewidth=0))
+                    bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
     else:
         ax.add_patch(Rectangle((x, y), w, h, facecolor="#f2f2f2", edgecolor="none", gid="shared"))
         k = max(len(owners), 1)
@@ -170,7 +170,7 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
             verb = ("all-gather on " if i == 0 else "reshard on ") + ", ".join(gathered) if gathered else \
                 "no communication:\nnot sharded on a data-parallel dim"
             arrow.annotate("", xy=(0.95, 0.55), xytext=(0.05, 0.55), xycoords="axes fraction",
-                           arrowprops=dict(arrowstyle="-|>", lw=2, color="#333333"))
+                           arrowprops={"arrowstyle": "-|>", "lw": 2, "color": "#333333"})
             arrow.text(0.5, 0.62, verb, ha="center", va="bottom", fontsize=9, fontweight="bold", wrap=True)
             arrow.text(0.5, 0.48, "\n".join(changes(mesh_dims, before, after)),
                        ha="center", va="top", fontsize=8.5, family="monospace")

@@ -5,7 +5,8 @@ close, safe in scripts, tests and threads; Jupyter's inline backend displays a r
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -8,8 +8,15 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from hyper_parallel.viz.style import (OP_COLORS, OP_SHORT, OPS, PHASE_COLORS, group_hatch, new_figure,
-                                      title)
+from hyper_parallel.viz.style import (
+    OP_COLORS,
+    OP_SHORT,
+    OPS,
+    PHASE_COLORS,
+    group_hatch,
+    new_figure,
+    title,
+)
 
 Traces = dict[int, list[dict[str, Any]]]
 MIN_BAR = 0.006
@@ -152,7 +159,7 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
         if width > 0.045 * span * 1e3:
             ax.text(start + width / 2, row, f"{OP_SHORT.get(event['op'], event['op'])} {event['group']}",
                     ha="center", va="center", fontsize=7, zorder=3, clip_on=True,
-                    bbox=dict(boxstyle="round,pad=0.1", facecolor="white", alpha=0.8, linewidth=0))
+                    bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
     if label_modules:
         _label_units(ax, [e for r, e in chosen if r == ranks[0]], ms, span)
     ax.set_xlim(-0.01 * span * 1e3, span * 1.01e3)

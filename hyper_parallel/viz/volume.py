@@ -9,7 +9,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MultipleLocator
 
-from hyper_parallel.viz.style import OP_COLORS, OP_SHORT, OPS, fmt_bytes, group_hatch, new_figure, title
+from hyper_parallel.viz.style import (
+    OP_COLORS,
+    OP_SHORT,
+    OPS,
+    fmt_bytes,
+    group_hatch,
+    new_figure,
+    title,
+)
 from hyper_parallel.viz.timeline import collectives, steps_of
 
 Key = tuple[str, str]
@@ -114,7 +122,7 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
             x = i + 0.2 if key in theory else i
             ax.bar(x, measured[key], 0.38, color=OP_COLORS.get(op, "grey"), edgecolor="black",
                    hatch=group_hatch(group), gid="measured")
-            note = f"×{measured[key] / theory[key]:.2f} of min" if key in theory and theory[key] else "measured only"
+            note = f"×{measured[key] / theory[key]:.2f} of min" if theory.get(key) else "measured only"
             ax.text(x, measured[key] + top * 0.015, f"{note}\n{counts[key]} call{'s' * (counts[key] != 1)}\n"
                     f"{fmt_bytes(measured[key])}", ha="center", va="bottom", fontsize=7.5)
         elif key in theory:
