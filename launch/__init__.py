@@ -5,6 +5,6 @@
     launch.run_many([{...}, ...])         several runs of one world size in one launch
 """
 from launch.runner import RunResult, run, run_many, validate
-from launch.torchrun import TorchrunResult, torchrun
+from launch.supervisor import TorchrunResult, torchrun
 
 __all__ = ["run", "run_many", "validate", "RunResult", "torchrun", "TorchrunResult"]

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, SUMMARY_FILE, TRACE_FILE, load_json, load_traces
-from launch.torchrun import TorchrunResult, torchrun
+from launch.supervisor import TorchrunResult, torchrun
 
 WORKER_MODULE = "hyper_parallel.recipes.worker"
 

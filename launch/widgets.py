@@ -131,7 +131,7 @@ class MeshWidget(widgets.VBox):
         style = {"description_width": "initial"}
         self.header = widgets.HTML()
         self.recipe_selector = widgets.Dropdown(options=names, value=spec.name, description="recipe",
-                                                layout=widgets.Layout(width="150px", display="" if len(names) > 1 else "none"))
+                                                layout=widgets.Layout(width="210px", display="" if len(names) > 1 else "none"))
         self.world_selector = widgets.Dropdown(description="world_size", style=style,
                                                layout=widgets.Layout(width="150px"), tooltip=HELP["world_size"])
         self.steps_selector = widgets.BoundedIntText(value=steps or spec.steps, min=1, max=50, description="steps",
@@ -298,7 +298,9 @@ class MeshWidget(widgets.VBox):
         if not valid:
             return None
         default = self.spec.default
+        # fewest changed degrees; then prefer not to switch off a parallelism that is on; then the recipe default
         return min(valid, key=lambda d: (_differences(d, wanted),
+                                         sum(getattr(d, k) == 1 < wanted[k] for k in DEGREES),
                                          _differences(d, {k: default.get(k, 1) for k in DEGREES})))
 
     def _on_recipe(self, change) -> None:
@@ -338,9 +340,10 @@ class MeshWidget(widgets.VBox):
             if degrees["world_size"] > (os.cpu_count() or 1):
                 note = (f"<br><span style='color:{_INFO}'>{degrees['world_size']} ranks on {os.cpu_count()} cores: "
                         "works (gloo on CPU), just slower</span>")
-            views = "<br>".join(html.escape(line) for line in self.dims.describe().splitlines()[1:])
+            views = "\n".join(html.escape(line.strip()) for line in self.dims.describe().splitlines()[1:])
             self.status.value = (f"<div style='color:{_OK}'><b>✔ valid</b>: {html.escape(_degrees_text(degrees))}"
-                                 f"<br><code style='font-size:85%'>{views}</code><br>same run from a terminal: "
+                                 f"<pre style='margin:2px 0;font-size:85%;line-height:1.25;color:{_OK}'>{views}</pre>"
+                                 f"same run from a terminal: "
                                  f"<code>{html.escape(cli_command(self.recipe, degrees, self.steps))}</code>{note}</div>")
             self.fix_button.layout.display = "none"
             self._update_preview()

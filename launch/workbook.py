@@ -46,7 +46,9 @@ def execute_notebook(path: str | Path, output: str | Path, parameters: Mapping[s
     try:
         papermill.execute_notebook(str(path), str(output), parameters=dict(parameters or {}), cwd=str(path.parent),
                                    progress_bar=False, log_output=False, request_save_on_cell_execute=False,
-                                   execution_timeout=timeout)
+                                   execution_timeout=timeout,
+                                   # quiet the kernel's start-up warning about TCP without encryption (loopback only)
+                                   extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except PapermillExecutionError as error:
         return False, f"cell {error.exec_count}: {error.ename}: {str(error.evalue).splitlines()[0] if error.evalue else ''}"
     except Exception as error:  # kernel died, timeout, bad notebook
@@ -54,17 +56,19 @@ def execute_notebook(path: str | Path, output: str | Path, parameters: Mapping[s
     return True, ""
 
 
-def run_workbook(out: str | Path, only: Iterable[str] | None = None, parameters: Mapping[str, Mapping] | None = None) -> int:
+def run_workbook(out: str | Path, only: Iterable[str] | None = None, parameters: Mapping[str, Mapping] | None = None,
+                 notebooks_dir: str | Path = NOTEBOOKS_DIR) -> int:
     """Execute every notebook into ``out/<timestamp>/``; print one status line per notebook; 1 if any failed.
 
     Each notebook gets ``figures_dir=<root>/figures/<notebook>`` and ``runs_dir=<root>/runs/<notebook>``;
     ``only`` restricts to notebooks whose name starts with one of the given prefixes; ``parameters``
     maps a notebook name (stem) to extra papermill parameters.
     """
+    only = list(only) if only is not None else None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     root = (Path(out) / stamp).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    chosen = [p for p in notebooks() if only is None or any(p.stem.startswith(prefix) for prefix in only)]
+    chosen = [p for p in notebooks(notebooks_dir) if only is None or any(p.stem.startswith(prefix) for prefix in only)]
     print(f"running {len(chosen)} notebooks into {root}", flush=True)
     start, failed = time.monotonic(), []
     for path in chosen:
@@ -200,8 +204,10 @@ def groupinfo_table(results: Mapping[str, Any]):
 
 
 def collective_counts(result, step: int | None = None, rank: int = 0) -> Counter:
-    """(phase, op, group) -> number of collectives rank ``rank`` issued in ``step`` (default: the last)."""
-    events = [e for e in result.traces.get(rank, []) if e.get("kind") == "collective" and e.get("phase") != "init"]
+    """(phase, op, group) -> number of collectives rank ``rank`` issued in ``step`` (default: the last);
+    ``result``: a RunResult or its traces ({rank: events})."""
+    traces = result if isinstance(result, Mapping) else result.traces
+    events = [e for e in traces.get(rank, []) if e.get("kind") == "collective" and e.get("phase") != "init"]
     if not events:
         return Counter()
     step = max(e["step"] for e in events) if step is None else step

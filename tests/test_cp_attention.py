@@ -15,7 +15,7 @@ from hyper_parallel import trace
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.parallel.cp import (context_parallel_attention, load_balanced_positions, shard_sequence,
                                         unshard_sequence)
-from launch.torchrun import torchrun
+from launch.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "cp_attention_cases.py"
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.torchrun import torchrun
+from launch.supervisor import torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launch.torchrun import torchrun
+from launch.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "fault_worker.py"
 RUN_TIMEOUT = 120.0  # generous: other jobs may share the 2 cores

@@ -1,0 +1,140 @@
+"""The workbook's notebooks: committed clean, and each runs headless under papermill.
+
+Every notebook is executed with its default parameters (one kernel each; the notebooks with runs
+start one small torchrun launch each), plus ``10_ddp_fsdp`` with non-default degrees. A run fails on
+any cell error; the executed notebook must hold its figures (image/png outputs), have saved them
+under ``figures_dir``, and print its closing check (numerics matched the reference, or the
+notebook's own checks where no worker runs).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from launch.workbook import NOTEBOOKS_DIR, execute_notebook, notebooks, run_workbook
+
+NOTEBOOKS = {path.stem: path for path in notebooks()}
+EXPECTED = [  # name: (text the closing cell prints, minimum image/png outputs)
+    ("00_start_here", "numerics check passed", 2),
+    ("01_mesh_algebra", "mesh algebra checks passed", 2),
+    ("02_fully_shard_groupinfo", "numerics check passed", 6),
+    ("03_pure_tp_fix", "numerics check passed", 3),
+    ("10_ddp_fsdp", "numerics check passed", 11),
+    ("11_tensor_sequence_parallel", "numerics check passed", 9),
+    ("12_context_parallel", "numerics check passed", 11),
+    ("13_hsdp", "numerics check passed", 8),
+    ("14_moe_expert_parallel", "numerics check passed", 11),
+    ("90_negative_cases", "negative cases passed", 0),
+]
+
+
+def outputs(nb, kind: str | None = None) -> list:
+    found = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    return [o for o in found if kind is None or kind in o.get("data", {})]
+
+
+def stdout(nb) -> str:
+    return "".join(o.get("text", "") for o in outputs(nb) if o.get("output_type") == "stream")
+
+
+# ------------------------------------------------------------------ committed notebooks
+
+def test_the_workbook_has_every_notebook():
+    assert sorted(NOTEBOOKS) == sorted(name for name, _, _ in EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_committed_notebook_is_clean_and_has_a_parameters_cell(name):
+    nb = nbformat.read(NOTEBOOKS[name], as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    assert "widgets" not in nb.metadata, "widget state must not be committed"
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"cell {index} has outputs"
+            assert cell.execution_count is None, f"cell {index} has an execution count"
+    tagged = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(tagged) == 1 and tagged[0].cell_type == "code"
+    for parameter in ("figures_dir", "runs_dir"):  # set by `make workbook`
+        assert f"{parameter} = None" in tagged[0].source
+    for line in tagged[0].source.splitlines():  # papermill's parser: one assignment per line
+        assert line.count("=") <= 1, line
+    assert nb.cells[-1].cell_type == "code" and "assert" in nb.cells[-1].source  # headless failures are visible
+
+
+# ------------------------------------------------------------------ executed notebooks
+
+SAVES_FIGURES = {"00_start_here", "01_mesh_algebra", "02_fully_shard_groupinfo", "03_pure_tp_fix"}
+"""Notebooks whose test also saves the figures (PNG + SVG) to figures_dir; the others only display
+them: saving every figure of every run would add a minute to this file on a 2-core machine."""
+
+
+def run(name: str, tmp_path: Path, save_figures: bool = True, **parameters) -> nbformat.NotebookNode:
+    figures_dir, runs_dir = tmp_path / "figures", tmp_path / "runs"
+    params = {"figures_dir": str(figures_dir) if save_figures else None, "runs_dir": str(runs_dir), **parameters}
+    ok, error = execute_notebook(NOTEBOOKS[name], tmp_path / f"{name}.ipynb", params)
+    assert ok, f"{name}: {error}"
+    return nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name,closing,min_images", EXPECTED)
+def test_notebook_runs_headless_with_its_figures_and_numerics(name, closing, min_images, tmp_path):
+    nb = run(name, tmp_path, save_figures=name in SAVES_FIGURES)
+    errors = [o for o in outputs(nb) if o.get("output_type") == "error"]
+    assert not errors
+    images = outputs(nb, "image/png")
+    assert len(images) >= min_images, f"{name}: {len(images)} image/png outputs"
+    if name in SAVES_FIGURES:
+        saved = list((tmp_path / "figures").rglob("*.png"))
+        assert len(saved) >= min_images and len(list((tmp_path / "figures").rglob("*.svg"))) == len(saved), name
+    assert closing in stdout(nb)
+    assert outputs(nb, "application/vnd.jupyter.widget-view+json"), f"{name} shows no mesh widget"
+    if closing == "numerics check passed" and name != "03_pure_tp_fix":
+        for metrics_file in (tmp_path / "runs").glob("*/metrics.json"):
+            metrics = json.loads(metrics_file.read_text())
+            assert metrics["ok"] and metrics["max_abs_diff"] < 1e-5, metrics_file
+
+
+@pytest.mark.distributed
+def test_notebook_runs_with_non_default_degrees(tmp_path):
+    """10_ddp_fsdp on 4 ranks: DDP over dp_replicate x dp_shard, FSDP over 4 shards."""
+    m1 = {"world_size": 4, "dp_replicate": 2, "dp_shard": 2}
+    m4 = {"world_size": 4, "dp_shard": 4}
+    nb = run("10_ddp_fsdp", tmp_path, save_figures=False, m1=m1, m4=m4)
+    text = stdout(nb)
+    assert "launching 4 ranks for M1, M4" in text
+    assert "OK     M1 (world_size=4: dp_replicate=2, dp_shard=2)" in text
+    assert "OK     M4 (world_size=4: dp_shard=4)" in text
+    assert "numerics check passed" in text
+    for label, degrees in (("M1", m1), ("M4", m4)):
+        metrics = json.loads((tmp_path / "runs" / label / "metrics.json").read_text())
+        assert {k: metrics["degrees"][k] for k in degrees} == degrees and metrics["ok"]
+    assert len(outputs(nb, "image/png")) >= 11
+
+
+# ------------------------------------------------------------------ make workbook
+
+def test_run_workbook_writes_executed_notebooks_and_reports_each(tmp_path, capsys):
+    assert run_workbook(tmp_path, only=["90"]) == 0
+    out = capsys.readouterr().out
+    [root] = list(tmp_path.iterdir())
+    assert (root / "90_negative_cases.ipynb").exists()
+    assert "OK     90_negative_cases" in out and f"workbook written to {root}" in out
+
+
+def test_run_workbook_fails_when_a_notebook_fails(tmp_path, capsys):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("figures_dir = None\nruns_dir = None"),
+                                         nbformat.v4.new_code_cell("assert 1 + 1 == 3, 'arithmetic'")])
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / "50_broken.ipynb")
+    assert run_workbook(tmp_path / "runs", notebooks_dir=folder) == 1
+    out = capsys.readouterr().out
+    assert "FAILED 50_broken" in out and "AssertionError: arithmetic" in out and "failed: 50_broken" in out
+    assert NOTEBOOKS_DIR.name == "notebooks"

@@ -1,0 +1,202 @@
+"""The mesh widget in-process (no kernel, no browser): choices, live validation, preview, Launch wiring.
+
+No worker is started here: ``launch.runner.torchrun`` is replaced by a function that fails the test,
+and the Launch tests inject a fake runner that writes a tiny run directory.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from hyper_parallel.mesh import valid_choices
+from hyper_parallel.recipes import registry
+from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX
+from launch import runner as launch_runner
+from launch.widgets import DEGREES, MeshWidget, Stopped, cli_command, recipe_card, valid_meshes
+
+
+@pytest.fixture(autouse=True)
+def no_workers(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a widget test tried to start torchrun workers")
+    monkeypatch.setattr(launch_runner, "torchrun", refuse)
+
+
+def title(widget: MeshWidget) -> str:
+    return widget.preview_figure._suptitle.get_text().splitlines()[0]
+
+
+def test_default_selection_is_the_recipe_default_and_valid():
+    widget = MeshWidget("M7")
+    assert widget.recipe == "M7"
+    assert widget.degrees == {"world_size": 4, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1, "ep": 1, "etp": 1}
+    assert widget.valid and widget.error is None and not widget.launch_button.disabled
+    assert "✔ valid" in widget.status.value and widget.fix_button.layout.display == "none"
+    assert "M7" in title(widget) and "dp_replicate 2" in title(widget)
+    assert bytes(widget.preview.value).startswith(b"\x89PNG")
+    assert launch_runner.validate(widget.recipe, **widget.degrees)[1].world_size == 4  # notebooks rebind with it
+
+
+def test_selectors_offer_only_values_of_valid_meshes_for_the_world_size_and_recipe():
+    for recipe in ("M4", "M2", "M6", "S1", "S2", "C-MoE"):
+        widget = MeshWidget(recipe, preview=False)
+        spec = registry.get(recipe)
+        for world in widget.world_selector.options:
+            widget.world_selector.value = world
+            assert widget.valid, (recipe, world, widget.error)  # a world-size change lands on a valid mesh
+            meshes = valid_meshes(recipe, world)
+            assert meshes, (recipe, world)
+            for dims in meshes:  # the helper agrees with valid_choices + Recipe.validate
+                assert dims in valid_choices(world)
+                spec.validate(**{k: v for k, v in dims.degrees().items() if k != "pp"})
+            for name in DEGREES:
+                offered = {value for _, value in widget.selectors[name].options}
+                assert offered == {getattr(d, name) for d in meshes}, (recipe, world, name)
+    m4 = MeshWidget("M4", world_size=4, dp_shard=4, preview=False)
+    assert [v for _, v in m4.selectors["dp_shard"].options] == [4]  # FSDP only: no other choice on 4 ranks
+    assert [v for _, v in m4.selectors["tp"].options] == [1]
+    assert set(m4.world_selector.options) == {2, 4, 8}  # dp_shard > 1 must divide the global batch of 16
+
+
+def test_invalid_degree_explains_the_rule_and_disables_launch_then_a_valid_one_re_enables_it():
+    widget = MeshWidget("M2", world_size=4, dp_shard=2, tp=2)
+    before_title, before_axes, before_png = title(widget), len(widget.preview_figure.axes), widget.preview.value
+    assert widget.valid and not widget.launch_button.disabled
+    assert before_title.endswith("dp_shard 2 × tp 2") and before_axes == 2
+
+    widget.selectors["tp"].value = 4  # 2 * 4 != 4 ranks
+    assert not widget.valid and widget.dims is None
+    assert widget.error.startswith("world-size equation violated") and "!= world_size=4" in widget.error
+    assert "✘ invalid" in widget.status.value and "world-size equation violated" in widget.status.value
+    assert widget.launch_button.disabled
+    assert widget.launch() is None and widget.thread is None  # Launch refuses while invalid
+    assert widget.fix_button.layout.display == "" and widget.fix_button.description == "use dp_shard=1"
+    assert "last valid choice" in widget.preview_caption.value
+    assert title(widget) == before_title  # the preview still shows the last valid mesh
+
+    widget.selectors["dp_shard"].value = 1  # tp=4 on 4 ranks: valid again
+    assert widget.valid and widget.error is None and not widget.launch_button.disabled
+    assert title(widget) != before_title and title(widget).endswith("tp 4")
+    assert len(widget.preview_figure.axes) == 1 and bytes(widget.preview.value) != bytes(before_png)
+    assert widget.degrees["tp"] == 4 and widget.degrees["dp_shard"] == 1
+
+
+def test_nearest_valid_choice_keeps_the_changed_degree_and_can_be_applied():
+    widget = MeshWidget("C-MoE", preview=False)  # 8 ranks: dp_shard 2, cp 2, tp 2, ep 2, etp 2
+    widget.selectors["etp"].value = 1  # etp == 1: ep must be a multiple of cp*tp = 4
+    assert not widget.valid and "ep=2 does not fit the mesh" in widget.error and "cp*tp=4" in widget.error
+    assert widget.launch_button.disabled
+    widget.apply_suggestion()
+    assert widget.valid and widget.degrees["etp"] == 1 and widget.degrees["ep"] == 4
+
+
+def test_invalid_start_values_are_shown_marked_and_explained():
+    widget = MeshWidget("S2", world_size=4, dp_shard=2, tp=2, ep=2, etp=4, preview=False)
+    assert not widget.valid and widget.launch_button.disabled
+    assert widget.error == "with ep=2, etp must be 1 or equal to tp=2; got etp=4"
+    assert ("4 (no valid mesh)", 4) in widget.selectors["etp"].options
+    with pytest.raises(ValueError, match="unknown recipe"):
+        MeshWidget("M9")
+
+
+def test_recipe_and_world_size_changes_keep_the_selection_valid():
+    widget = MeshWidget("M1", recipes=["M1", "M4"], preview=False)
+    assert widget.recipe_selector.layout.display == ""
+    widget.recipe_selector.value = "M4"
+    assert widget.recipe == "M4" and widget.valid and widget.degrees["dp_shard"] == 2
+    assert "FSDP only" in widget.header.value
+    widget.world_selector.value = 8
+    assert widget.valid and widget.degrees["world_size"] == 8 and widget.degrees["dp_shard"] == 8
+    widget.set(world_size=2, dp_shard=2)
+    assert widget.valid and widget.degrees["world_size"] == 2
+    with pytest.raises(ValueError, match="unknown degree"):
+        widget.set(pp=2)
+
+
+def test_cli_command_and_recipe_card():
+    assert cli_command("M6", {"world_size": 8, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 1,
+                              "etp": 1}, steps=2) == "python -m launch run M6 --world 8 --dp-shard 2 --cp 2 --tp 2 --steps 2"
+    card = recipe_card("S2").data
+    assert "S2" in card and "ep&gt;1" in card and "python -m launch run S2" in card
+
+
+class FakeResult:
+    """What the widget reads of a launch.RunResult."""
+
+    def __init__(self, run_dir: Path, ok: bool = True) -> None:
+        self.run_dir, self.ok = run_dir, ok
+        self.error = None if ok else "result differs from the single-process reference"
+
+    def summary(self) -> dict:
+        return {"max_abs_diff": 1e-7, "max_param_diff": 2e-8, "duration": 0.1}
+
+
+def fake_runner(calls: list):
+    """Stands in for launch.run: streams lines and progress, writes metrics.json, starts nothing."""
+    def run(recipe, *, steps, timeout, out, on_line, on_progress, **degrees):
+        calls.append({"recipe": recipe, "steps": steps, "out": out, **degrees})
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        losses = [1.0 - 0.1 * step for step in range(steps)]
+        for rank in range(degrees["world_size"]):
+            on_line(rank, f"rank {rank} ready")
+        for step in range(steps):
+            progress = {"step": step + 1, "steps": steps, "loss": losses[step], "reference": losses[step]}
+            on_line(0, PROGRESS_PREFIX + json.dumps(progress))
+            on_progress(progress)
+        (out / METRICS_FILE).write_text(json.dumps({"recipe": recipe, "degrees": degrees, "losses": losses,
+                                                    "reference_losses": losses, "max_abs_diff": 0.0, "ok": True}))
+        return FakeResult(out)
+    return run
+
+
+def test_launch_runs_in_a_thread_with_progress_logs_and_figures(tmp_path):
+    calls = []
+    widget = MeshWidget("M4", steps=3, out=tmp_path / "runs", figures_dir=tmp_path / "figures",
+                        runner=fake_runner(calls))
+    thread = widget.launch()
+    assert isinstance(thread, threading.Thread)
+    result = widget.wait(timeout=60)
+    assert not widget.running and result is not None and result.ok
+    assert calls == [{"recipe": "M4", "steps": 3, "out": calls[0]["out"], **widget.degrees}]
+    assert Path(calls[0]["out"]).parent == tmp_path / "runs"
+    assert widget.progress.value == 3 and widget.progress.max == 3 and widget.progress.bar_style == "success"
+    logged = "".join(output["text"] for output in widget.log_output.outputs)
+    assert "[rank0] rank 0 ready" in logged and "[rank1] rank 1 ready" in logged
+    assert PROGRESS_PREFIX not in logged  # progress lines drive the bar, not the log
+    assert "matched its single-process reference" in widget.run_status.value
+    assert list(widget.figures) == ["mesh", "numerics"]  # no traces in the fake run
+    assert widget.figure_tabs.titles == ("mesh", "numerics") and widget.figure_tabs.layout.display == ""
+    assert (tmp_path / "figures" / Path(calls[0]["out"]).name / "numerics.png").exists()
+    assert not widget.launch_button.disabled and widget.stop_button.disabled
+    assert not widget.world_selector.disabled
+
+
+def test_stop_ends_the_run_at_the_next_line_and_errors_are_shown():
+    started = threading.Event()
+
+    def endless(recipe, *, on_line, **kwargs):
+        started.set()
+        while True:  # like torchrun streaming lines; on_line raises once Stop was clicked
+            on_line(0, "working")
+
+    widget = MeshWidget("M4", preview=False, runner=endless)
+    widget.launch()
+    assert started.wait(30) and widget.running
+    assert widget.launch_button.disabled and widget.world_selector.disabled and not widget.stop_button.disabled
+    widget.stop()
+    widget.wait(timeout=30)
+    assert not widget.running and widget.result is None and widget.run_error == "stopped by the user"
+    assert not widget.launch_button.disabled
+
+    def broken(recipe, **kwargs):
+        raise RuntimeError("no free port")
+
+    widget = MeshWidget("M4", preview=False, runner=broken)
+    widget.launch()
+    widget.wait(timeout=30)
+    assert widget.run_error == "RuntimeError: no free port" and "could not run" in widget.run_status.value
+    assert issubclass(Stopped, Exception)
