@@ -30,7 +30,7 @@ test: install
 	$(VPY) -m pytest
 
 lab: install
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser notebooks
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) notebooks
 
 clean:
 	rm -rf $(VENV) $(RUNS) .pytest_cache

@@ -27,6 +27,7 @@ class RunResult:
     process: TorchrunResult
     metrics: dict[str, Any] = field(default_factory=dict)
     traces: dict[int, list[dict]] = field(default_factory=dict)
+    directory: Path | None = None  # this run's own folder (a launch of several runs shares process.run_dir)
 
     @property
     def ok(self) -> bool:
@@ -35,7 +36,7 @@ class RunResult:
 
     @property
     def run_dir(self) -> Path:
-        return self.process.run_dir
+        return self.directory if self.directory is not None else self.process.run_dir
 
     @property
     def logs(self) -> dict[int, list[str]]:
@@ -150,7 +151,8 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
     process = torchrun(WORKER_MODULE, worlds.pop(), args=args, timeout=timeout, on_line=forward_line, run_dir=root)
     results = []
     for (recipe, dims, _, _), run_dir in zip(prepared, dirs):
-        result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir))
+        result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir),
+                           run_dir)
         result.save_summary()
         results.append(result)
     return results

@@ -52,9 +52,9 @@ class Stopped(Exception):
     """Raised from the line callback when Stop was clicked: ``launch`` then ends torchrun and its workers."""
 
 
-def _png(fig) -> bytes:
+def _png(fig, dpi: int = 90) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
+    fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 
@@ -140,8 +140,8 @@ class MeshWidget(widgets.VBox):
                                                  layout=widgets.Layout(width="150px")) for name in DEGREES}
         self.status = widgets.HTML()
         self.fix_button = widgets.Button(description="use the nearest valid choice", icon="wrench",
-                                         layout=widgets.Layout(width="auto", display="none"))
-        self.preview = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", display="none" if not preview else ""))
+                                         layout=widgets.Layout(width="fit-content", display="none"))
+        self.preview = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", display="none"))  # until drawn
         self.preview_caption = widgets.HTML()
         self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play",
                                             tooltip="start torchrun workers with these degrees")
@@ -168,13 +168,13 @@ class MeshWidget(widgets.VBox):
             widgets.HBox([self.recipe_selector, self.world_selector, self.steps_selector]),
             widgets.HBox([self.selectors[name] for name in DEGREES[:3]]),
             widgets.HBox([self.selectors[name] for name in DEGREES[3:]]),
-            widgets.HBox([self.status, self.fix_button]),
+            self.status, self.fix_button,
             self.preview_caption, self.preview,
             widgets.HBox([self.launch_button, self.stop_button, self.progress]),
             self.run_status, self.log_box, self.figure_tabs,
         ])
-        start = {k: v for k, v in degrees.items() if v is not None}
-        self._load(spec.name, start or dict(spec.default))
+        from launch.runner import resolve_degrees  # what launch.run does: world_size from the degrees if omitted
+        self._load(spec.name, resolve_degrees(spec, degrees))
 
     # ------------------------------------------------------------------ public API
     @property
@@ -384,7 +384,8 @@ class MeshWidget(widgets.VBox):
         from hyper_parallel.viz import mesh_map
         self._preview_key = (self.recipe, self.dims)
         self.preview_figure = mesh_map(self.dims, self.recipe)
-        self.preview.value = _png(self.preview_figure)
+        self.preview.value = _png(self.preview_figure, dpi=80)
+        self.preview.layout.display = ""
         self.preview_caption.value = f"<b>mesh map</b> of {html.escape(_degrees_text(self.degrees))}"
 
     def _set_running(self, running: bool) -> None:

@@ -47,8 +47,9 @@ def execute_notebook(path: str | Path, output: str | Path, parameters: Mapping[s
         papermill.execute_notebook(str(path), str(output), parameters=dict(parameters or {}), cwd=str(path.parent),
                                    progress_bar=False, log_output=False, request_save_on_cell_execute=False,
                                    execution_timeout=timeout,
-                                   # quiet the kernel's start-up warning about TCP without encryption (loopback only)
-                                   extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                                   # the kernel's own log is noise here (TCP-without-encryption warning on loopback,
+                                   # the KeyboardInterrupt of jupyter_client's shutdown); cell errors still fail the run
+                                   extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except PapermillExecutionError as error:
         return False, f"cell {error.exec_count}: {error.ename}: {str(error.evalue).splitlines()[0] if error.evalue else ''}"
     except Exception as error:  # kernel died, timeout, bad notebook
@@ -129,25 +130,12 @@ def run_recipes(runs: Mapping[str, Mapping[str, int]], *, steps: int | None = No
         outcome = run_many([spec for _, spec in group], timeout=timeout, out=root,
                            run_dirs=[root / label for label in labels], on_progress=progress)
         for label, result in zip(labels, outcome):
-            result = with_run_dir(result, root / label)
             results[label] = result
             if result.traces:
                 to_chrome_trace(result.traces, Path(result.run_dir) / "trace_chrome.json")
             if verbose:
                 print(status_line(label, result), flush=True)
     return {label: results[label] for label in runs}
-
-
-def with_run_dir(result, run_dir: Path):
-    """``result`` whose ``run_dir`` is its own run's directory. (``run_many`` returns the launch's
-    shared folder as every result's ``run_dir``; the metrics and traces are in the per-run folders.)"""
-    import dataclasses
-    run_dir = Path(run_dir)
-    if Path(result.run_dir).resolve() == run_dir.resolve():
-        return result
-    fixed = dataclasses.replace(result, process=dataclasses.replace(result.process, run_dir=run_dir))
-    fixed.save_summary()
-    return fixed
 
 
 def status_line(label: str, result) -> str:
