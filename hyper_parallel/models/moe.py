@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hyper_parallel.models.layers import FeedForward
+
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -94,25 +96,13 @@ class GroupedExperts(nn.Module):
         return grouped_mlp(routed, counts.tolist(), self.w1, self.w2)
 
 
-class SharedExpert(nn.Module):
-    """A plain MLP applied to every token."""
-
-    def __init__(self, d_model: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(d_model, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)))
-
-
 class MoE(nn.Module):
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
         self.config = config
         self.router = Router(config.d_model, config.num_experts, config.top_k, config.renormalize)
         self.experts = GroupedExperts(config.d_model, config.hidden, config.num_experts)
-        self.shared = SharedExpert(config.d_model, config.hidden) if config.shared_expert else None
+        self.shared = FeedForward(config.d_model, config.hidden) if config.shared_expert else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hyper_parallel.models.layers import RMSNorm
+from hyper_parallel.models.layers import FeedForward, RMSNorm
 
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -70,16 +70,6 @@ class Attention(nn.Module):
         q, k = rotary(q, positions, self.config.rope_theta), rotary(k, positions, self.config.rope_theta)
         out = self.core(q, k, v, positions)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, d_model: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(d_model, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)))
 
 
 class TransformerBlock(nn.Module):

@@ -16,12 +16,11 @@ from hyper_parallel.fsdp import PARTIAL_GRAD_ATTR, fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.moe import MoE
-from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.models.transformer import Transformer, TransformerConfig
 from hyper_parallel.parallel.ep import parallelize_moe
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
-from hyper_parallel.recipes.batches import data_parallel_rows, sequence_positions
 from hyper_parallel.recipes.training import Workload
-from hyper_parallel.recipes.transformer import GLOBAL_BATCH, apply_context_parallel
+from hyper_parallel.recipes.transformer import apply_context_parallel, lm_workload
 
 MOE_CONFIG = TransformerConfig(moe_layers=(1,), num_experts=4, top_k=2, moe_hidden=32, shared_expert=True)
 
@@ -61,12 +60,7 @@ def moe_workload(dims: ParallelDims, views: MeshViews, seed: int, dispatch: str 
     if dims.cp > 1:
         apply_context_parallel(model, views)
     apply_dual_stack_fully_shard(model, dims, views)
-    tokens, targets = token_batch(MOE_CONFIG, GLOBAL_BATCH, seed)
-    positions = sequence_positions(MOE_CONFIG.seq_len, dims)
-    local_tokens = data_parallel_rows(tokens, dims)[:, positions]
-    local_targets = data_parallel_rows(targets, dims)[:, positions]
-    return Workload(model, reference, (local_tokens, positions), local_targets, (tokens,), targets, loss_fn=lm_loss,
-                    lr=0.5)
+    return lm_workload(model, reference, MOE_CONFIG, dims, seed)
 
 
 def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:

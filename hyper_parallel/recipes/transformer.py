@@ -51,6 +51,12 @@ def transformer_workload(dims: ParallelDims, views: MeshViews, seed: int, *, seq
     if dims.cp > 1:
         apply_context_parallel(model, views)
     apply_fully_shard(model, views, enable_param_shard)
+    return lm_workload(model, reference, config, dims, seed)
+
+
+def lm_workload(model: Transformer, reference: Transformer, config: TransformerConfig, dims: ParallelDims,
+                seed: int) -> Workload:
+    """The next-token batch of a transformer recipe: this rank's rows (dp) and sequence chunks (cp)."""
     tokens, targets = token_batch(config, GLOBAL_BATCH, seed)
     positions = sequence_positions(config.seq_len, dims)
     local_tokens = data_parallel_rows(tokens, dims)[:, positions]
