@@ -51,6 +51,19 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def release(buffer: torch.Tensor) -> None:
+    """Free a communication buffer now that the synchronous collective using it has returned.
+
+    On CPU the collective is complete, but gloo's worker thread keeps a reference to its tensors for
+    a while, so dropping ours frees the memory at a moment that varies from step to step (measured:
+    peak memory of a step 0-15 % above torch FSDP2's, differing between runs). Freeing the storage
+    makes the peak deterministic. On CUDA the buffer may still be in use on the communication
+    stream: there the reference is simply dropped and the caching allocator frees it when safe.
+    """
+    if buffer.device.type == "cpu":
+        buffer.untyped_storage().resize_(0)
+
+
 def all_gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, info: GroupInfo, module: str | None = None) -> None:
     """``output`` (size x shard, contiguous) <- every rank's ``shard`` in rank order of the group."""
     if info.size == 1:

@@ -17,6 +17,8 @@ views share a root mesh and compose (``DeviceMesh._concatenate``). TP is always 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
@@ -27,8 +29,11 @@ if TYPE_CHECKING:  # torch is imported only by build_mesh
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@functools.lru_cache(maxsize=None)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Divisors of ``n`` in increasing order (cached: valid_choices asks for the same few thousand times)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
 def _nearest_multiple(value: int, base: int) -> int:
@@ -109,8 +114,9 @@ class ParallelDims:
         if ep % borrowed or pool % ep:
             valid = [d for d in _divisors(pool) if d % borrowed == 0 and d > 1]
             other_etp = tp if etp == 1 else 1
-            other = [(e, other_etp) for e in range(2, self.world_size + 1)
-                     if self._expert_fit(e, other_etp)] if other_etp != etp else []
+            # any fitting ep divides its pool, which divides dp_shard*cp*tp: its divisors are all candidates
+            other = [(e, other_etp) for e in _divisors(dp_shard * cp * tp)
+                     if e > 1 and self._expert_fit(e, other_etp)] if other_etp != etp else []
             hint = f"valid ep: {valid} (keeping etp={etp})" if valid else f"no ep > 1 fits these degrees with etp={etp}"
             if other:
                 hint += f"; valid (ep, etp) with etp={other_etp}: {other}"

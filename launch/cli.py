@@ -4,7 +4,10 @@
     python -m launch check --world 8 --tp 2 --cp 2
     python -m launch run M4 --dp-shard 2 --steps 3 --out runs/m4
     python -m launch command M6 --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host0:29500
+    python -m launch plan --world 4096 --tp 8 --model llama-8b-like --gpus-per-node 8 --compare
     python -m launch workbook --out runs
+    python -m launch bench --world 4 --steps 20 --out runs/bench
+    python -m launch report runs/m4 --out m4.html
 
 Invalid degrees exit with status 2 and the rule's message before any worker starts.
 """
@@ -58,8 +61,25 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--nproc-per-node", type=int, required=True)
     command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
     command.add_argument("--steps", type=int)
+    from launch.plan import add_arguments as add_plan_arguments
+    plan = sub.add_parser("plan", help="check and cost a layout of up to thousands of ranks (no workers)")
+    _add_degrees(plan)
+    add_plan_arguments(plan)
     workbook = sub.add_parser("workbook", help="run the workbook headless")
     workbook.add_argument("--out", default="runs")
+    bench = sub.add_parser("bench", help="our fully_shard against torch FSDP2, steps alternated in one run")
+    bench.add_argument("--world", dest="world_size", type=int, default=4, choices=(2, 4),
+                       help="ranks: 2 runs FSDP; 4 runs FSDP, HSDP and FSDP+TP")
+    bench.add_argument("--steps", type=int, default=20, help="timed pairs per configuration")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed steps of each implementation first")
+    bench.add_argument("--configs", help="comma-separated subset, e.g. FSDP,HSDP")
+    bench.add_argument("--out", help="directory for bench.json, the figure and traces (default: a new temporary one)")
+    bench.add_argument("--timeout", type=float, default=1200.0, help="wall timeout in seconds")
+    bench.add_argument("--profile", action="store_true",
+                       help="also profile 3 steps of each (torch.profiler): DIR/<config>/profile_<impl>.txt")
+    report = sub.add_parser("report", help="write a self-contained HTML report of a run directory")
+    report.add_argument("run_dir", help="a run directory (holds summary.json, metrics.json, trace_rank*.json)")
+    report.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
     return parser
 
 
@@ -149,18 +169,46 @@ def cmd_command(args: argparse.Namespace) -> int:
                          f"{args.nnodes * args.nproc_per_node} != world_size={dims.world_size}")
     import json
     explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
-    argv = ["torchrun", f"--nnodes={args.nnodes}", f"--nproc-per-node={args.nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}", "--rdzv-id=hyper-parallel",
-            "-m", "hyper_parallel.recipes.worker", "--recipe", spec.name, "--degrees", json.dumps(explicit),
-            "--steps", str(args.steps or spec.steps)]
-    print("# run on every node (NCCL is chosen automatically when CUDA devices are present):")
-    print(" ".join(a if a.startswith("$") or "$" in a.split("=")[-1] else shlex.quote(a) for a in argv))
+    worker = ["-m", "hyper_parallel.recipes.worker", "--recipe", spec.name, "--degrees", json.dumps(explicit),
+              "--steps", str(args.steps or spec.steps)]
+    print(multinode_command(args.nnodes, args.nproc_per_node, args.rdzv_endpoint, worker))
     return 0
+
+
+def multinode_command(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, worker: list[str]) -> str:
+    """The torchrun line (c10d rendezvous) starting ``worker`` on every node; ``command`` and ``plan`` print it."""
+    argv = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=hyper-parallel", *worker]
+    return ("# run on every node (NCCL is chosen automatically when CUDA devices are present):\n" +
+            " ".join(a if a.startswith("$") or "$" in a.split("=")[-1] else shlex.quote(a) for a in argv))
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:
     from launch.workbook import run_workbook
     return run_workbook(Path(args.out))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from launch.report import write_report
+    print(f"report: {write_report(args.run_dir, args.out)}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from launch.bench import print_bench, run_bench
+
+    def show(rank: int, line: str) -> None:
+        if rank <= 0:
+            print(line, flush=True)
+
+    configs = [name for name in (args.configs or "").split(",") if name]
+    result = run_bench(args.world_size, steps=args.steps, warmup=args.warmup, out=args.out, configs=configs,
+                       timeout=args.timeout, profile=args.profile, on_line=show)
+    if not result.ok:
+        print(f"FAILED: {result.error}", file=sys.stderr)
+        return 1
+    print_bench(result)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "command":
             return cmd_command(args)
+        if args.command == "plan":
+            from launch.plan import cmd_plan
+            return cmd_plan(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+        if args.command == "report":
+            return cmd_report(args)
         return cmd_workbook(args)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """The workbook: run the notebooks headless (``make workbook``), and the helpers those notebooks call.
 
     python -m launch workbook --out runs      every notebook in notebooks/ through papermill into
-                                              runs/<timestamp>/: executed .ipynb, figures/, run data
+                                              runs/<timestamp>/: executed .ipynb, figures/, run data,
+                                              a report.html in every run directory
 
 Helpers for the notebooks (so their cells stay one call each):
 
@@ -71,22 +72,30 @@ def run_workbook(out: str | Path, only: Iterable[str] | None = None, parameters:
     root.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in notebooks(notebooks_dir) if only is None or any(p.stem.startswith(prefix) for prefix in only)]
     print(f"running {len(chosen)} notebooks into {root}", flush=True)
-    start, failed = time.monotonic(), []
+    from launch.report import write_reports
+    start, failed, reports = time.monotonic(), [], []
     for path in chosen:
         params = {FIGURE_PARAMETER: str(root / "figures" / path.stem), RUNS_PARAMETER: str(root / "runs" / path.stem),
                   **dict((parameters or {}).get(path.stem, {}))}
         began = time.monotonic()
         ok, error = execute_notebook(path, root / path.name, params)
         pngs = len(list((root / "figures" / path.stem).rglob("*.png")))
+        written, problems = write_reports(root / "runs" / path.stem)  # one report.html per run directory
+        reports += written
         status = "OK    " if ok else "FAILED"
-        print(f"{status} {path.stem:<30} {time.monotonic() - began:6.1f}s  {pngs:3d} figures"
+        print(f"{status} {path.stem:<30} {time.monotonic() - began:6.1f}s  {pngs:3d} figures  {len(written):2d} reports"
               + (f"  {error}" if error else ""), flush=True)
+        for problem in problems:
+            print(f"       no report for {problem}", flush=True)
         if not ok:
             failed.append(path.stem)
     total = time.monotonic() - start
     print(f"workbook written to {root} ({len(chosen)} notebooks, {len(failed)} failed, {total:.0f}s)")
     print(f"  executed notebooks: {root}/*.ipynb\n  figures (PNG + SVG): {root}/figures/<notebook>/<run>/"
           f"\n  run data (metrics, traces, Chrome traces): {root}/runs/<notebook>/<run>/")
+    print(f"  reports (self-contained HTML, one per run): {len(reports)}")
+    for report in reports:
+        print(f"    {report.relative_to(root)}")
     if failed:
         print("failed: " + ", ".join(failed) + " (open the executed notebook to see the failing cell)")
     return 1 if failed else 0

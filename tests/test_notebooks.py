@@ -22,12 +22,14 @@ EXPECTED = [  # name: (text the closing cell prints, minimum image/png outputs)
     ("01_mesh_algebra", "mesh algebra checks passed", 2),
     ("02_fully_shard_groupinfo", "numerics check passed", 6),
     ("03_pure_tp_fix", "numerics check passed", 3),
+    ("04_planning_at_scale", "planning checks passed", 2),
     ("10_ddp_fsdp", "numerics check passed", 11),
     ("11_tensor_sequence_parallel", "numerics check passed", 9),
     ("12_context_parallel", "numerics check passed", 11),
     ("13_hsdp", "numerics check passed", 8),
     ("14_moe_expert_parallel", "numerics check passed", 11),
     ("90_negative_cases", "negative cases passed", 0),
+    ("95_performance", "numerics check passed", 3),
 ]
 
 
@@ -67,7 +69,8 @@ def test_committed_notebook_is_clean_and_has_a_parameters_cell(name):
 
 # ------------------------------------------------------------------ executed notebooks
 
-SAVES_FIGURES = {"00_start_here", "01_mesh_algebra", "02_fully_shard_groupinfo", "03_pure_tp_fix"}
+SAVES_FIGURES = {"00_start_here", "01_mesh_algebra", "02_fully_shard_groupinfo", "03_pure_tp_fix",
+                 "04_planning_at_scale"}
 """Notebooks whose test also saves the figures (PNG + SVG) to figures_dir; the others only display
 them: saving every figure of every run would add a minute to this file on a 2-core machine."""
 

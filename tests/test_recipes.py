@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from conftest import matrix, result_of  # the session's runs (recipe_results) are shared with test_cost_model
 
 import launch
 from hyper_parallel import ParallelDims
@@ -20,39 +21,11 @@ UNITS = LAYERS + 1  # one fully_shard unit per block + the root
 
 
 def runs():
-    for recipe in RECIPES.values():
-        for index, degrees in enumerate((recipe.default, *recipe.alternatives)):
-            marks = [pytest.mark.distributed] + ([getattr(pytest.mark, recipe.tier)] if recipe.tier else [])
-            label = "-".join(f"{k}{v}" for k, v in degrees.items() if k != "world_size" and v != 1)
-            yield pytest.param(recipe.name, index, degrees, marks=marks, id=f"{recipe.name}-w{degrees['world_size']}-{label}")
-
-
-def _key(recipe: str, degrees: dict) -> tuple:
-    """Runs that are the same computation (same workload, same normalised degrees) are run once."""
-    spec = RECIPES[recipe]
-    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items()))
-
-
-@pytest.fixture(scope="session")
-def recipe_results(tmp_path_factory) -> dict[tuple, launch.RunResult]:
-    """Every distinct run of the matrix, one torchrun launch per world size (DESIGN §8: group cases)."""
-    unique: dict[tuple, dict] = {}
-    for param in runs():
-        recipe, _, degrees = param.values
-        unique.setdefault(_key(recipe, degrees), {"recipe": recipe, "steps": 2, **degrees})
-    by_world: dict[int, list[tuple]] = {}
-    for key, spec in unique.items():
-        by_world.setdefault(spec["world_size"], []).append(key)
-    results = {}
-    for world, keys in sorted(by_world.items()):
-        out = tmp_path_factory.mktemp(f"world{world}")
-        for key, result in zip(keys, launch.run_many([unique[k] for k in keys], out=out, timeout=1200)):
-            results[key] = result
-    return results
-
-
-def result_of(recipe: str, degrees: dict, recipe_results) -> launch.RunResult:
-    return recipe_results[_key(recipe, degrees)]
+    for recipe, index, degrees in matrix():
+        tier = RECIPES[recipe].tier
+        marks = [pytest.mark.distributed] + ([getattr(pytest.mark, tier)] if tier else [])
+        label = "-".join(f"{k}{v}" for k, v in degrees.items() if k != "world_size" and v != 1)
+        yield pytest.param(recipe, index, degrees, marks=marks, id=f"{recipe}-w{degrees['world_size']}-{label}")
 
 
 def step_collectives(result: launch.RunResult, step: int = 1) -> Counter:

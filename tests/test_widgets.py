@@ -200,3 +200,59 @@ def test_stop_ends_the_run_at_the_next_line_and_errors_are_shown():
     widget.wait(timeout=30)
     assert widget.run_error == "RuntimeError: no free port" and "could not run" in widget.run_status.value
     assert issubclass(Stopped, Exception)
+
+
+def test_export_report_writes_the_finished_runs_report_next_to_it(tmp_path):
+    from launch.report import REPORT_FILE
+    calls = []
+    widget = MeshWidget("M4", steps=2, out=tmp_path / "runs", runner=fake_runner(calls))
+    assert widget.export_button.disabled and widget.export_report() is None  # nothing finished yet
+    widget.launch()
+    widget.wait(timeout=60)
+    assert not widget.export_button.disabled
+    widget.export_button.click()
+    report = Path(calls[0]["out"]).resolve() / REPORT_FILE
+    assert widget.report_path == report and report.exists()
+    assert str(report) in widget.report_status.value.replace("&#x27;", "'")
+    text = report.read_text()
+    assert [f"data-figure='{name}'" in text for name in widget.figures] == [True, True]  # the widget's figures
+    assert "data-ok='true'" in text
+
+    def failing(recipe, *, out, **kwargs):
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        degrees = {k: kwargs[k] for k in ("world_size", *DEGREES)}
+        (out / "summary.json").write_text(json.dumps({"recipe": recipe, "degrees": degrees, "ok": False,
+                                                      "error": "rank 1 failed: <boom>", "returncode": 1}))
+        result = FakeResult(out, ok=False)
+        result.logs = {-1: ["torchrun gave up"], 0: ["fine"], 1: ["<script>boom()</script>"]}
+        return result
+
+    widget = MeshWidget("M4", preview=False, out=tmp_path / "failing", runner=failing)
+    widget.launch()
+    widget.wait(timeout=60)
+    assert "failed" in widget.run_status.value and not widget.export_button.disabled
+    text = widget.export_report().read_text()  # a failed run is reported too, with the in-memory logs
+    assert "data-ok='false'" in text and "rank 1 failed: &lt;boom&gt;" in text
+    assert "torchrun gave up" in text and "&lt;script&gt;boom()&lt;/script&gt;" in text and "<script>boom" not in text
+
+
+def test_bench_widget_offers_only_the_configurations_of_its_world_size_and_runs_them():
+    from launch.widgets import BenchWidget
+    calls = []
+
+    class Finished:
+        ok, error, rows = False, "workers not started in this test", []
+
+    def runner(world, **options):
+        calls.append((world, options["steps"], options["configs"]))
+        return Finished()
+
+    widget = BenchWidget(world_size=4, steps=3, runner=runner)
+    assert widget.configs.options == ("FSDP", "HSDP", "FSDP+TP")
+    widget.world.value = 2
+    assert widget.configs.options == ("FSDP",) and widget.configs.value == ("FSDP",)
+    widget.launch()
+    widget.wait(10)
+    assert calls == [(2, 3, ["FSDP"])]
+    assert "workers not started in this test" in widget.status.value and not widget.run_button.disabled

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Placement, _StridedShard
 
 from hyper_parallel.comm import GroupInfo
@@ -180,6 +181,8 @@ class ShardedParam:
                                      run_check=False, shape=torch.Size(self.global_shape),
                                      stride=self._global_stride())
         self.sharded_param = nn.Parameter(dtensor, requires_grad=self.requires_grad)
+        self._grad_spec = DTensorSpec(self.combined_mesh, self.sharded_placements,
+                                      TensorMeta(torch.Size(self.global_shape), self._global_stride(), self.orig_dtype))
         self._initial_local = None
         self._set_on_owner(self.sharded_param)
 
@@ -245,10 +248,13 @@ class ShardedParam:
         target.view(self.shard_size, *self.padded_shape).copy_(pieces)
 
     def sharded_grad(self, padded_grad: torch.Tensor) -> DTensor:
-        """The sharded ``.grad`` DTensor from this rank's reduced padded piece."""
+        """The sharded ``.grad`` DTensor from this rank's reduced padded piece.
+
+        Built from a spec made once at init: ``DTensor.from_local`` would rebuild the spec and go
+        through autograd for every parameter of every step, a measurable share of a small step.
+        """
         local = padded_grad.view(self.padded_shape).narrow(self.fsdp_axis, 0, self.local_len)
-        return DTensor.from_local(local, self.combined_mesh, self.sharded_placements, run_check=False,
-                                  shape=torch.Size(self.global_shape), stride=self._global_stride())
+        return DTensor(local, self._grad_spec, requires_grad=False)
 
     def _set_on_owner(self, param: nn.Parameter) -> None:
         self.owner._parameters[self.leaf_name] = param

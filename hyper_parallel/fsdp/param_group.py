@@ -56,6 +56,7 @@ class ParamGroup:
             self.offsets.append(total)
             total += param.padded_numel
         self.total = total
+        self._offset_of = {id(param): offset for param, offset in zip(params, self.offsets)}
         self.flat_shard = torch.empty(total, dtype=self.orig_dtype, device=device)
         for param, offset in zip(params, self.offsets):
             param.init_sharded(self.flat_shard[offset:offset + param.padded_numel])
@@ -79,6 +80,9 @@ class ParamGroup:
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
                 param.copy_out(gathered[:, offset:offset + param.padded_numel])
+            comm.release(gathered)
+            if shard is not self.flat_shard:
+                comm.release(shard)
         elif self.owns_unsharded_storage:
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
@@ -132,14 +136,18 @@ class ParamGroup:
             for param, grad, _ in ready:
                 param.accumulated_grad = grad
             return
-        with_grad = {id(param) for param, _, _ in ready}
         reduce_in = (torch.empty if len(ready) == len(self.params) else torch.zeros)(
             self.shard_size, self.total, dtype=self.reduce_dtype, device=self.device)
-        for (param, grad, _), offset in zip(ready, [self._offset(p) for p, _, _ in ready]):
+        reduced_params = []
+        for param, grad, partial in ready:
+            offset = self._offset(param)
             param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset:offset + param.padded_numel])
+            reduced_params.append((param, partial))
+        del ready, grad  # the unsharded gradients are copied in: free them before the collectives (peak memory)
         if self.shard_size > 1:
             reduced = torch.empty(self.total, dtype=self.reduce_dtype, device=self.device)
             comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name)
+            comm.release(reduce_in)
         else:
             reduced = reduce_in.view(-1)
         if self.dp_size > 1:
@@ -150,12 +158,11 @@ class ParamGroup:
                 self.partial_reduce = reduced
                 return
             comm.all_reduce(reduced, self.unsharded_group, module=self.name)
-        self._reduce_partial_grads(reduced, ready)
+        self._reduce_partial_grads(reduced, reduced_params)
         reduced.div_(self.gradient_divide_factor)
         reduced = reduced.to(self.orig_dtype)
-        for param, offset in zip(self.params, self.offsets):
-            if id(param) not in with_grad:
-                continue
+        for param, _ in reduced_params:
+            offset = self._offset(param)
             grad = param.sharded_grad(reduced[offset:offset + param.padded_numel])
             if param.sharded_param.grad is None:
                 param.sharded_param.grad = grad
@@ -163,12 +170,12 @@ class ParamGroup:
                 param.sharded_param.grad += grad
 
     def _offset(self, param: ShardedParam) -> int:
-        return self.offsets[self.params.index(param)]
+        return self._offset_of[id(param)]
 
     def _reduce_partial_grads(self, reduced: torch.Tensor, ready: list) -> None:
         """Sum gradients left partial by model parallelism over their group, one all-reduce per group."""
         by_group: dict[str, tuple[GroupInfo, list[ShardedParam]]] = {}
-        for param, _, runtime_partial in ready:
+        for param, runtime_partial in ready:
             for group in param.partial_groups(runtime_partial):
                 by_group.setdefault(group.name, (group, []))[1].append(param)
         for group, params in by_group.values():

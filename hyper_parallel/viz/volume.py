@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MultipleLocator
 
+from hyper_parallel.cost_model.communication import fsdp_collectives, wire_factor
 from hyper_parallel.viz.style import (
     OP_COLORS,
     OP_SHORT,
@@ -34,27 +35,18 @@ def theoretical_bytes(units: list[dict[str, Any]]) -> dict[Key, float]:
       * ``dp_size`` > 1 (HSDP, or DDP when S == 1): one all-reduce of B / S on the unsharded group.
     Not modelled: padding (measured buffers are padded to a multiple of S, so it shows as a ratio
     > 1), mixed precision (B is in the parameters' own dtype), the gradient all-reduce of parameters
-    partial over a model-parallel dim, and the collectives of TP, CP and EP themselves.
+    partial over a model-parallel dim, and the collectives of TP, CP and EP themselves. The formula is
+    the cost model's (``hyper_parallel.cost_model.communication.fsdp_collectives``), given unpadded bytes;
+    the full model of a step, padding and TP/CP/EP included, is ``hyper_parallel.cost_model.estimate``.
     """
     result: dict[Key, float] = defaultdict(float)
     for unit in units:
-        size, shard = unit["mp_local_bytes"], unit["shard_size"]
-        if shard > 1:
-            group = unit["sharded_group"]["name"]
-            result[("all_gather", group)] += size * (2 if unit.get("reshard_after_forward") else 1)
-            result[("reduce_scatter", group)] += size
-        if unit["dp_size"] > 1:
-            result[("all_reduce", unit["unsharded_group"]["name"])] += size / shard
+        size = unit["mp_local_bytes"]
+        for c in fsdp_collectives(size, size, unit["shard_size"], unit["dp_size"],
+                                  bool(unit.get("reshard_after_forward")), unit["sharded_group"]["name"],
+                                  unit["unsharded_group"]["name"]):
+            result[(c.op, c.group)] += c.bytes
     return dict(result)
-
-
-def wire_factor(op: str, n: int) -> float:
-    """Bytes one rank sends per byte of the full buffer with ring algorithms on a group of n ranks:
-    all-gather, reduce-scatter, all-to-all (even splits), broadcast (average): (n-1)/n; all-reduce
-    (reduce-scatter + all-gather): 2(n-1)/n."""
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
 def measured_bytes(traces, step: int, rank: int = 0) -> tuple[dict[Key, float], dict[Key, int]]:

@@ -1,0 +1,6 @@
+"""Our extended ``fully_shard`` against torch's own FSDP2, side by side in one run (``python -m launch bench``).
+
+``configs``   what is compared (torch-free: the launcher validates and summarises without torch)
+``worker``    the torchrun entry: both implementations on one model, steps alternated A B B A ...
+``measure``   what a step costs: wall time, peak memory, the collectives torch FSDP2 issues
+"""

@@ -1,0 +1,86 @@
+"""The benchmark's configurations and the statistics of its results, without torch.
+
+Every configuration trains the same mini transformer twice on one mesh, once under our
+``fully_shard`` and once under ``torch.distributed.fsdp.fully_shard``; the launcher validates the
+world size and summarises ``bench.json`` in the parent process, which never imports torch.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+BENCH_FILE = "bench.json"
+IMPLEMENTATIONS = ("ours", "torch")
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """The mini transformer's size: big enough that a step is compute and communication (tens of ms
+    on a 2-core CPU), not Python overhead; small enough for 4 ranks on 2 cores."""
+
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4
+    hidden: int = 512
+    vocab_size: int = 2048
+    seq_len: int = 64
+    global_batch: int = 8
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    title: str
+    degrees: dict[str, int]   # ParallelDims keyword arguments, world_size included
+
+    @property
+    def world_size(self) -> int:
+        return self.degrees["world_size"]
+
+
+def configurations(world_size: int) -> list[BenchConfig]:
+    """FSDP on every rank; HSDP and FSDP+TP need a second mesh dim, so 4 ranks (2 x 2)."""
+    if world_size not in (2, 4):
+        raise ValueError(f"the benchmark runs on 2 or 4 ranks (--world 2|4), got {world_size}")
+    configs = [BenchConfig("FSDP", f"FSDP 1-D, dp_shard={world_size}", {"world_size": world_size,
+                                                                           "dp_shard": world_size})]
+    if world_size == 4:
+        configs.append(BenchConfig("HSDP", "HSDP, dp_replicate=2 x dp_shard=2",
+                                   {"world_size": 4, "dp_replicate": 2, "dp_shard": 2}))
+        configs.append(BenchConfig("FSDP+TP", "FSDP + TP, dp_shard=2 x tp=2",
+                                   {"world_size": 4, "dp_shard": 2, "tp": 2}))
+    return configs
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _ratios(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    ratios = sorted(a / b for a, b in zip(ours, theirs))
+    quartile = len(ratios) // 4
+    return {"median": median(ratios), "q1": ratios[quartile] if ratios else float("nan"),
+            "q3": ratios[-1 - quartile] if ratios else float("nan"), "pairs": len(ratios)}
+
+
+def summarize(config_result: dict[str, Any]) -> dict[str, Any]:
+    """One configuration's row: median step times, the median of the pairwise ratios ours/torch (pairs
+    are adjacent steps, so a slow phase of a loaded machine hits both) with their quartiles, the same
+    for forward + backward alone (where the two implementations differ; the optimizer is the same
+    code on the same DTensors), peak memory and communication per implementation."""
+    step, forward_backward = config_result["step_times"], config_result["forward_backward_times"]
+    return {
+        "config": config_result["name"],
+        "title": config_result["title"],
+        "median_ms": {impl: 1e3 * median(step[impl]) for impl in IMPLEMENTATIONS},
+        "ratio": _ratios(step["ours"], step["torch"]),
+        "forward_backward_ms": {impl: 1e3 * median(forward_backward[impl]) for impl in IMPLEMENTATIONS},
+        "forward_backward_ratio": _ratios(forward_backward["ours"], forward_backward["torch"]),
+        "peak_memory": config_result["peak_memory"],
+        "communication": config_result["communication"],
+        "max_loss_diff": config_result.get("max_loss_diff"),
+    }

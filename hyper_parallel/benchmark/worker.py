@@ -1,0 +1,235 @@
+"""torchrun entry of the benchmark: ``python -m hyper_parallel.benchmark.worker --world 4 --steps 20``.
+
+For each configuration, one model is built twice from the same initial weights: under our
+``fully_shard`` and under ``torch.distributed.fsdp.fully_shard``, on the same mesh, with the same
+data and optimizer (AdamW). After warm-up:
+
+1. one traced step of each (every collective with op, group, bytes, time; saved as
+   ``DIR/<config>/<impl>/trace_rank{r}.json`` so the timeline figure reads it like a recipe run);
+2. ``MEMORY_STEPS`` steps of each under the memory profiler (peak = resident + transient, see ``measure``);
+3. ``--steps`` timed pairs, alternating which implementation goes first (A B, B A, ...), so a slow
+   moment of a loaded machine hits both sides of a pair.
+
+Every step of both is a real training step on the same batches, so their losses must agree; the
+largest difference is reported. Rank 0 writes ``DIR/bench.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+from hyper_parallel import trace
+from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchConfig, BenchModel, configurations
+from hyper_parallel.benchmark.measure import (resident_bytes, synchronize, timed_step, trace_torch_fsdp,
+                                              transient_peak_bytes)
+from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.fsdp.summary import describe_units
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_views import MeshViews
+from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel.tp import parallelize_transformer_tp
+from hyper_parallel.recipes.batches import data_parallel_rows
+from hyper_parallel.run_files import trace_path
+
+LEARNING_RATE = 1e-3
+MEMORY_STEPS = 3
+"""Profiled steps per implementation; the smallest peak is reported. Gloo's worker thread drops its
+references to the tensors of torch's own collectives (DTensor TP) a little late, at a moment that
+varies, which moves a step's peak by up to a few activation buffers in either implementation."""
+# The transformer's logits are a reshape (a view); FSDP2 warns that an in-place op on them would skip
+# its pre-backward hook. The loss reads them out of place, so the warning is noise on every rank.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+
+class Trainer:
+    """One implementation's model, optimizer and batch; ``step()`` is one training step."""
+
+    def __init__(self, impl: str, model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> None:
+        self.impl, self.model, self.tokens, self.targets = impl, model, tokens, targets
+        self.positions = torch.arange(tokens.shape[1], device=tokens.device)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+        self.losses: list[float] = []
+
+    def step(self) -> float:
+        """One training step; returns the seconds its forward + backward took on this rank."""
+        start = time.perf_counter()
+        trace.set_phase("forward")  # labels for torch FSDP2's traced step (ours sets them in its hooks)
+        loss = lm_loss(self.model(self.tokens, self.positions), self.targets)
+        trace.set_phase("backward")
+        loss.backward()
+        synchronize()
+        forward_backward = time.perf_counter() - start
+        trace.set_phase("optimizer")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        trace.set_phase("other")
+        self.losses.append(float(loss.detach()))
+        return forward_backward
+
+
+def build_model(impl: str, base: Transformer, dims: ParallelDims, views: MeshViews) -> torch.nn.Module:
+    """A copy of ``base`` with TP (if tp > 1) and then one fully_shard unit per block + the root.
+
+    Both implementations get the same data-parallel mesh: (dp_replicate, fsdp) for HSDP, the 1-D fsdp
+    mesh otherwise (a size-1 mesh dim would cost DTensor dispatch time on every optimizer op).
+    """
+    model = copy.deepcopy(base)
+    parallelize_transformer_tp(model, views["tp"], sequence_parallel=False)
+    mesh = views["dp_replicate", "fsdp"] if dims.dp_replicate > 1 else views["fsdp"]
+    shard = fully_shard if impl == "ours" else torch_fully_shard
+    for layer in model.layers:
+        shard(layer, mesh=mesh)
+    shard(model, mesh=mesh)
+    return model
+
+
+def _traced(trainer: Trainer, views: MeshViews) -> list[dict]:
+    """One step with every collective recorded (ours records itself; torch's FSDP2 calls are wrapped)."""
+    with trace.record() as recorder:
+        trace.set_step(0)
+        with trace.TorchCollectiveTracer(views.group_names()):
+            if trainer.impl == "torch":
+                with trace_torch_fsdp(views.group_names()):
+                    trainer.step()
+            else:
+                trainer.step()
+    return recorder.events
+
+
+def _communication(events: list[dict]) -> dict:
+    """Count and bytes per (op, group), and the count per unit and op."""
+    per_op: dict[str, dict[str, int]] = {}
+    per_unit: dict[str, dict[str, int]] = {}
+    for event in events:
+        if event["kind"] != "collective":
+            continue
+        key = f"{event['op']}[{event['group']}]"
+        entry = per_op.setdefault(key, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += event["bytes"]
+        unit = per_unit.setdefault(event["module"] or "-", {})
+        unit[key] = unit.get(key, 0) + 1
+    return {"per_op": per_op, "per_unit": per_unit}
+
+
+def _profile(trainer: Trainer, path: Path, steps: int = 3) -> None:
+    """torch.profiler over ``steps`` steps; rank 0 writes the operators by self time (where time goes)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(steps):
+            trainer.step()
+    if dist.get_rank() == 0:
+        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
+        path.write_text(f"{trainer.impl}: {steps} steps on rank 0, operators by self CPU time\n{table}\n")
+
+
+def run_config(config: BenchConfig, shape: BenchModel, steps: int, warmup: int, out: Path,
+               device: torch.device, profile: bool = False) -> dict:
+    dims = ParallelDims(**config.degrees)
+    views = dims.build_mesh(device.type)
+    model_config = TransformerConfig(vocab_size=shape.vocab_size, d_model=shape.d_model, n_heads=shape.n_heads,
+                                     n_layers=shape.n_layers, hidden=shape.hidden, seq_len=shape.seq_len)
+    torch.manual_seed(0)
+    base = Transformer(model_config).to(device)
+    tokens, targets = token_batch(model_config, shape.global_batch, seed=0)
+    tokens, targets = data_parallel_rows(tokens, dims).to(device), data_parallel_rows(targets, dims).to(device)
+    trainers = {impl: Trainer(impl, build_model(impl, base, dims, views), tokens, targets) for impl in IMPLEMENTATIONS}
+    del base
+    for _ in range(warmup):
+        for trainer in trainers.values():
+            trainer.step()
+    rank = dist.get_rank()
+    result: dict = {"name": config.name, "title": config.title, "degrees": dims.degrees(),
+                    "communication": {}, "peak_memory": {}, "step_times": {impl: [] for impl in IMPLEMENTATIONS},
+                    "forward_backward_times": {impl: [] for impl in IMPLEMENTATIONS}}
+    for impl, trainer in trainers.items():
+        events = _traced(trainer, views)
+        trace_dir = out / config.name / impl
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        payload = {"rank": rank, "world_size": dims.world_size, "events": events}
+        trace_path(trace_dir, rank).write_text(json.dumps(payload))
+        result["communication"][impl] = _communication(events)
+    transients: dict[str, list[int]] = {impl: [] for impl in IMPLEMENTATIONS}
+    for _ in range(MEMORY_STEPS):
+        for impl, trainer in trainers.items():
+            transients[impl].append(transient_peak_bytes(trainer.step))
+    for impl, trainer in trainers.items():
+        resident = resident_bytes(trainer.model, trainer.optimizer)
+        result["peak_memory"][impl] = _gather_ints([resident, min(transients[impl])])
+        result.setdefault("transient_samples", {})[impl] = _gather_ints(transients[impl])
+    for index in range(steps):
+        order = IMPLEMENTATIONS if index % 2 == 0 else IMPLEMENTATIONS[::-1]
+        for impl in order:
+            step_time, forward_backward = timed_step(trainers[impl].step)
+            result["step_times"][impl].append(step_time)
+            result["forward_backward_times"][impl].append(forward_backward)
+    if profile:
+        for impl, trainer in trainers.items():
+            _profile(trainer, out / config.name / f"profile_{impl}.txt")
+    if rank == 0:
+        result["units"] = describe_units(trainers["ours"].model)
+        losses = [trainer.losses for trainer in trainers.values()]
+        result["losses"] = dict(zip(IMPLEMENTATIONS, losses))
+        result["max_loss_diff"] = max(abs(a - b) for a, b in zip(*losses))
+    return result
+
+
+def _gather_ints(values: list[int]) -> list[list[int]]:
+    """Every rank's ``values`` (rank order)."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, values)
+    return gathered
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20, help="timed pairs per configuration")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--configs", default="", help="comma-separated names (default: all for this world size)")
+    parser.add_argument("--model", default="{}", help="JSON object of BenchModel fields to override")
+    parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
+    parser.add_argument("--collective-timeout", type=float, default=300.0)
+    parser.add_argument("--profile", action="store_true", help="write DIR/<config>/profile_<impl>.txt (rank 0)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if use_cuda else "gloo",
+                            timeout=datetime.timedelta(seconds=args.collective_timeout))
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    out = Path(args.out)
+    shape = BenchModel(**json.loads(args.model))
+    wanted = [name for name in args.configs.split(",") if name]
+    configs = [c for c in configurations(dist.get_world_size()) if not wanted or c.name in wanted]
+    try:
+        results = []
+        for config in configs:
+            results.append(run_config(config, shape, args.steps, args.warmup, out, device, args.profile))
+            if dist.get_rank() == 0:
+                times = results[-1]["step_times"]
+                print(f"{config.name}: {len(times['ours'])} pairs timed", flush=True)
+        if dist.get_rank() == 0:
+            payload = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "device": device.type,
+                       "model": shape.as_dict(), "steps": args.steps, "warmup": args.warmup,
+                       "torch": torch.__version__, "configs": results}
+            (out / BENCH_FILE).write_text(json.dumps(payload, indent=1))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""An analytic cost model of a parallel layout: per-rank memory and per-step communication, no processes.
+
+Torch-free, so the launcher (``python -m launch plan``) and a notebook widget can call it instantly for
+any world size:
+
+    from hyper_parallel.cost_model import estimate, get_model
+    cost = estimate(get_model("llama-8b-like"), ParallelDims(world_size=4096, dp_replicate=8, cp=2, tp=16))
+    cost.memory.total, cost.by_op_group()[("all_gather", "fsdp")], cost.units[0].shard_numel
+
+Formulas: ``units`` (which parameters every rank stores, padding included), ``communication`` (bytes
+of every collective of one step), ``memory`` (sharded state exactly, activations estimated),
+``layouts`` (node placement, a bandwidth model, ranking several layouts). For the recipes' tiny models
+(``recipe_model("M6")``) the bytes equal the traced runs' exactly (tests/test_cost_model.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hyper_parallel.cost_model.communication import Collective, by_op_group, counts, step_collectives, wire_factor
+from hyper_parallel.cost_model.memory import Memory, memory
+from hyper_parallel.cost_model.model_configs import (CLI_MODELS, PRECISIONS, PRESETS, ModelConfig, Precision,
+                                                      get_model, recipe_model)
+from hyper_parallel.cost_model.units import Param, Unit, build_units
+from hyper_parallel.mesh import ParallelDims
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    config: ModelConfig
+    dims: ParallelDims
+    units: list[Unit]
+    memory: Memory
+    collectives: list[Collective]
+
+    def by_op_group(self) -> dict[tuple[str, str], float]:
+        return by_op_group(self.collectives)
+
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        return counts(self.collectives)
+
+    @property
+    def parameter_count(self) -> int:
+        """Parameters of the whole model (global shapes)."""
+        return sum(u.global_numel for u in self.units)
+
+
+def estimate(config: ModelConfig, dims: ParallelDims) -> CostEstimate:
+    """Memory and communication of ``config`` on ``dims``; ``ValueError`` if the model does not fit them."""
+    config.check(dims)
+    units = build_units(config, dims)
+    return CostEstimate(config, dims, units, memory(config, dims, units), step_collectives(config, dims, units))
+
+
+__all__ = ["CLI_MODELS", "PRECISIONS", "PRESETS", "Collective", "CostEstimate", "Memory", "ModelConfig", "Param",
+           "Precision", "Unit", "build_units", "estimate", "get_model", "recipe_model", "wire_factor"]

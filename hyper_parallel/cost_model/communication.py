@@ -1,0 +1,173 @@
+"""Communication of one training step on one rank, per collective: op, group, phase and bytes.
+
+``bytes`` follows the trace convention (DESIGN.md §6): the full, unsharded buffer of the collective
+(the all-gather output, the reduce-scatter input, the all-reduce tensor, the all-to-all input).
+Notation: a = compute (activation) bytes per element, r = reduce bytes, B = global_batch / dp rows
+per rank, s = seq_len / cp tokens per row in attention, X = B * s * d_model * a (one hidden state of
+this rank's sequence chunk), L layers of which L_moe are MoE and L_dense dense.
+
+FSDP, per unit with gathered buffer G elements (``units.Unit``), shard size S, replicas D:
+    S > 1    all_gather G*a on the shard group in forward, again in backward unless the unit is the root
+             (it keeps its parameters); one reduce_scatter G*r in backward
+    D > 1    all_reduce G*r / S on the replicate group (HSDP; DDP / pure-TP compat when S == 1)
+    tp > 1   all_reduce over tp of the unit's partial parameters' shards (SP norm weights; router and
+             shared expert with etp == 1): sum(padded numel / S) * r, once per unit that has any
+TP with SP (each over tp, V = vocab):
+    forward  all_gather (2 L_dense + L_moe + L_moe[etp>1] + 1) * X + B * s * V * a (the logits);
+             reduce_scatter (2 L_dense + L_moe + 1) * X
+    backward all_gather (2 L_dense + L_moe + L_moe[etp>1] + 1) * X; reduce_scatter (2 L_dense + L_moe + 1) * X
+TP without SP: forward all_reduce (2 L + 1) * X and all_gather B * s * V * a; backward all_reduce
+    (colwise layers per layer + 1) * X, colwise = wq, wk, wv, w1 (+ w3 gated)
+CP, per layer: forward all_gather of the stacked K/V, 2 * B * kv_heads_per_tp_rank * seq_len * head_dim * a,
+    backward one reduce_scatter of the same size
+EP, per MoE layer with T tokens per rank entering the MoE (B * s / tp under SP with etp == 1, else B * s)
+and Y = T * top_k * d_model * a routed rows:
+    all_to_all dispatch: forward E * 8 (int64 counts) + Y (dispatch) + Y (combine), backward 2 Y
+    all_gather dispatch: forward all_gather ep * E * 8 + ep * Y, reduce_scatter ep * Y; backward
+                         all_gather ep * Y, reduce_scatter ep * Y
+    ETP (etp > 1): all_reduce Y over etp in forward and in backward
+The rows a rank receives (combine input, dispatch gradient, ETP all-reduces) depend on the routing;
+the model gives the balanced value, which is exactly their average over all ranks (every routed row is
+received once).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from hyper_parallel.cost_model.model_configs import INT64_BYTES, ModelConfig
+from hyper_parallel.cost_model.units import Unit
+from hyper_parallel.mesh import ParallelDims
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str              # all_gather, reduce_scatter, all_reduce, all_to_all
+    group: str           # trace group name: fsdp, dp_replicate, dp_replicate+fsdp, tp, cp, ep, etp, efsdp
+    phase: str           # forward, backward
+    bytes: float         # sum of the full buffers of ``count`` calls
+    count: int
+    group_size: int
+
+
+def wire_factor(op: str, n: int) -> float:
+    """Bytes one rank sends per byte of the full buffer with ring algorithms on a group of n ranks:
+    all-gather, reduce-scatter, all-to-all (even splits), broadcast (average): (n-1)/n; all-reduce
+    (reduce-scatter + all-gather): 2(n-1)/n."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def fsdp_collectives(gather_bytes: float, reduce_bytes: float, shard_size: int, dp_size: int,
+                     reshard_after_forward: bool, sharded_group: str, unsharded_group: str) -> list[Collective]:
+    """One fully_shard unit's collectives in one step (module docstring, "FSDP"); ``gather_bytes`` and
+    ``reduce_bytes`` are its all-gather buffer and reduce-scatter input (S times one rank's shard)."""
+    result = []
+    if shard_size > 1:
+        result.append(Collective("all_gather", sharded_group, "forward", gather_bytes, 1, shard_size))
+        if reshard_after_forward:
+            result.append(Collective("all_gather", sharded_group, "backward", gather_bytes, 1, shard_size))
+        result.append(Collective("reduce_scatter", sharded_group, "backward", reduce_bytes, 1, shard_size))
+    if dp_size > 1:
+        result.append(Collective("all_reduce", unsharded_group, "backward", reduce_bytes / shard_size, 1, dp_size))
+    return result
+
+
+def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims) -> list[Collective]:
+    precision = config.precision
+    result = fsdp_collectives(unit.gathered_numel * precision.compute, unit.gathered_numel * precision.reduce,
+                              unit.shard_size, unit.dp_size, unit.reshard_after_forward, unit.sharded_group,
+                              unit.unsharded_group)
+    partial = unit.partial_numel()
+    if dims.tp > 1 and partial:
+        result.append(Collective("all_reduce", "tp", "backward", partial * precision.reduce, 1, dims.tp))
+    return result
+
+
+def _tensor_parallel(config: ModelConfig, dims: ParallelDims, hidden: float, logits: float) -> list[Collective]:
+    tp, moe = dims.tp, len(config.moe_layers)
+    dense = config.n_layers - moe
+    if config.uses_sequence_parallel(dims):
+        gathers = 2 * dense + moe + (moe if dims.etp > 1 else 0) + 1
+        scatters = 2 * dense + moe + 1
+        return [Collective("all_gather", "tp", "forward", gathers * hidden + logits, gathers + 1, tp),
+                Collective("reduce_scatter", "tp", "forward", scatters * hidden, scatters, tp),
+                Collective("all_gather", "tp", "backward", gathers * hidden, gathers, tp),
+                Collective("reduce_scatter", "tp", "backward", scatters * hidden, scatters, tp)]
+    colwise = 3 + (2 if config.gated_ffn else 1)
+    reduces = colwise * config.n_layers + 1
+    return [Collective("all_reduce", "tp", "forward", (2 * config.n_layers + 1) * hidden, 2 * config.n_layers + 1, tp),
+            Collective("all_gather", "tp", "forward", logits, 1, tp),
+            Collective("all_reduce", "tp", "backward", reduces * hidden, reduces, tp)]
+
+
+def _expert_parallel(config: ModelConfig, dims: ParallelDims, rows: int, seq: int) -> list[Collective]:
+    ep, etp, layers = dims.ep, dims.etp, len(config.moe_layers)
+    a = config.precision.compute
+    tokens = rows * seq // (dims.tp if dims.etp == 1 and config.uses_sequence_parallel(dims) else 1)
+    routed = tokens * config.top_k * config.d_model * a
+    counts = config.num_experts * INT64_BYTES
+    result = []
+    if ep > 1 and config.dispatch == "all_to_all":
+        result += [Collective("all_to_all", "ep", "forward", layers * (counts + 2 * routed), 3 * layers, ep),
+                   Collective("all_to_all", "ep", "backward", layers * 2 * routed, 2 * layers, ep)]
+    elif ep > 1:
+        result += [Collective("all_gather", "ep", "forward", layers * ep * (counts + routed), 2 * layers, ep),
+                   Collective("reduce_scatter", "ep", "forward", layers * ep * routed, layers, ep),
+                   Collective("all_gather", "ep", "backward", layers * ep * routed, layers, ep),
+                   Collective("reduce_scatter", "ep", "backward", layers * ep * routed, layers, ep)]
+    if etp > 1:
+        result += [Collective("all_reduce", "etp", phase, layers * routed, layers, etp)
+                   for phase in ("forward", "backward")]
+    return result
+
+
+def step_collectives(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> list[Collective]:
+    """Every collective one rank issues in one training step (module docstring), one entry per
+    (op, group, phase) with the calls' bytes summed."""
+    return merged(_fsdp_and_activation_collectives(config, dims, units))
+
+
+def merged(collectives: list[Collective]) -> list[Collective]:
+    """One entry per (op, group, phase), in order of first appearance: bytes and counts summed."""
+    result: dict[tuple[str, str, str], Collective] = {}
+    for c in collectives:
+        key = (c.op, c.group, c.phase)
+        seen = result.get(key)
+        result[key] = c if seen is None else Collective(c.op, c.group, c.phase, seen.bytes + c.bytes,
+                                                        seen.count + c.count, c.group_size)
+    return list(result.values())
+
+
+def _fsdp_and_activation_collectives(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> list[Collective]:
+    result = [c for unit in units for c in _unit_collectives(unit, config, dims)]
+    if config.architecture == "mlp":
+        return result
+    a = config.precision.compute
+    rows, seq = config.global_batch // dims.dp, config.seq_len // dims.cp
+    if dims.tp > 1:
+        result += _tensor_parallel(config, dims, rows * seq * config.d_model * a, rows * seq * config.vocab_size * a)
+    if dims.cp > 1:
+        kv = 2 * rows * config.kv_heads_per_rank(dims.tp) * config.seq_len * config.head_dim * a
+        result += [Collective("all_gather", "cp", "forward", config.n_layers * kv, config.n_layers, dims.cp),
+                   Collective("reduce_scatter", "cp", "backward", config.n_layers * kv, config.n_layers, dims.cp)]
+    if config.is_moe:
+        result += _expert_parallel(config, dims, rows, seq)
+    return result
+
+
+def by_op_group(collectives: list[Collective]) -> dict[tuple[str, str], float]:
+    """Bytes per (op, group), both phases summed: the key of ``hyper_parallel.viz.volume``."""
+    total: dict[tuple[str, str], float] = defaultdict(float)
+    for c in collectives:
+        total[(c.op, c.group)] += c.bytes
+    return dict(total)
+
+
+def counts(collectives: list[Collective]) -> dict[tuple[str, str, str], int]:
+    """Number of calls per (op, group, phase), the key of ``tests/test_recipes.py``."""
+    total: dict[tuple[str, str, str], int] = defaultdict(int)
+    for c in collectives:
+        total[(c.op, c.group, c.phase)] += c.count
+    return dict(total)

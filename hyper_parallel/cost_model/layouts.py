@@ -1,0 +1,154 @@
+"""Layouts on real machines: which groups cross node boundaries, a step's communication time, and a
+ranking of every valid layout of one world size.
+
+Placement: torchrun gives node n the ranks [n * G, (n + 1) * G) for G GPUs per node, so a group
+crosses nodes when its ranks fall into more than one such block. TP is the innermost mesh dim
+(contiguous ranks), so it stays inside a node whenever tp divides G.
+
+Time model (stated wherever a time is shown): ring collectives, each rank sends
+``bytes * wire_factor(op, n)`` (``communication.wire_factor``) at the bandwidth of the slowest link
+its group uses: ``intra_node`` if every rank of the group is on one node, else ``inter_node``;
+collectives do not overlap each other or compute. It ranks layouts; it does not predict a step time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import log2, prod
+
+from hyper_parallel.cost_model import CostEstimate, ModelConfig, estimate
+from hyper_parallel.cost_model.communication import wire_factor
+from hyper_parallel.mesh import ParallelDims, valid_choices
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """Bytes per second one rank can send."""
+
+    intra_node: float = 150e9   # NVLink-class
+    inter_node: float = 25e9    # one 200 Gb/s NIC per GPU
+
+    def describe(self) -> str:
+        return (f"ring collectives, bytes on the wire = full buffer x (n-1)/n (all-reduce x 2(n-1)/n), "
+                f"{self.intra_node / 1e9:g} GB/s per rank inside a node, {self.inter_node / 1e9:g} GB/s per rank "
+                f"for groups that span nodes, no overlap")
+
+
+def _group_structure(dims: ParallelDims, group: str) -> tuple[int, int, int]:
+    """(stride, size, block) of a trace group name: one mesh dim ("tp") or adjacent dims of one view
+    joined by '+' ("dp_replicate+fsdp", fully_shard's unsharded group when it does not shard). The groups
+    are {base + offset + k * stride : k < size} for base in multiples of block, offset < stride
+    (ParallelDims.group_ranks' arithmetic, TP innermost)."""
+    names = group.split("+")
+    for view in dims.views().values():
+        order = [name for name, _ in view]
+        if all(name in order for name in names):
+            first, last = order.index(names[0]), order.index(names[-1])
+            if order[first:last + 1] == names:
+                sizes = [size for _, size in view]
+                stride, size = prod(sizes[last + 1:]), prod(sizes[first:last + 1])
+                return stride, size, stride * size
+    raise ValueError(f"group {group!r} is not a mesh dim, or a run of adjacent dims of one view, of "
+                     f"{dims.describe().splitlines()[0]}")
+
+
+def group_ranks(dims: ParallelDims, group: str) -> list[list[int]]:
+    """Every group of a trace group name (``_group_structure``), each as its global ranks."""
+    stride, size, block = _group_structure(dims, group)
+    return [[base + offset + k * stride for k in range(size)]
+            for base in range(0, dims.world_size, block) for offset in range(stride)]
+
+
+def nodes_spanned(dims: ParallelDims, group: str, gpus_per_node: int) -> int:
+    """The most nodes any one group of ``group`` spans (1: all its groups stay inside a node).
+
+    A group's ranks c, c + stride, ...: with stride >= G every rank is on its own node; otherwise no node
+    between the first and the last rank is skipped. Shifting c by G shifts every node by one, so only the
+    residues c mod G of the groups' first ranks need checking."""
+    check_gpus_per_node(dims.world_size, gpus_per_node)
+    stride, size, block = _group_structure(dims, group)
+    if stride >= gpus_per_node:
+        return size
+    firsts = {(base + offset) % gpus_per_node for base in range(0, dims.world_size, block) for offset in range(stride)}
+    return max((c + (size - 1) * stride) // gpus_per_node - c // gpus_per_node + 1 for c in firsts)
+
+
+def check_gpus_per_node(world_size: int, gpus_per_node: int) -> None:
+    if gpus_per_node < 1 or world_size % gpus_per_node and world_size > gpus_per_node:
+        raise ValueError(f"gpus_per_node={gpus_per_node} must be >= 1 and divide world_size={world_size} "
+                         f"(every node runs the same number of ranks)")
+
+
+@dataclass(frozen=True)
+class TimedCollective:
+    op: str
+    group: str
+    phase: str
+    bytes: float
+    count: int
+    group_size: int
+    wire_bytes: float
+    crosses_nodes: bool
+    seconds: float
+
+
+def timed_collectives(cost: CostEstimate, gpus_per_node: int, bandwidth: Bandwidth = Bandwidth()
+                      ) -> list[TimedCollective]:
+    spans: dict[str, int] = {}
+    result = []
+    for c in cost.collectives:
+        if c.group not in spans:
+            spans[c.group] = nodes_spanned(cost.dims, c.group, gpus_per_node)
+        crosses = spans[c.group] > 1
+        wire = c.bytes * wire_factor(c.op, c.group_size)
+        speed = bandwidth.inter_node if crosses else bandwidth.intra_node
+        result.append(TimedCollective(c.op, c.group, c.phase, c.bytes, c.count, c.group_size, wire, crosses,
+                                      wire / speed))
+    return result
+
+
+@dataclass(frozen=True)
+class RankedLayout:
+    dims: ParallelDims
+    memory_bytes: int
+    comm_seconds: float
+    fits: bool
+
+
+def rank_layouts(config: ModelConfig, world_size: int, gpus_per_node: int, memory_gib: float = 80.0,
+                 sort: str = "time", bandwidth: Bandwidth = Bandwidth()) -> list[RankedLayout]:
+    """Every layout of ``world_size`` ranks the model fits (pp = 1; ep/etp only for MoE models), best
+    first: layouts within ``memory_gib`` per rank before the others, then by ``sort`` ("time": the
+    step's communication time, then memory; "memory": per-rank memory, then time)."""
+    if sort not in ("time", "memory"):
+        raise ValueError(f"sort must be 'time' or 'memory', got {sort!r}")
+    ranked = []
+    for dims in candidate_layouts(world_size, config.is_moe):
+        try:
+            cost = estimate(config, dims)
+        except ValueError:
+            continue
+        seconds = sum(c.seconds for c in timed_collectives(cost, gpus_per_node, bandwidth))
+        ranked.append(RankedLayout(dims, cost.memory.total, seconds, cost.memory.total <= memory_gib * GIB))
+    if sort == "time":
+        return sorted(ranked, key=lambda r: (not r.fits, r.comm_seconds, r.memory_bytes))
+    return sorted(ranked, key=lambda r: (not r.fits, r.memory_bytes, r.comm_seconds))
+
+
+def candidate_layouts(world_size: int, with_experts: bool) -> list[ParallelDims]:
+    """``valid_choices(world_size)`` (pp = 1); ep and etp stay 1 unless the model has experts."""
+    if with_experts:
+        return valid_choices(world_size)
+    return valid_choices(world_size, {"ep": 1, "etp": 1})
+
+
+def nearest_valid(layouts: list[ParallelDims], wanted: dict[str, int]) -> ParallelDims | None:
+    """The layout a widget suggests for an invalid choice, as the mesh widget chooses it: the fewest changed
+    degrees; then the fewest parallelisms switched off (a degree > 1 set to 1); then the smallest change
+    in factors of two; then enumeration order."""
+    def distance(dims: ParallelDims) -> tuple[int, int, float]:
+        changed = sum(getattr(dims, k) != v for k, v in wanted.items())
+        switched_off = sum(getattr(dims, k) == 1 < v for k, v in wanted.items())
+        return changed, switched_off, sum(abs(log2(getattr(dims, k) / v)) for k, v in wanted.items() if v > 0)
+    return min(layouts, key=distance, default=None)

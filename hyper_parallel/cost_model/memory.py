@@ -1,0 +1,100 @@
+"""Per-rank memory of one training step: sharded state exactly, activations as a documented estimate.
+
+Sharded state (what every rank keeps for the whole run; ``units.Unit.shard_numel`` elements per unit,
+padding included, exactly what fully_shard allocates):
+    parameters   shard_numel * storage bytes
+    gradients    shard_numel * storage bytes   (reduced gradients are cast back to the storage dtype)
+    optimizer    shard_numel * optimizer_state bytes
+
+Transient, at the peak of backward (no prefetch):
+    gathered     the root's all-gathered parameters (kept from forward to backward) + the largest
+                 other unit's all-gathered parameters (compute bytes) and its unsharded gradients
+                 (reduce bytes); nothing when shard_size is 1 and compute == storage (they alias)
+
+Activations saved for backward (no recomputation, a fused attention kernel that keeps only q, k, v,
+the output and a logsumexp per row), in elements per token of this rank (N = B * s tokens, B rows,
+s = seq_len / cp; SP divides the residual-stream tensors by tp), times the compute bytes:
+    dense layer  norms' inputs 2 d / sp + the two gathered inputs of the colwise layers 2 d
+                 + q and the attention output 2 d / tp + k, v 2 kv (kv = K/V heads per tp rank x head_dim)
+                 + the K/V gathered from the other CP ranks 2 kv (cp - 1)
+                 + feed-forward hidden 2 F / tp (w1 output, activation), 4 F / tp gated (w1, w3, silu, product)
+    MoE layer    the attention part, ffn_norm input d / sp, and per token the MoE sees (1/tp of them
+                 under SP with etp == 1) its router input d, per routed slot (top_k) the row d, hidden
+                 2 F_e / etp (4 gated) and output d, and the shared expert d + 2 F_s (4 gated)
+    head         logits in float32 for the loss: V / tp * 4 bytes per token
+    MLP          per block 2 d + 2 F (norm and w1 inputs, hidden, ReLU output), plus d_in + d_out
+It is an estimate for comparing layouts, not a measured peak (allocator slack, temporaries and
+communication buffers are not modelled).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hyper_parallel.cost_model.model_configs import ModelConfig
+from hyper_parallel.cost_model.units import Unit
+from hyper_parallel.mesh import ParallelDims
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per rank."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    gathered: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.gathered + self.activations
+
+    def as_dict(self) -> dict[str, int]:
+        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer": self.optimizer,
+                "gathered": self.gathered, "activations": self.activations, "total": self.total}
+
+
+def _gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
+    precision = config.precision
+
+    def unsharded(unit: Unit) -> int:
+        if unit.shard_size == 1 and precision.compute == precision.storage:
+            return 0
+        return unit.gathered_numel * precision.compute
+
+    root = sum(unsharded(u) for u in units if u.is_root)
+    others = [unsharded(u) + u.gathered_numel * precision.reduce for u in units if not u.is_root]
+    return root + max(others, default=0)
+
+
+def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: int) -> float:
+    """Elements saved per token of this rank by one layer (module docstring)."""
+    d, tp, cp, etp = config.d_model, dims.tp, dims.cp, dims.etp
+    sp = tp if config.uses_sequence_parallel(dims) else 1
+    kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
+    attention = d / sp + d + (2 * d) / tp + 2 * kv_dim + 2 * kv_dim * (cp - 1)
+    hidden_factor = 4 if config.gated_ffn else 2
+    if layer not in config.moe_layers:
+        return attention + d / sp + d + hidden_factor * config.ffn_hidden / tp
+    routed = config.top_k * (2 * d + hidden_factor * config.moe_hidden / etp)
+    shared = (d + hidden_factor * config.shared_expert_hidden) if config.shared_expert_hidden else 0
+    moe_tokens = 1 / tp if etp == 1 and sp > 1 else 1   # etp == 1 under SP: the MoE sees the sequence shard
+    return attention + d / sp + (d + routed + shared) * moe_tokens
+
+
+def activation_bytes(config: ModelConfig, dims: ParallelDims) -> int:
+    tokens = config.global_batch // dims.dp * (config.seq_len // dims.cp)
+    a = config.precision.compute
+    if config.architecture == "mlp":  # per block: norm input, w1 input, hidden, relu output
+        per_token = config.n_layers * (2 * config.d_model + 2 * config.ffn_hidden) + config.d_in + config.d_out
+        return int(tokens * per_token * a)
+    layers = sum(_layer_activation_elements(config, dims, layer) for layer in range(config.n_layers))
+    return int(tokens * (layers * a + config.vocab_size / dims.tp * 4))
+
+
+def memory(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> Memory:
+    shard = sum(u.shard_numel for u in units)
+    precision = config.precision
+    return Memory(parameters=shard * precision.storage, gradients=shard * precision.storage,
+                  optimizer=shard * precision.optimizer_state, gathered=_gathered_bytes(units, config),
+                  activations=activation_bytes(config, dims))

@@ -1,0 +1,193 @@
+"""The fully_shard units of a model and the per-rank sizes of their parameters, without building them.
+
+Units, as the recipes apply ``fully_shard`` bottom-up: every block (``layers.i`` / ``blocks.i``), the
+experts of every MoE layer (``layers.i.feed_forward.experts``, on the sparse mesh; with ep == 1 there is
+no sparse mesh and they stay in their block, replicated over tp), and the root (embeddings, final
+norm, head). The root keeps its parameters from forward to backward; the others
+reshard after forward.
+
+Per parameter (RFC 2.1.2, ``hyper_parallel.fsdp.param``):
+
+    local shape   the global shape with every axis a model-parallel degree splits divided by it
+                  (TP: colwise weights axis 0, rowwise axis 1, embedding axis 0, head axis 0;
+                   EP: experts axis 0; ETP: w1/w3 axis 2, w2 axis 1). With tp > K/V heads each rank
+                   holds one K/V head, replicated over tp / kv_heads ranks (the sum of those replicas'
+                   gradients is not modelled; the recipes' models have no GQA)
+    fsdp axis     the first axis no model-parallel degree splits (axis 0 if every axis is split)
+    padded numel  local numel with the fsdp axis rounded up to a multiple of shard_size S:
+                  prod(local) / local[a] * ceil(local[a] / S) * S
+
+A unit's flat shard on every rank holds sum(padded numel) / S elements; its all-gather buffer and its
+reduce-scatter input hold sum(padded numel).
+
+Meshes and groups (``hyper_parallel.fsdp.roles``): dense units use (dp_replicate, fsdp), experts
+(dp_replicate, efsdp). The inner dim shards when its size is > 1 (and ``param_shard`` is not False),
+otherwise it joins the replicate dims: the unsharded (all-reduce) group is then "dp_replicate+fsdp".
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from hyper_parallel.cost_model.model_configs import ModelConfig
+from hyper_parallel.mesh import ParallelDims
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]        # after TP / EP / ETP
+    split_axes: tuple[int, ...] = ()    # axes a model-parallel degree > 1 splits
+    partial_over_tp: bool = False       # its gradient is summed over tp by fully_shard (SP norms, ...)
+
+    def fsdp_axis(self) -> int:
+        return next((axis for axis in range(len(self.local_shape)) if axis not in self.split_axes), 0)
+
+    def padded_numel(self, shard_size: int) -> int:
+        """Elements of this parameter in the unit's all-gather buffer (padded to a multiple of shard_size)."""
+        axis = self.fsdp_axis()
+        rest = math.prod(self.local_shape) // self.local_shape[axis]
+        return rest * math.ceil(self.local_shape[axis] / shard_size) * shard_size
+
+    @property
+    def local_numel(self) -> int:
+        return math.prod(self.local_shape)
+
+    @property
+    def global_numel(self) -> int:
+        return math.prod(self.global_shape)
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    params: tuple[Param, ...]
+    shard_size: int
+    dp_size: int
+    sharded_group: str                  # reduce-scatter group ("" when shard_size == 1)
+    unsharded_group: str                # all-reduce group
+    is_root: bool = False
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        return not self.is_root
+
+    @cached_property
+    def gathered_numel(self) -> int:
+        """The all-gather buffer (and reduce-scatter input): sum of padded numels."""
+        return sum(p.padded_numel(self.shard_size) for p in self.params)
+
+    @property
+    def shard_numel(self) -> int:
+        """What every rank stores: the unit's flat shard."""
+        return self.gathered_numel // self.shard_size
+
+    @cached_property
+    def local_numel(self) -> int:
+        return sum(p.local_numel for p in self.params)
+
+    @cached_property
+    def global_numel(self) -> int:
+        return sum(p.global_numel for p in self.params)
+
+    def partial_numel(self) -> int:
+        """Elements all-reduced over tp after the reduce-scatter (this rank's shards of partial params)."""
+        return sum(p.padded_numel(self.shard_size) // self.shard_size for p in self.params if p.partial_over_tp)
+
+
+def _split(shape: tuple[int, ...], splits: dict[int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    local = tuple(size // splits.get(axis, 1) for axis, size in enumerate(shape))
+    return local, tuple(axis for axis, degree in splits.items() if degree > 1)
+
+
+def _param(name: str, shape: tuple[int, ...], splits: dict[int, int] | None = None, partial: bool = False) -> Param:
+    local, axes = _split(shape, splits or {})
+    return Param(name, shape, local, axes, partial)
+
+
+def _ffn(prefix: str, d: int, hidden: int, gated: bool, tp: int, partial: bool) -> list[Param]:
+    """w1 (and w3) colwise, w2 rowwise over ``tp`` (1: replicated plain weights)."""
+    names = ("w1", "w3") if gated else ("w1",)
+    params = [_param(f"{prefix}.{n}.weight", (hidden, d), {0: tp}, partial) for n in names]
+    return params + [_param(f"{prefix}.w2.weight", (d, hidden), {1: tp}, partial)]
+
+
+def _attention(config: ModelConfig, tp: int) -> list[Param]:
+    d, kv = config.d_model, config.kv_heads * config.head_dim
+    kv_local = config.kv_heads_per_rank(tp) * config.head_dim
+    kv_params = [Param(f"attention.{n}.weight", (kv, d), (kv_local, d), (0,) if tp > 1 else ()) for n in ("wk", "wv")]
+    return ([_param("attention.wq.weight", (d, d), {0: tp})] + kv_params +
+            [_param("attention.wo.weight", (d, d), {1: tp})])
+
+
+def _transformer_block(config: ModelConfig, dims: ParallelDims, moe: bool) -> list[Param]:
+    tp = dims.tp
+    sp = config.uses_sequence_parallel(dims)
+    d = config.d_model
+    params = [_param("attention_norm.weight", (d,), partial=sp), *_attention(config, tp),
+              _param("ffn_norm.weight", (d,), partial=sp)]
+    if not moe:
+        return params + _ffn("feed_forward", d, config.ffn_hidden, config.gated_ffn, tp, partial=False)
+    # router and shared expert (and experts without EP): replicated over tp; with etp == 1 they see
+    # only the sequence shard, so their gradients are partial over tp
+    partial = tp > 1 and dims.etp == 1
+    params.append(_param("feed_forward.router.gate.weight", (config.num_experts, d), partial=partial))
+    if config.shared_expert_hidden:
+        params += _ffn("feed_forward.shared", d, config.shared_expert_hidden, config.gated_ffn, 1, partial)
+    if dims.ep == 1:
+        params += [dataclasses.replace(p, name=f"feed_forward.experts.{p.name}", partial_over_tp=partial)
+                   for p in _experts(config, dims)]
+    return params
+
+
+def _experts(config: ModelConfig, dims: ParallelDims) -> list[Param]:
+    e, d, h, ep, etp = config.num_experts, config.d_model, config.moe_hidden, dims.ep, dims.etp
+    names = ("w1", "w3") if config.gated_ffn else ("w1",)
+    params = [_param(n, (e, d, h), {0: ep, 2: etp}) for n in names]
+    return params + [_param("w2", (e, h, d), {0: ep, 1: etp})]
+
+
+def _mlp_params(config: ModelConfig) -> tuple[list[list[Param]], list[Param]]:
+    d, h = config.d_model, config.ffn_hidden
+    block = [_param("norm.weight", (d,)), _param("w1.weight", (h, d)), _param("w1.bias", (h,)),
+             _param("w2.weight", (d, h)), _param("w2.bias", (d,))]
+    root = [_param("inp.weight", (d, config.d_in)), _param("inp.bias", (d,)),
+            _param("head.weight", (config.d_out, d)), _param("head.bias", (config.d_out,))]
+    return [block] * config.n_layers, root
+
+
+def _unit(name: str, params: list[Param], data_sizes: tuple[tuple[str, int], tuple[str, int]],
+          shard: bool | None, is_root: bool = False) -> Unit:
+    """fully_shard's roles on a (replicate, inner) mesh: the inner dim shards iff asked / of size > 1."""
+    (replicate, replicas), (inner, inner_size) = data_sizes
+    if shard is True or (shard is None and inner_size > 1):
+        return Unit(name, tuple(params), inner_size, replicas, inner, replicate, is_root)
+    return Unit(name, tuple(params), 1, replicas * inner_size, "", f"{replicate}+{inner}", is_root)
+
+
+def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
+    """Every fully_shard unit of ``config`` on ``dims`` (blocks in order, experts after their block, root
+    last); parameter names are relative to their unit, as fully_shard names them."""
+    dense = (("dp_replicate", dims.dp_replicate), ("fsdp", dims.fsdp))
+    if config.architecture == "mlp":
+        blocks, root = _mlp_params(config)
+        units = [_unit(f"blocks.{i}", params, dense, config.param_shard) for i, params in enumerate(blocks)]
+        return units + [_unit("root", root, dense, config.param_shard, is_root=True)]
+    sparse = (("dp_replicate", dims.dp_replicate), ("efsdp", dims.efsdp))
+    blocks = {moe: _transformer_block(config, dims, moe) for moe in {layer in config.moe_layers
+                                                                    for layer in range(config.n_layers)}}
+    experts = _experts(config, dims)
+    units = []
+    for layer in range(config.n_layers):
+        moe = layer in config.moe_layers
+        units.append(_unit(f"layers.{layer}", blocks[moe], dense, config.param_shard))
+        if moe and dims.ep > 1:
+            units.append(_unit(f"layers.{layer}.feed_forward.experts", experts, sparse, config.param_shard))
+    sp = config.uses_sequence_parallel(dims)
+    d, vocab, tp = config.d_model, config.vocab_size, dims.tp
+    root = [_param("tok_embeddings.weight", (vocab, d), {0: tp}), _param("norm.weight", (d,), partial=sp),
+            _param("output.weight", (vocab, d), {0: tp})]
+    return units + [_unit("root", root, dense, config.param_shard, is_root=True)]

@@ -1,0 +1,86 @@
+"""Figures of planning at scale (``python -m launch plan``, notebook 04): the cost model's memory and
+communication for one layout, and every valid layout of a world size as memory against communication."""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from hyper_parallel.cost_model import CostEstimate
+from hyper_parallel.cost_model.layouts import GIB, RankedLayout, TimedCollective
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.viz.style import OP_COLORS, OP_SHORT, fmt_bytes, group_hatch, new_figure
+
+MEMORY_PARTS = ("parameters", "gradients", "optimizer", "gathered", "activations")
+MEMORY_COLORS = ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974")
+
+
+def plan_figure(cost: CostEstimate, timed: list[TimedCollective], memory_gib: float | None = 80.0) -> Figure:
+    """Left: per-rank memory stacked by kind (and the budget). Right: the step's communication time per
+    (op, group), both phases, hatched by group, with its bytes; bars of groups that cross nodes are outlined red."""
+    fig = new_figure(11.5, 4.2)
+    grid = fig.add_gridspec(1, 2, width_ratios=[1, 3])
+    ax = fig.add_subplot(grid[0, 0])
+    ax.set_label("memory")
+    bottom = 0.0
+    for part, color in zip(MEMORY_PARTS, MEMORY_COLORS):
+        value = getattr(cost.memory, part) / GIB
+        ax.bar(0, value, 0.6, bottom=bottom, color=color, label=f"{part} {fmt_bytes(value * GIB)}", gid=part)
+        bottom += value
+    if memory_gib:
+        ax.axhline(memory_gib, color="#cf222e", linestyle="--", linewidth=1)
+        ax.text(0.32, memory_gib, f"{memory_gib:g} GiB", color="#cf222e", fontsize=8, va="bottom")
+    ax.set_xticks([])
+    ax.set_ylabel("GiB per rank")
+    ax.set_ylim(0, max(bottom, memory_gib or 0) * 1.7 or 1)  # room for the legend above the budget line
+    ax.set_title(f"memory per rank: {fmt_bytes(cost.memory.total)}", fontsize=10)
+    ax.legend(fontsize=7.5, loc="upper left")
+    cax = fig.add_subplot(grid[0, 1])
+    cax.set_label("communication")
+    per_key: dict[tuple[str, str], list] = {}
+    for c in timed:
+        entry = per_key.setdefault((c.op, c.group), [0.0, 0.0, c.crosses_nodes])
+        entry[0] += c.seconds * 1e3
+        entry[1] += c.bytes
+    for i, ((op, group), (ms, nbytes, crosses)) in enumerate(per_key.items()):
+        cax.bar(i, ms, 0.7, color=OP_COLORS.get(op, "grey"), hatch=group_hatch(group),
+                edgecolor="#cf222e" if crosses else "black", linewidth=2 if crosses else 0.8, gid="comm")
+        cax.text(i, ms, fmt_bytes(nbytes), ha="center", va="bottom", fontsize=7.5)
+    cax.set_xticks(range(len(per_key)))
+    cax.set_xticklabels([f"{OP_SHORT.get(op, op)}\n{group}" for op, group in per_key], fontsize=8)
+    cax.set_ylabel("ms per step (model)")
+    total = sum(ms for ms, _, _ in per_key.values())
+    cax.set_title(f"communication per step: {total:.1f} ms (red outline: the group spans nodes)", fontsize=10)
+    fig.suptitle(f"{cost.config.name} on {cost.dims.world_size} ranks: "
+                 + ", ".join(f"{k}={v}" for k, v in cost.dims.degrees().items() if k != "world_size" and v > 1),
+                 fontsize=11)
+    return fig
+
+
+def compare_figure(ranked: list[RankedLayout], highlight: ParallelDims | None = None) -> Figure:
+    """Every ranked layout as a point: per-rank memory against the step's communication time."""
+    fig = new_figure(7.5, 4.2)
+    ax = fig.add_subplot()
+    ax.set_label("compare")
+    for fits, color in ((True, "#1f77b4"), (False, "#bbbbbb")):
+        points = [r for r in ranked if r.fits == fits]
+        ax.scatter([r.comm_seconds * 1e3 for r in points], [r.memory_bytes / GIB for r in points], s=14,
+                   color=color, label="within the memory budget" if fits else "over the budget", gid=f"fits={fits}")
+    if ranked:
+        best = ranked[0]
+        ax.scatter([best.comm_seconds * 1e3], [best.memory_bytes / GIB], s=90, facecolors="none", edgecolors="green",
+                   linewidths=2, label="best: " + short_degrees(best.dims))
+    mine = next((r for r in ranked if r.dims == highlight), None)
+    if mine is not None:
+        ax.scatter([mine.comm_seconds * 1e3], [mine.memory_bytes / GIB], marker="*", s=160, color="#cf222e",
+                   label="this plan: " + short_degrees(mine.dims))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("communication per step, ms (model)")
+    ax.set_ylabel("memory per rank, GiB")
+    ax.set_title(f"{len(ranked)} valid layouts of {ranked[0].dims.world_size if ranked else '?'} ranks", fontsize=10)
+    ax.legend(fontsize=7.5)
+    return fig
+
+
+def short_degrees(dims: ParallelDims) -> str:
+    """'dp_replicate=8, cp=2, tp=16': the degrees above 1."""
+    return ", ".join(f"{k}={v}" for k, v in dims.degrees().items() if k != "world_size" and v > 1) or "-"

@@ -1,0 +1,93 @@
+"""Build and write reports: read a run directory, draw its figures with ``hyper_parallel.viz``, render.
+
+The figures are exactly ``run_figures``' (the ones ``launch run`` saves and the notebooks show), so
+a report never disagrees with them. A figure that cannot be drawn is named on the page with the
+reason instead of failing the report: the report of a broken run is the one people send.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hyper_parallel.run_files import SUMMARY_FILE, load_traces
+from launch.report.page import render_page
+from launch.report.run_data import RunData, read_run
+
+REPORT_FILE = "report.html"
+TRACED = ("placements", "placement_overview", "timeline", "comm_volume")  # figures drawn from traces
+
+
+def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
+    """``run_figures(run_dir)``; when it fails, the mesh map alone, and why the others are missing."""
+    from hyper_parallel.viz import FIGURES, mesh_map, run_figures
+    try:
+        figures = run_figures(run.run_dir)
+        no_traces = "the workers wrote no trace files (trace_rank*.json)"
+        return figures, {name: no_traces for name in TRACED if name not in figures and not run.trace_ranks}
+    except Exception as error:  # broken traces of a failed run: report it, draw what still can be drawn
+        reason = f"drawing failed ({type(error).__name__}: {error})"
+    figures: dict[str, Any] = {}
+    try:
+        from hyper_parallel.viz import dims_of
+        figures["mesh"] = mesh_map(dims_of({"degrees": run.degrees}), run.recipe_name)
+    except (TypeError, ValueError):
+        pass
+    return figures, {name: reason for name in FIGURES if name not in figures}
+
+
+def _volume_rows(run: RunData) -> list[dict] | None:
+    """Rank 0's bytes per (op, group) in the last step next to fully_shard's minimum (the figure's numbers)."""
+    from hyper_parallel.viz.timeline import steps_of
+    from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
+    traces = load_traces(run.run_dir) if run.trace_ranks else {}
+    steps = steps_of(traces) if 0 in traces else []
+    if not steps:
+        return None
+    measured, counts = measured_bytes(traces, steps[-1], 0)
+    minimum = theoretical_bytes(run.metrics.get("units", []))
+    keys = sorted(minimum) + sorted(set(measured) - set(minimum))
+    return [{"op": op, "group": group, "calls": counts.get((op, group), 0), "measured": measured.get((op, group)),
+             "minimum": minimum.get((op, group))} for op, group in keys]
+
+
+def build_report(run_dir: str | Path, *, logs: dict[int, list[str]] | None = None,
+                 figures: dict[str, Any] | None = None) -> str:
+    """The HTML of ``run_dir``'s report. ``logs`` (rank -> lines, e.g. ``RunResult.logs``) replaces the
+    log files; ``figures`` (``run_figures``' result, if already drawn) saves drawing them again."""
+    run = read_run(run_dir, logs=logs)
+    missing: dict[str, str] = {}
+    if figures is None:
+        figures, missing = _draw_figures(run)
+    volume = _volume_rows(run) if "comm_volume" in figures else None  # same inputs as the figure, which was drawn
+    return render_page(run, figures, missing=missing, volume=volume)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, *, logs: dict[int, list[str]] | None = None,
+                 figures: dict[str, Any] | None = None) -> Path:
+    """Write the report of ``run_dir`` to ``out`` (default ``run_dir/report.html``; a folder, or a path
+    without a suffix, gets ``report.html`` inside) and return its path.
+
+    ``ValueError`` when ``run_dir`` is missing or not a run directory."""
+    page = build_report(run_dir, logs=logs, figures=figures)
+    path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
+    if path.is_dir() or not path.suffix:
+        path = path / REPORT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path.resolve()
+
+
+def find_run_dirs(root: str | Path) -> list[Path]:
+    """Every run directory under ``root`` (folders holding summary.json), in path order."""
+    return sorted(path.parent for path in Path(root).rglob(SUMMARY_FILE))
+
+
+def write_reports(root: str | Path) -> tuple[list[Path], list[str]]:
+    """A report in every run directory under ``root``: (paths written, "run dir: problem" for the rest)."""
+    written, problems = [], []
+    for run_dir in find_run_dirs(root):
+        try:
+            written.append(write_report(run_dir))
+        except (OSError, ValueError) as error:
+            problems.append(f"{run_dir}: {error}")
+    return written, problems

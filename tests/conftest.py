@@ -1,0 +1,50 @@
+"""Fixtures shared by the test modules: every run of the recipe matrix, launched once per session.
+
+A launch costs 20-60 s here (DESIGN §8), so the runs are grouped into one torchrun launch per world
+size and shared: tests/test_recipes.py checks them against the references and hand-derived counts,
+tests/test_cost_model.py against the cost model's bytes and memory.
+"""
+from __future__ import annotations
+
+import pytest
+
+import launch
+from hyper_parallel import ParallelDims
+from hyper_parallel.recipes import RECIPES
+
+EXTRA_RUNS = (("S1", {"world_size": 8, "dp_shard": 8, "ep": 2}),)
+"""Runs outside the matrix, in the same launches: S1 on 8 shards pads the router weight ([4, 32] over
+8 ranks: 1 row each, 4 of them padding), so FSDP padding is checked against a real run too."""
+
+
+def matrix() -> list[tuple[str, int, dict]]:
+    """(recipe, index, degrees) of every recipe on its default mesh (index 0) and its alternatives."""
+    return [(recipe.name, index, degrees) for recipe in RECIPES.values()
+            for index, degrees in enumerate((recipe.default, *recipe.alternatives))]
+
+
+def run_key(recipe: str, degrees: dict) -> tuple:
+    """Runs that are the same computation (same workload, same normalised degrees) are run once."""
+    spec = RECIPES[recipe]
+    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items()))
+
+
+@pytest.fixture(scope="session")
+def recipe_results(tmp_path_factory) -> dict[tuple, launch.RunResult]:
+    """Every distinct run of the matrix (and EXTRA_RUNS), one torchrun launch per world size."""
+    unique: dict[tuple, dict] = {}
+    for recipe, _, degrees in [*matrix(), *((name, -1, degrees) for name, degrees in EXTRA_RUNS)]:
+        unique.setdefault(run_key(recipe, degrees), {"recipe": recipe, "steps": 2, **degrees})
+    by_world: dict[int, list[tuple]] = {}
+    for key, spec in unique.items():
+        by_world.setdefault(spec["world_size"], []).append(key)
+    results = {}
+    for world, keys in sorted(by_world.items()):
+        out = tmp_path_factory.mktemp(f"world{world}")
+        for key, result in zip(keys, launch.run_many([unique[k] for k in keys], out=out, timeout=1200)):
+            results[key] = result
+    return results
+
+
+def result_of(recipe: str, degrees: dict, recipe_results) -> launch.RunResult:
+    return recipe_results[run_key(recipe, degrees)]

@@ -1,0 +1,121 @@
+"""``python -m launch bench`` on a tiny model: what it reports must equal independent computations.
+
+No timing is asserted (speed is the benchmark's printed ratio, not a test). What is checked, in one
+4-rank launch of all three configurations:
+* both implementations train to the same losses, bit for bit (same model, data, optimizer, mesh);
+* each one's collectives per unit are torch FSDP2's pattern: 2 all-gathers + 1 reduce-scatter per
+  block, 1 + 1 for the root (it keeps its parameters after forward), + 1 all-reduce for HSDP;
+* the bytes on FSDP groups equal the model's sizes worked out by hand below;
+* resident memory is the same for both and equals shards + AdamW's two moment buffers + step counters;
+  our transient peak (the smallest of the profiled steps) is no higher than torch FSDP2's on every
+  rank (the allocation records are exact on CPU; fully_shard's own buffers are released explicitly);
+* the table and the figure show one entry per configuration.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from launch.bench import TABLE_HEADER, run_bench, table_rows
+
+pytestmark = pytest.mark.distributed
+
+TINY = {"d_model": 32, "n_heads": 4, "n_layers": 2, "hidden": 64, "vocab_size": 64, "seq_len": 16, "global_batch": 8}
+FP32 = 4
+
+
+def unit_numels(tp: int) -> tuple[int, int]:
+    """(block, root) parameters one rank computes with: TP splits every matrix (wq/wk/wv/w1 by rows,
+    wo/w2 by columns, both embeddings by vocabulary rows) and leaves the norm weights whole."""
+    d, h, v = TINY["d_model"], TINY["hidden"], TINY["vocab_size"]
+    block = (4 * d * d + 2 * d * h) // tp + 2 * d
+    root = 2 * v * d // tp + d
+    return block, root
+
+
+def expected_fsdp_bytes(degrees: dict) -> int:
+    tp, replicate, shard = degrees.get("tp", 1), degrees.get("dp_replicate", 1), degrees.get("dp_shard", 1)
+    block, root = unit_numels(tp)
+    layers = TINY["n_layers"]
+    all_gather = 2 * layers * block + root
+    reduce_scatter = layers * block + root
+    all_reduce = reduce_scatter // shard if replicate > 1 else 0
+    return FP32 * (all_gather + reduce_scatter + all_reduce)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    result = run_bench(4, steps=2, warmup=1, out=tmp_path_factory.mktemp("bench"), model=TINY, timeout=900)
+    assert result.ok, result.error
+    return result
+
+
+def test_every_configuration_ran(bench):
+    assert [row["config"] for row in bench.rows] == ["FSDP", "HSDP", "FSDP+TP"]
+    for row in bench.rows:
+        assert row["ratio"]["pairs"] == 2 and row["forward_backward_ratio"]["pairs"] == 2
+
+
+def test_same_losses_bit_for_bit(bench):
+    for config in bench.payload["configs"]:
+        assert len(config["losses"]["ours"]) == 1 + 1 + 3 + 2  # warm-up, traced, memory, timed steps
+        assert config["losses"]["ours"] == config["losses"]["torch"], config["name"]
+
+
+@pytest.mark.parametrize("impl", ["ours", "torch"])
+def test_collectives_per_unit(bench, impl):
+    expected = {"FSDP": "2 blocks 2 AG + 1 RS; root 1 AG + 1 RS",
+                "HSDP": "2 blocks 2 AG + 1 RS + 1 AR; root 1 AG + 1 RS + 1 AR",
+                "FSDP+TP": "2 blocks 2 AG + 1 RS; root 1 AG + 1 RS"}
+    for row in bench.rows:
+        assert row["per_unit"][impl] == expected[row["config"]], row["config"]
+
+
+def test_tensor_parallel_collectives_are_the_same_code(bench):
+    row = next(row for row in bench.rows if row["config"] == "FSDP+TP")
+    tp_ops = {impl: {k: v for k, v in row["communication"][impl]["per_op"].items() if k.endswith("[tp]")}
+              for impl in ("ours", "torch")}
+    assert tp_ops["ours"] and tp_ops["ours"] == tp_ops["torch"]
+
+
+def test_bytes_equal_the_hand_computed_sizes(bench):
+    for row, config in zip(bench.rows, bench.payload["configs"]):
+        expected = expected_fsdp_bytes(config["degrees"])
+        assert row["fsdp_bytes"] == {"ours": expected, "torch": expected}, row["config"]
+        assert row["bytes_minimum"] == expected  # no padding: every sharded dim divides
+        assert row["bytes_ratio"] == {"ours": 1.0, "torch": 1.0}
+
+
+def test_memory(bench):
+    for row, config in zip(bench.rows, bench.payload["configs"]):
+        degrees = config["degrees"]
+        block, root = unit_numels(degrees.get("tp", 1))
+        shard_numel = (TINY["n_layers"] * block + root) // degrees.get("dp_shard", 1)
+        n_params = 1 + 8 * TINY["n_layers"] + 2  # embeddings; 2 norms + 6 matrices per block; norm, head
+        resident = FP32 * (3 * shard_numel + n_params)  # parameter + exp_avg + exp_avg_sq; a step counter each
+        ours, theirs = row["peak_memory"]["ours"], row["peak_memory"]["torch"]
+        assert [r for r, _ in ours] == [resident] * 4, row["config"]
+        assert [r for r, _ in theirs] == [resident] * 4, row["config"]
+        for rank, ((_, our_transient), (_, their_transient)) in enumerate(zip(ours, theirs)):
+            assert 0 < our_transient <= their_transient, (row["config"], rank)
+
+
+def test_table_and_figure(bench):
+    from hyper_parallel.viz.benchmark import ratio_figure
+    rows = table_rows(bench.rows)
+    assert len(rows) == 3 and all(len(r) == len(TABLE_HEADER) for r in rows)
+    fig = ratio_figure(bench.rows, 4)
+    bars = [p for ax in fig.axes for p in ax.patches if p.get_gid() in ("ratio", "forward_backward_ratio")]
+    assert len(bars) == 2 * 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world", "3"], "invalid choice"),
+    (["--world", "2", "--configs", "HSDP"], "unknown configuration(s) ['HSDP'] on 2 ranks"),
+    (["--steps", "0"], "--steps must be >= 1"),
+])
+def test_bad_input_exits_2_before_any_worker(args, message):
+    done = subprocess.run([sys.executable, "-m", "launch", "bench", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr, done.stderr

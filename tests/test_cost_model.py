@@ -1,0 +1,200 @@
+"""The analytic cost model (hyper_parallel.cost_model) against independent numbers.
+
+* Bytes of every collective of one step against the traces of the real recipe runs (the session's
+  ``recipe_results``, shared with tests/test_recipes.py: no launch of its own), per rank and exactly.
+  Rows an EP rank receives depend on the routing, so for EP's all-to-all and ETP's all-reduce the sum
+  over all ranks is compared: every routed row is received exactly once, so it is exact too.
+* Units, per-rank parameter bytes (padding included) against what the runs allocated (metrics.json
+  "units", written by fully_shard's describe_units).
+* Counts per (op, group, phase) against the hand-derived counts of tests/test_recipes.py.
+* Shapes against the real models' parameters, padding and the llama-8b preset against hand arithmetic.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from conftest import EXTRA_RUNS, matrix, result_of
+from test_recipes import expected_collectives
+
+from hyper_parallel import ParallelDims
+from hyper_parallel.cost_model import Param, build_units, estimate, get_model, recipe_model
+from hyper_parallel.cost_model.layouts import group_ranks
+from hyper_parallel.recipes import RECIPES
+from hyper_parallel.viz.volume import theoretical_bytes
+
+DATA_DEPENDENT = {("all_to_all", "ep"), ("all_reduce", "etp")}
+"""Their bytes on one rank are the rows it receives: set by the routing, exact only summed over ranks."""
+
+
+def _label(recipe: str, degrees: dict) -> str:
+    return f"{recipe}-w{degrees['world_size']}-" + "-".join(f"{k}{v}" for k, v in degrees.items()
+                                                            if k != "world_size" and v != 1)
+
+
+def _runs():
+    """Every run of the session: the matrix (M4, M6, M7, S1, S2 and the rest) and EXTRA_RUNS."""
+    for recipe, _, degrees in [*matrix(), *((name, -1, degrees) for name, degrees in EXTRA_RUNS)]:
+        yield pytest.param(recipe, degrees, marks=pytest.mark.distributed, id=_label(recipe, degrees))
+
+
+def _traced(result, step: int = 1) -> dict[int, dict[tuple, list[int]]]:
+    """rank -> (op, group, phase) -> [calls, bytes] of one step."""
+    per_rank: dict[int, dict[tuple, list[int]]] = {}
+    for rank, events in result.traces.items():
+        totals: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+        for event in events:
+            if event["kind"] == "collective" and event["step"] == step:
+                entry = totals[(event["op"], event["group"], event["phase"])]
+                entry[0] += 1
+                entry[1] += event["bytes"]
+        per_rank[rank] = dict(totals)
+    return per_rank
+
+
+# ------------------------------------------------------------------ against the real runs
+
+@pytest.mark.parametrize("recipe, degrees", list(_runs()))
+def test_bytes_of_every_collective_equal_the_traces(recipe, degrees, recipe_results):
+    result = result_of(recipe, degrees, recipe_results)
+    assert result.ok, result.error
+    cost = estimate(recipe_model(recipe), ParallelDims(**degrees))
+    model = {(c.op, c.group, c.phase): c for c in cost.collectives}
+    traced = _traced(result)
+    world = degrees["world_size"]
+    keys = set(model) | {key for per in traced.values() for key in per}
+    for key in sorted(keys):
+        c = model.get(key)
+        calls = [traced[rank].get(key, [0, 0])[0] for rank in range(world)]
+        sent = [traced[rank].get(key, [0, 0])[1] for rank in range(world)]
+        assert c is not None, f"{key} traced {sent} but not in the model"
+        assert calls == [c.count] * world, (key, calls, c.count)
+        if key[:2] in DATA_DEPENDENT:
+            assert sum(sent) == c.bytes * world, (key, sent, c.bytes)
+        else:
+            assert sent == [c.bytes] * world, (key, sent, c.bytes)
+
+
+@pytest.mark.parametrize("recipe, degrees", list(_runs()))
+def test_units_and_per_rank_parameter_bytes_equal_the_runs(recipe, degrees, recipe_results):
+    result = result_of(recipe, degrees, recipe_results)
+    dims = ParallelDims(**degrees)
+    cost = estimate(recipe_model(recipe), dims)
+    element = cost.config.precision.storage
+    measured = {unit["unit"]: unit for unit in result.metrics["units"]}
+    assert [u.name for u in cost.units] == [unit["unit"] for unit in result.metrics["units"]]
+    for unit in cost.units:
+        real = measured[unit.name]
+        assert (unit.local_numel * element, unit.gathered_numel * element, unit.global_numel * element) == \
+            (real["mp_local_bytes"], real["padded_bytes"], real["global_bytes"]), unit.name
+        assert (unit.shard_size, unit.dp_size, unit.reshard_after_forward) == \
+            (real["shard_size"], real["dp_size"], real["reshard_after_forward"]), unit.name
+        assert (unit.sharded_group, unit.unsharded_group) == \
+            (real["sharded_group"]["name"], real["unsharded_group"]["name"]), unit.name
+        for kind in ("sharded_group", "unsharded_group"):  # rank 0's groups, from the mesh arithmetic
+            if real[kind]["name"]:
+                mine = next(g for g in group_ranks(dims, real[kind]["name"]) if 0 in g)
+                assert sorted(real[kind]["ranks"]) == mine, (unit.name, kind)
+    stored = sum(real["padded_bytes"] // real["shard_size"] for real in measured.values())
+    assert cost.memory.parameters == stored == cost.memory.gradients
+
+
+@pytest.mark.distributed
+def test_the_extra_run_exercises_fsdp_padding(recipe_results):
+    recipe, degrees = EXTRA_RUNS[0]
+    units = result_of(recipe, degrees, recipe_results).metrics["units"]
+    padded = [u["unit"] for u in units if u["padded_bytes"] > u["mp_local_bytes"]]
+    assert padded == ["layers.1"]  # its router.gate.weight [4, 32] over fsdp=8: 4 rows of padding
+    unit = next(u for u in estimate(recipe_model(recipe), ParallelDims(**degrees)).units if u.name == "layers.1")
+    assert unit.gathered_numel - unit.local_numel == 4 * 32
+
+
+@pytest.mark.distributed
+def test_theoretical_bytes_is_the_cost_models_fsdp_part(recipe_results):
+    """viz.volume.theoretical_bytes delegates to the cost model: without padding they agree on FSDP groups."""
+    degrees = RECIPES["M7"].default
+    units = result_of("M7", degrees, recipe_results).metrics["units"]
+    cost = estimate(recipe_model("M7"), ParallelDims(**degrees))
+    assert theoretical_bytes(units) == {k: v for k, v in cost.by_op_group().items() if k[1] in ("fsdp", "dp_replicate")}
+
+
+# ------------------------------------------------------------------ no workers
+
+@pytest.mark.parametrize("recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix()])
+def test_counts_equal_the_hand_derived_counts(recipe, degrees):
+    counts = estimate(recipe_model(recipe), ParallelDims(**degrees)).counts()
+    assert counts == dict(+expected_collectives(recipe, degrees))  # unary + drops zero counts
+
+
+def test_presets_describe_the_recipes_models():
+    from hyper_parallel.models.mlp import MLP, MLPConfig
+    from hyper_parallel.models.transformer import Transformer, TransformerConfig
+    from hyper_parallel.recipes import dense, moe, transformer
+    small, small_moe, mlp = get_model("small"), get_model("small-moe"), get_model("small-mlp")
+    real = TransformerConfig()
+    assert (small.vocab_size, small.d_model, small.n_heads, small.n_layers, small.ffn_hidden, small.seq_len) == \
+        (real.vocab_size, real.d_model, real.n_heads, real.n_layers, real.hidden, real.seq_len)
+    assert small.global_batch == transformer.GLOBAL_BATCH and mlp.global_batch == dense.GLOBAL_BATCH
+    m = moe.MOE_CONFIG
+    assert (small_moe.moe_layers, small_moe.num_experts, small_moe.top_k, small_moe.moe_hidden) == \
+        (m.moe_layers, m.num_experts, m.top_k, m.moe_hidden) and m.shared_expert
+    single = ParallelDims(world_size=1)
+    for config, model in ((small, Transformer(real)), (small_moe, Transformer(m)), (mlp, MLP(MLPConfig()))):
+        units = {u.name: u for u in build_units(config, single)}
+        names = {f"{u.name}.{p.name}".removeprefix("root.") for u in units.values() for p in u.params}
+        shapes = {f"{u.name}.{p.name}".removeprefix("root."): p.global_shape for u in units.values() for p in u.params}
+        real_params = dict(model.named_parameters())
+        assert names == set(real_params), config.name
+        assert shapes == {name: tuple(p.shape) for name, p in real_params.items()}, config.name
+
+
+def test_padding_and_fsdp_axis_by_hand():
+    # plain [10, 6] over 4 shards: axis 0, ceil(10/4) = 3 rows each, 12 rows in the buffer
+    assert Param("w", (10, 6), (10, 6)).padded_numel(4) == 12 * 6
+    # colwise [32, 16] with tp=2 -> local [16, 16], axis 0 split by tp: FSDP takes axis 1, ceil(16/3) = 6
+    assert Param("w", (32, 16), (16, 16), split_axes=(0,)).padded_numel(3) == 16 * 18
+    # a norm [30] over 8 shards: 4 each, 32 in the buffer
+    assert Param("n", (30,), (30,)).padded_numel(8) == 32
+    units = build_units(get_model("small-mlp").replace(d_model=30, ffn_hidden=60), ParallelDims(world_size=4))
+    block = units[0]  # norm 30, w1 [60, 30] + 60, w2 [30, 60] + 30, all on axis 0 over 4 shards
+    assert block.gathered_numel == 32 + 60 * 30 + 60 + 32 * 60 + 32
+    assert block.shard_numel * 4 == block.gathered_numel
+
+
+def test_llama_8b_parameters_and_memory_by_hand():
+    config = get_model("llama-8b-like")
+    d, kv, f, v, layers = 4096, 8 * 128, 14336, 128256, 32
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d
+    dims = ParallelDims(world_size=4096, dp_replicate=8, dp_shard=16, cp=2, tp=16)
+    cost = estimate(config, dims)
+    assert cost.parameter_count == layers * per_layer + 2 * v * d + d == 8_030_261_248
+    # every rank stores its tp shard of each matrix, FSDP-sharded over fsdp = dp_shard * cp = 32;
+    # K/V: 8 heads over tp=16 -> one replicated head per rank; norms [4096] are not split by tp
+    # (no padding: every FSDP axis, d, d/16, f/16 or vocab-free, divides by 32)
+    local = layers * ((2 * d * d + 3 * d * f) // 16 + 2 * 128 * d + 2 * d) + 2 * (v // 16) * d + d
+    assert sum(u.gathered_numel for u in cost.units) == local
+    assert cost.memory.parameters == local // 32 * 4
+    assert cost.memory.optimizer == 2 * cost.memory.parameters  # Adam m and v in float32
+
+
+def test_invalid_layouts_raise_the_rules_message():
+    with pytest.raises(ValueError, match=r"num_heads=32 must be divisible by tp=64"):
+        estimate(get_model("llama-8b-like"), ParallelDims(world_size=64, tp=64))
+    with pytest.raises(ValueError, match=r"global_batch=512 must be divisible by dp"):
+        estimate(get_model("llama-8b-like"), ParallelDims(world_size=1024, dp_shard=1024))
+    with pytest.raises(ValueError, match=r"num_experts=16 must be divisible by ep=32"):
+        estimate(get_model("moe-16e"), ParallelDims(world_size=64, dp_shard=64, ep=32))
+    with pytest.raises(ValueError, match=r"unknown model 'gpt-5'"):
+        get_model("gpt-5")
+
+
+def test_cost_model_does_not_import_torch():
+    import subprocess
+    import sys
+    code = ("import sys; from hyper_parallel.cost_model import estimate, get_model; "
+            "from hyper_parallel.cost_model.layouts import rank_layouts; from hyper_parallel import ParallelDims; "
+            "estimate(get_model('moe-16e'), ParallelDims(world_size=64, dp_shard=64, ep=8)); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+

@@ -1,0 +1,184 @@
+"""`python -m launch plan`: layouts of thousands of ranks checked on DeviceMeshes of torch's fake process
+group, against rank lists and node placements derived by hand from the mesh order; invalid input;
+``--compare`` against the cost model's own numbers; the torchrun command against ``launch command``."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hyper_parallel import ParallelDims, valid_choices
+from hyper_parallel.cost_model import estimate, get_model
+from hyper_parallel.cost_model.layouts import nodes_spanned, timed_collectives
+from launch import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUT_4096 = ["--world", "4096", "--dp-replicate", "8", "--dp-shard", "16", "--cp", "2", "--tp", "16"]
+
+
+def rank_of(dp_replicate: int, dp_shard: int, cp: int, tp: int) -> int:
+    """Dense view (dp_replicate 8, dp_shard 16, cp 2, tp 16), tp fastest: the mixed-radix rank."""
+    return ((dp_replicate * 16 + dp_shard) * 2 + cp) * 16 + tp
+
+
+def plan(*args: str) -> tuple[int, dict | str, str]:
+    """``python -m launch plan ARGS --json`` in this process: exit code, the JSON document (or stdout), stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["plan", *args])
+    text = out.getvalue()
+    return code, json.loads(text) if "--json" in args and code == 0 else text, err.getvalue()
+
+
+def test_4096_ranks_in_seconds_with_hand_derived_rank_lists():
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "launch", "plan", *LAYOUT_4096, "--model", "llama-8b-like",
+                           "--rank", "1000", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    assert seconds < 60, f"plan took {seconds:.1f}s"  # about 4 s here; torch's import is most of it
+    groups = json.loads(done.stdout)["plan"]["groups"]
+    assert rank_of(1, 15, 0, 8) == 1000
+    # tp: the 16 ranks that differ from 1000 only in the tp coordinate; dp_shard: only in dp_shard
+    assert groups["tp"]["rank_group"] == [rank_of(1, 15, 0, t) for t in range(16)] == list(range(992, 1008))
+    assert groups["dp_shard"]["rank_group"] == [rank_of(1, s, 0, 8) for s in range(16)]
+    assert groups["dp_shard"]["rank_group"][:3] == [520, 552, 584]
+    assert groups["tp"]["first_groups"][0] == list(range(16))
+    assert groups["dp_shard"]["first_groups"] == [[rank_of(0, s, 0, 0) for s in range(16)],
+                                                  [rank_of(0, s, 0, 1) for s in range(16)]]
+    # fsdp = dp_shard x cp flattened: every (dp_shard, cp) pair, dp_shard outer
+    assert groups["fsdp"]["rank_group"] == [rank_of(1, s, c, 8) for s in range(16) for c in range(2)]
+    assert {dim: (g["size"], g["count"]) for dim, g in groups.items()} == {
+        "dp_replicate": (8, 512), "dp_shard": (16, 256), "cp": (2, 2048), "tp": (16, 256), "fsdp": (32, 128),
+        "dp": (128, 32), "dp_cp": (256, 16)}
+
+
+@pytest.mark.parametrize("gpus_per_node", [8, 16, 32])
+def test_groups_crossing_node_boundaries(gpus_per_node):
+    code, doc, err = plan(*LAYOUT_4096, "--model", "llama-8b-like", "--rank", "1000", "--gpus-per-node",
+                          str(gpus_per_node), "--json")
+    assert code == 0, err
+    groups = doc["plan"]["groups"]
+    hand = {"tp": [rank_of(1, 15, 0, t) for t in range(16)], "cp": [rank_of(1, 15, c, 8) for c in range(2)],
+            "dp_shard": [rank_of(1, s, 0, 8) for s in range(16)],
+            "dp_replicate": [rank_of(r, 15, 0, 8) for r in range(8)]}
+    for dim, ranks in hand.items():
+        nodes = len({rank // gpus_per_node for rank in ranks})  # node n holds ranks [n*G, (n+1)*G)
+        assert groups[dim]["rank_group"] == ranks
+        assert groups[dim]["nodes_spanned"] == nodes, dim  # all groups of a dim span alike here
+    expected_nodes = {8: {"tp": 2, "cp": 2}, 16: {"tp": 1, "cp": 2}, 32: {"tp": 1, "cp": 1}}[gpus_per_node]
+    assert {dim: groups[dim]["nodes_spanned"] for dim in ("tp", "cp")} == expected_nodes
+    assert groups["dp_shard"]["nodes_spanned"] == 16 and groups["dp_replicate"]["nodes_spanned"] == 8
+    dims = ParallelDims(world_size=4096, dp_replicate=8, dp_shard=16, cp=2, tp=16)
+    for dim, g in groups.items():  # the DeviceMeshes' groups and the cost model's arithmetic agree
+        assert g["nodes_spanned"] == nodes_spanned(dims, dim, gpus_per_node), dim
+    crossing = {(c["op"], c["group"]): c["crosses_nodes"] for c in doc["plan"]["communication"]}
+    assert crossing[("all_gather", "tp")] == (gpus_per_node < 16)
+    assert crossing[("all_gather", "cp")] == (gpus_per_node < 32) and crossing[("all_gather", "fsdp")]
+
+
+def test_8192_ranks():
+    args = ["--world", "8192", "--dp-replicate", "8", "--dp-shard", "32", "--cp", "2", "--tp", "16"]
+    start = time.perf_counter()
+    code, doc, err = plan(*args, "--model", "llama-8b-like", "--rank", "8191", "--json")
+    assert code == 0, err
+    assert time.perf_counter() - start < 60
+    groups = doc["plan"]["groups"]
+    assert groups["tp"]["rank_group"] == list(range(8176, 8192))
+    assert groups["dp_replicate"]["rank_group"] == [1023 + 1024 * r for r in range(8)]
+    assert doc["plan"]["command"].splitlines()[-1].startswith("torchrun --nnodes=1024 --nproc-per-node=8")
+
+
+@pytest.mark.parametrize("degrees", [
+    ["--world", "8", "--dp-replicate", "2", "--dp-shard", "2"],           # world-size equation
+    ["--world", "8", "--dp-shard", "4", "--tp", "2", "--ep", "2", "--etp", "4"],  # illegal etp
+    ["--world", "8", "--tp", "4", "--ep", "2"],                            # ep does not fit
+    ["--world", "4", "--dp-shard", "2", "--pp", "2"],                      # pp > 1
+    ["--world", "4096", "--dp-replicate", "3"],                            # dp_shard cannot be inferred
+])
+def test_invalid_degrees_exit_2_with_the_message_of_launch_check(degrees, capsys):
+    assert cli.main(["check", *degrees]) == 2
+    check_error = capsys.readouterr().err
+    code, _, err = plan(*degrees, "--model", "small")
+    assert code == 2 and err == check_error and err.startswith("error: ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world", "64", "--tp", "64", "--model", "llama-8b-like"], "num_heads=32 must be divisible by tp=64"),
+    (["--world", "16", "--cp", "4", "--tp", "4", "--model", "small"], "seq_len=16 must be divisible by tp*2*cp"),
+    (["--world", "64", "--dp-shard", "64", "--ep", "32", "--model", "moe-16e"],
+     "num_experts=16 must be divisible by ep=32"),
+    (["--world", "4096", "--gpus-per-node", "12", "--model", "llama-8b-like"],
+     "gpus_per_node=12 must be >= 1 and divide world_size=4096"),
+])
+def test_invalid_for_the_model_exits_2(args, message):
+    code, _, err = plan(*args)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("sort", ["time", "memory"])
+def test_compare_ranks_layouts_by_the_models_own_numbers(sort):
+    code, doc, err = plan("--world", "64", "--tp", "8", "--model", "llama-8b-like", "--compare", "--sort", sort,
+                          "--top", "6", "--memory-gib", "40", "--json")
+    assert code == 0, err
+    shown = doc["compare"]
+    config = get_model("llama-8b-like")
+    expected = []  # every dense layout of 64 ranks the model fits, costed and sorted here
+    for dims in valid_choices(64, {"ep": 1, "etp": 1}):
+        try:
+            cost = estimate(config, dims)
+        except ValueError:
+            continue
+        seconds = sum(c.seconds for c in timed_collectives(cost, 8))
+        fits = cost.memory.total <= 40 * 1024 ** 3
+        key = (not fits, seconds, cost.memory.total) if sort == "time" else (not fits, cost.memory.total, seconds)
+        expected.append((key, dims.degrees(), cost.memory.total, seconds, fits))
+    expected.sort(key=lambda row: row[0])
+    assert doc["compare_total"] == len(expected) > 6
+    assert [(r["degrees"], r["memory_bytes"], r["fits"]) for r in shown] == [e[1:3] + (e[4],) for e in expected[:6]]
+    assert [r["comm_seconds"] for r in shown] == pytest.approx([e[3] for e in expected[:6]], rel=1e-12)
+    assert any(not e[4] for e in expected), "the memory budget should rule some layouts out"
+
+
+def test_text_output_and_the_command_of_launch_command():
+    layout = ["--world", "16", "--dp-replicate", "2", "--dp-shard", "2", "--cp", "2", "--tp", "2"]
+    code, text, err = plan(*layout, "--model", "small", "--gpus-per-node", "8", "--compare")
+    assert code == 0, err
+    assert "groups crossing node boundaries with 8 GPUs per node: dp_replicate, dp, dp_cp" in text
+    assert "time: ring collectives" in text and ("<- this plan" in text or "this plan's layout is #" in text)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["command", "C", *layout, "--nnodes", "2", "--nproc-per-node", "8"]) == 0
+    assert out.getvalue().strip() in text  # the same torchrun line, recipe C trains the small model
+
+
+def test_plan_widget_offers_only_valid_values_and_explains_invalid_ones():
+    from launch.plan import torchrun_command
+    from launch.widgets.plan_widget import PlanWidget
+    widget = PlanWidget("llama-8b-like", world_size=64, tp=8)   # dp_shard inferred: 8
+    assert widget.error is None and widget.degrees["dp_shard"] == 8
+    offered = {name: [value for _, value in selector.options] for name, selector in widget.selectors.items()}
+    # 32 heads: tp up to 32; a dense model: no experts; every power of two of 64 ranks for the data dims
+    assert offered["tp"] == [1, 2, 4, 8, 16, 32] and offered["ep"] == [1] and offered["etp"] == [1]
+    assert offered["dp_shard"] == [1, 2, 4, 8, 16, 32, 64]
+    assert {label for label, _ in widget.selectors["tp"].options} == {"1", "2", "4", "8", "16", "32"}
+    widget.set(tp=64, dp_shard=1)
+    assert widget.error.startswith("num_heads=32 must be divisible by tp=64") and widget.cost is None
+    assert dict(widget.selectors["tp"].options)["64 (no valid layout)"] == 64
+    # nearest valid: no single change fixes it; of the two-degree changes keeping TP on, the smallest in
+    # factors of two halve tp and double one data dim (tp=32 with dp_shard, dp_replicate or cp = 2); the
+    # enumeration (dp_replicate, then cp, outermost) meets dp_shard=2 first
+    widget.fix_button.click()
+    expected = ParallelDims(world_size=64, dp_shard=2, tp=32)
+    assert widget.error is None and widget.dims == expected
+    assert widget.cost == estimate(get_model("llama-8b-like"), expected)
+    assert widget.command == torchrun_command(widget.config, widget.dims, 8, "$MASTER_ADDR:29500")
+    assert {ax.get_label() for ax in widget.figure.axes} == {"memory", "communication"}
+    widget.set(world_size=128)   # a new world: the nearest valid layout of 128 ranks
+    assert widget.error is None and widget.dims.world_size == 128
