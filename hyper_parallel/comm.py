@@ -54,10 +54,10 @@ def _nbytes(tensor: torch.Tensor) -> int:
 def release(buffer: torch.Tensor) -> None:
     """Free a communication buffer now that the synchronous collective using it has returned.
 
-    On CPU the collective is complete, but gloo's worker thread keeps a reference to its tensors for
-    a while, so dropping ours frees the memory at a moment that varies from step to step (measured:
-    peak memory of a step 0-15 % above torch FSDP2's, differing between runs). Freeing the storage
-    makes the peak deterministic. On CUDA the buffer may still be in use on the communication
+    The caller must hold the only view of ``buffer``: its storage is emptied. On CPU the collective is
+    complete, but gloo's worker thread may still hold a reference to its tensors, so without this the
+    memory would be freed on that thread, at a moment that varies from step to step (and out of sight
+    of a profiler recording this thread). On CUDA the buffer may still be in use on the communication
     stream: there the reference is simply dropped and the caching allocator frees it when safe.
     """
     if buffer.device.type == "cpu":

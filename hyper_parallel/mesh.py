@@ -29,9 +29,12 @@ if TYPE_CHECKING:  # torch is imported only by build_mesh
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)
 def _divisors(n: int) -> tuple[int, ...]:
-    """Divisors of ``n`` in increasing order (cached: valid_choices asks for the same few thousand times)."""
+    """Divisors of ``n`` in increasing order, none for n < 1 (cached: valid_choices asks for the same
+    few numbers thousands of times)."""
+    if n < 1:
+        return ()
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return tuple(small + [n // d for d in reversed(small) if d * d != n])
 

@@ -674,6 +674,17 @@ def test_case9_gradient_accumulation_hsdp_all_reduce_off_then_on(run4):
     assert_collectives(results, expected, steps=(0, 1, 2, 3))
 
 
+@pytest.mark.parametrize("case", ["c9_accumulation_unused_fsdp", "c9_accumulation_unused_hsdp"])
+def test_case9_accumulation_keeps_gradients_of_parameters_used_only_in_earlier_micro_batches(run4, case):
+    """Head 0 runs only in the first micro-batch, with synchronisation off: its gradient (parked, or
+    reduce-scattered and waiting for the all-reduce) must still arrive when the second micro-batch
+    synchronises, equal to one process's gradient of both losses."""
+    results = run4.case(case)
+    for result in results.values():
+        assert result["facts"]["missing_grads"] == []
+    assert_numbers(results, "ours-ref", kinds=("grad",))
+
+
 # ================================================================== case 10: state dict
 
 

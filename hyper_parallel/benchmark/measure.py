@@ -1,7 +1,7 @@
 """What one training step costs: wall time over all ranks, peak memory, and torch FSDP2's collectives.
 
 Memory: on CUDA the caching allocator's peak; on CPU, where torch keeps no allocator statistics, the
-profiler's allocation records (every allocation and free of the step, in order). Either way
+profiler's allocation records of the training thread. Either way
 
     peak = resident + transient,
 
@@ -10,6 +10,12 @@ buffers, optimizer state), ``transient`` = the highest point allocations made du
 above the memory in use when it started (unsharded parameters, gradients, activations, buffers).
 The same formula is applied to both implementations, so the comparison does not depend on the
 other model being alive in the same process.
+
+Limit on CPU: the profiler records allocations and frees of the thread it runs on. A tensor whose
+last reference gloo's worker thread drops is freed there, unrecorded, and counts as live until the
+step ends; that can overstate a step's transient peak by a communication buffer or two, at random.
+Our fully_shard frees its own buffers on the training thread (``comm.release``); torch FSDP2's and
+DTensor's are exposed to it, so the benchmark keeps the smallest of several profiled steps.
 """
 from __future__ import annotations
 

@@ -44,9 +44,8 @@ from hyper_parallel.run_files import trace_path
 
 LEARNING_RATE = 1e-3
 MEMORY_STEPS = 3
-"""Profiled steps per implementation; the smallest peak is reported. Gloo's worker thread drops its
-references to the tensors of torch's own collectives (DTensor TP) a little late, at a moment that
-varies, which moves a step's peak by up to a few activation buffers in either implementation."""
+"""Profiled steps per implementation; the smallest peak is reported (see ``measure``: on CPU a
+communication buffer freed on gloo's thread is not seen to be freed, which happens at random)."""
 # The transformer's logits are a reshape (a view); FSDP2 warns that an in-place op on them would skip
 # its pre-backward hook. The loss reads them out of place, so the warning is noise on every rank.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")

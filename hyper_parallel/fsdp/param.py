@@ -84,7 +84,8 @@ class ShardedParam:
         self.sharded_param: nn.Parameter | None = None
         self.unsharded_param: nn.Parameter | None = None
         self.unsharded_padded: torch.Tensor | None = None
-        self.accumulated_grad: torch.Tensor | None = None
+        self.accumulated_grad: torch.Tensor | None = None     # parked while gradient sync is off
+        self.accumulated_partial: tuple[str, ...] = ()       # the model-parallel dims it is Partial on
         self._initial_local = local
 
     # ----- layout -----

@@ -50,6 +50,7 @@ class ParamGroup:
         self.requires_gradient_sync = True
         self.requires_all_reduce = True
         self.partial_reduce: torch.Tensor | None = None  # reduce-scattered, not yet all-reduced (HSDP accumulation)
+        self.partial_reduce_params: list[tuple[ShardedParam, tuple[str, ...]]] = []  # who contributed to it
         self.offsets = []
         total = 0
         for param in params:
@@ -113,49 +114,53 @@ class ParamGroup:
 
     # ----- backward -----
     def has_pending_grads(self) -> bool:
-        return any(p.unsharded_param.grad is not None for p in self.params)
+        """A gradient from this backward, one parked by an earlier micro-step (accumulation), or an HSDP
+        partial reduction that is due now: a unit whose parameters were used only in earlier micro-steps
+        must still deliver their gradients."""
+        due = self.partial_reduce is not None and self.requires_all_reduce and self.requires_gradient_sync
+        return due or any(p.unsharded_param.grad is not None or p.accumulated_grad is not None for p in self.params)
 
-    def reduce_grads(self) -> None:
-        """Reduce the unsharded gradients into the sharded parameters' ``.grad``."""
+    def _collect_grads(self) -> list[tuple[ShardedParam, torch.Tensor, tuple[str, ...]]]:
+        """(parameter, local unsharded gradient, dims it is still Partial on) for every parameter with a
+        gradient from this backward or parked by an earlier micro-step without gradient sync: a parameter
+        used only in earlier micro-steps keeps its gradient."""
         ready = []
         for param in self.params:
             grad = param.unsharded_param.grad
-            if grad is None:
-                continue
-            param.unsharded_param.grad = None
             partial: tuple[str, ...] = ()
-            if isinstance(grad, DTensor):
-                grad, partial = param.local_grad(grad)
+            if grad is not None:
+                param.unsharded_param.grad = None
+                if isinstance(grad, DTensor):
+                    grad, partial = param.local_grad(grad)
             if param.accumulated_grad is not None:
-                grad = grad + param.accumulated_grad
-                param.accumulated_grad = None
-            ready.append((param, grad, partial))
-        if not ready:
-            return
+                parked, parked_partial = param.accumulated_grad, param.accumulated_partial
+                grad = parked if grad is None else grad + parked
+                partial = tuple(sorted(set(partial) | set(parked_partial)))
+                param.accumulated_grad, param.accumulated_partial = None, ()
+            if grad is not None:
+                ready.append((param, grad, partial))
+        return ready
+
+    def reduce_grads(self) -> None:
+        """Reduce the unsharded gradients into the sharded parameters' ``.grad``."""
+        ready = self._collect_grads()
         if not self.requires_gradient_sync:
-            for param, grad, _ in ready:
-                param.accumulated_grad = grad
+            for param, grad, partial in ready:
+                param.accumulated_grad, param.accumulated_partial = grad, partial
             return
-        reduce_in = (torch.empty if len(ready) == len(self.params) else torch.zeros)(
-            self.shard_size, self.total, dtype=self.reduce_dtype, device=self.device)
-        reduced_params = []
-        for param, grad, partial in ready:
-            offset = self._offset(param)
-            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset:offset + param.padded_numel])
-            reduced_params.append((param, partial))
-        del ready, grad  # the unsharded gradients are copied in: free them before the collectives (peak memory)
-        if self.shard_size > 1:
-            reduced = torch.empty(self.total, dtype=self.reduce_dtype, device=self.device)
-            comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name)
-            comm.release(reduce_in)
+        if ready:
+            reduced, reduced_params = self._reduce_scatter(ready)
+        elif self.partial_reduce is not None and self.requires_all_reduce:
+            reduced, reduced_params = torch.zeros(self.total, dtype=self.reduce_dtype, device=self.device), []
         else:
-            reduced = reduce_in.view(-1)
+            return
         if self.dp_size > 1:
             if self.partial_reduce is not None:
                 reduced += self.partial_reduce
-                self.partial_reduce = None
+                reduced_params = self._merge(reduced_params, self.partial_reduce_params)
+                self.partial_reduce, self.partial_reduce_params = None, []
             if not self.requires_all_reduce:
-                self.partial_reduce = reduced
+                self.partial_reduce, self.partial_reduce_params = reduced, reduced_params
                 return
             comm.all_reduce(reduced, self.unsharded_group, module=self.name)
         self._reduce_partial_grads(reduced, reduced_params)
@@ -168,6 +173,34 @@ class ParamGroup:
                 param.sharded_param.grad = grad
             else:
                 param.sharded_param.grad += grad
+
+    def _reduce_scatter(self, ready: list) -> tuple[torch.Tensor, list[tuple[ShardedParam, tuple[str, ...]]]]:
+        """Copy the gradients into one flat [shard_size, total] buffer and reduce-scatter it: this rank's
+        summed shard (the buffer itself when shard_size == 1), and (param, partial dims) per gradient."""
+        reduce_in = (torch.empty if len(ready) == len(self.params) else torch.zeros)(
+            self.shard_size, self.total, dtype=self.reduce_dtype, device=self.device)
+        reduced_params = []
+        while ready:  # pop: each unsharded gradient is freed once copied in, before the collective (peak memory)
+            param, grad, partial = ready.pop()
+            offset = self._offset(param)
+            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset:offset + param.padded_numel])
+            reduced_params.append((param, partial))
+            del grad
+        if self.shard_size == 1:
+            return reduce_in.view(-1), reduced_params
+        reduced = torch.empty(self.total, dtype=self.reduce_dtype, device=self.device)
+        comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name)
+        comm.release(reduce_in)
+        return reduced, reduced_params
+
+    @staticmethod
+    def _merge(current: list, earlier: list) -> list:
+        """(param, partial dims) of this micro-step and of the reduce-scattered ones before it (HSDP)."""
+        merged = {id(param): (param, partial) for param, partial in earlier}
+        for param, partial in current:
+            before = merged.get(id(param), (param, ()))[1]
+            merged[id(param)] = (param, tuple(sorted(set(before) | set(partial))))
+        return list(merged.values())
 
     def _offset(self, param: ShardedParam) -> int:
         return self._offset_of[id(param)]
@@ -186,3 +219,4 @@ class ParamGroup:
             for segment in segments:
                 segment.copy_(flat[position:position + segment.numel()])
                 position += segment.numel()
+            comm.release(flat)

@@ -16,10 +16,16 @@ from typing import Any
 import ipywidgets as widgets
 
 from hyper_parallel.benchmark.configs import configurations
-from launch.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR
+from launch.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, png_bytes
 
 
 class BenchWidget(widgets.VBox):
+    """Ranks, configurations, number of pairs and Run; the table and figure appear in ``results``.
+
+    The background thread fills ``results`` by assigning widget children: an ``Output`` widget's capture
+    context is not thread-safe (another cell's output would land in it). ``runner`` replaces
+    ``launch.bench.run_bench`` (tests)."""
+
     def __init__(self, world_size: int = 4, steps: int = 10, out: str | Path | None = None,
                  timeout: float = 1200.0, runner: Callable[..., Any] | None = None) -> None:
         self.out, self.timeout = out, timeout
@@ -31,12 +37,12 @@ class BenchWidget(widgets.VBox):
         self.steps = widgets.IntSlider(value=steps, min=2, max=50, description="pairs")
         self.run_button = widgets.Button(description="Run benchmark", button_style="success", icon="play")
         self.status = widgets.HTML()
-        self.output = widgets.Output()
+        self.results = widgets.VBox()
         self.world.observe(lambda _: self._offer_configs(), names="value")
         self.run_button.on_click(lambda _: self.launch())
         self._offer_configs()
         super().__init__([widgets.HBox([self.world, self.steps]), self.configs, self.run_button, self.status,
-                          self.output])
+                          self.results])
 
     def _offer_configs(self) -> None:
         names = [config.name for config in configurations(self.world.value)]
@@ -68,11 +74,8 @@ class BenchWidget(widgets.VBox):
             if not self.result.ok:
                 self._say(BAD_COLOR, f"failed: {self.result.error}")
                 return
-            self.output.clear_output()
-            with self.output:
-                from IPython.display import display
-                display(bench_table(self.result))
-                display(ratio_figure(self.result.rows, world))
+            self.results.children = [widgets.HTML(bench_table(self.result).data),
+                                     widgets.Image(value=png_bytes(ratio_figure(self.result.rows, world)))]
             medians = ", ".join(f"{row['config']} {row['ratio']['median']:.3f}" for row in self.result.rows)
             self._say(OK_COLOR, f"done: median step-time ratio ours / torch: {medians}")
         except Exception as error:  # shown in the widget: a thread has nobody else to tell

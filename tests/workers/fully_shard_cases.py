@@ -456,6 +456,65 @@ def accumulation_hsdp(res: Result) -> None:
     _accumulate(res, ParallelDims(world_size=4, dp_replicate=2, dp_shard=2), ("dp_replicate", "fsdp"), 22, skip)
 
 
+class TwoHeads(nn.Module):
+    """A trunk and two heads; each micro-batch uses one head, so head 0's parameters get a gradient only
+    in the first micro-batch of a step (the accumulation path must keep it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(CONFIG.d_in, CONFIG.d_model)
+        self.heads = nn.ModuleList(nn.Linear(CONFIG.d_model, CONFIG.d_out) for _ in range(2))
+
+    def forward(self, x: torch.Tensor, head: int) -> torch.Tensor:
+        return self.heads[head](torch.relu(self.trunk(x)))
+
+
+def _accumulate_unused(res: Result, dims: ParallelDims, mesh_names: tuple[str, ...],
+                       skip: Callable[[nn.Module, bool], None]) -> None:
+    """Micro-batch 0 trains head 0, micro-batch 1 head 1, synchronisation switched by ``skip``; the
+    accumulated gradients must equal one process's gradient of the sum of both global losses."""
+    views = dims.build_mesh("cpu")
+    torch.manual_seed(23)
+    model = TwoHeads()
+    reference = copy.deepcopy(model)
+    for head in model.heads:
+        fully_shard(head, mesh=views[mesh_names])
+    fully_shard(model, mesh=views[mesh_names])
+    index = dims.coordinates(rank())["dp"]
+    micro = [batch(30 + m, index, dims.dp) for m in range(2)]
+    for step in range(STEPS):
+        trace.set_step(step)
+        for head, (x, y, _, _) in enumerate(micro):
+            skip(model, head == 0)
+            mse(model(x, head), y).backward()
+        ref_loss = sum(mse(reference(gx, head), gy) for head, (_, _, gx, gy) in enumerate(micro))
+        ref_loss.backward()
+        res.facts.setdefault("missing_grads", []).extend(n for n, p in model.named_parameters() if p.grad is None)
+        ours = {n: full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+        res.compare(f"grad{step}:ours-ref", ours, {n: p.grad for n, p in reference.named_parameters() if n in ours})
+        for m in (model, reference):
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= LR * p.grad
+                    p.grad = None
+
+
+@case("c9_accumulation_unused_fsdp", 4)
+def accumulation_unused_fsdp(res: Result) -> None:
+    """Case 9c: FSDP, sync off for micro-batch 0, on for micro-batch 1; head 0 is not used in 1."""
+    def skip(model, first):
+        model.set_requires_gradient_sync(not first)
+    _accumulate_unused(res, ParallelDims(world_size=4), ("fsdp",), skip)
+
+
+@case("c9_accumulation_unused_hsdp", 4)
+def accumulation_unused_hsdp(res: Result) -> None:
+    """Case 9d: HSDP, all-reduce off for micro-batch 0, on for 1; head 0 is not used in 1."""
+    def skip(model, first):
+        model.set_requires_all_reduce(not first)
+    _accumulate_unused(res, ParallelDims(world_size=4, dp_replicate=2, dp_shard=2), ("dp_replicate", "fsdp"), skip)
+
+
 @case("c10_state_dict", 4)
 def state_dict_round_trip(res: Result) -> None:
     """Case 10, FSDP 1-D (uneven head: rank 3 holds empty shards). After one step of model A:
