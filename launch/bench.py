@@ -1,8 +1,9 @@
 """``python -m launch bench``: our fully_shard against torch FSDP2 in one torchrun launch.
 
 The workers (``hyper_parallel.benchmark.worker``) alternate the two implementations step by step and
-write ``bench.json``; this module starts them, reads the file, adds the communication against
-fully_shard's theoretical minimum, prints the table and draws ``bench.png/.svg``. Torch-free.
+write ``bench.json`` and the traced step's files; this module starts them, reads those, adds the
+communication against fully_shard's theoretical minimum, prints the table and draws the figures.
+Torch-free.
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchModel, configurations, summarize
+from hyper_parallel.run_files import load_traces
 from hyper_parallel.viz.style import OP_SHORT
-from hyper_parallel.viz.volume import theoretical_bytes
+from hyper_parallel.viz.timeline import collectives
+from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
 from launch.supervisor import TorchrunResult, torchrun
 
 WORKER_MODULE = "hyper_parallel.benchmark.worker"
@@ -40,18 +43,24 @@ class BenchResult:
         return self.process.error or f"the workers wrote no {BENCH_FILE} into {self.directory}"
 
 
-def _fsdp_bytes(per_op: dict[str, dict[str, int]]) -> int:
-    return sum(entry["bytes"] for key, entry in per_op.items() if key.split("[")[1].rstrip("]") in FSDP_GROUPS)
+def communication(directory: Path, config: str, impl: str) -> dict[str, Any]:
+    """Rank 0's collectives in the traced step of ``impl`` on ``config``: bytes and count per (op, group)
+    (``viz.volume.measured_bytes``), and the count per fully_shard unit and (op, group)."""
+    traces = load_traces(directory / config / impl)
+    total, count = measured_bytes(traces, step=0, rank=0)
+    per_unit: dict[str, Counter] = {}
+    for _, event in collectives(traces, step=0, rank=0):
+        per_unit.setdefault(event["module"] or "-", Counter())[(event["op"], event["group"])] += 1
+    return {"bytes": total, "count": count, "per_unit": per_unit}
 
 
-def unit_pattern(per_unit: dict[str, dict[str, int]]) -> str:
+def unit_pattern(per_unit: dict[str, Counter]) -> str:
     """Collectives of one step per fully_shard unit on FSDP groups, e.g. 'root 1 AG + 1 RS; 4 blocks 2 AG + 1 RS'."""
     patterns: Counter = Counter()
     for unit, counts in per_unit.items():
         parts = []
         for op in ("all_gather", "reduce_scatter", "all_reduce"):
-            n = sum(c for key, c in counts.items()
-                    if key.startswith(op + "[") and key.split("[")[1].rstrip("]") in FSDP_GROUPS)
+            n = sum(c for (kind, group), c in counts.items() if kind == op and group in FSDP_GROUPS)
             if n:
                 parts.append(f"{n} {OP_SHORT[op]}")
         if parts:
@@ -61,10 +70,13 @@ def unit_pattern(per_unit: dict[str, dict[str, int]]) -> str:
                      for (kind, text), count in sorted(patterns.items()))
 
 
-def add_theory(row: dict[str, Any], units: list[dict[str, Any]]) -> dict[str, Any]:
-    """Bytes on FSDP groups per step against fully_shard's minimum (``viz.volume.theoretical_bytes``)."""
+def add_communication(row: dict[str, Any], directory: Path, units: list[dict[str, Any]]) -> dict[str, Any]:
+    """The traced step's collectives of both implementations, and their bytes on FSDP groups against
+    fully_shard's minimum (``viz.volume.theoretical_bytes``)."""
     minimum = sum(theoretical_bytes(units).values())
-    row["fsdp_bytes"] = {impl: _fsdp_bytes(row["communication"][impl]["per_op"]) for impl in IMPLEMENTATIONS}
+    row["communication"] = {impl: communication(directory, row["config"], impl) for impl in IMPLEMENTATIONS}
+    row["fsdp_bytes"] = {impl: sum(b for (_, group), b in row["communication"][impl]["bytes"].items()
+                                   if group in FSDP_GROUPS) for impl in IMPLEMENTATIONS}
     row["bytes_minimum"] = minimum
     row["bytes_ratio"] = {impl: row["fsdp_bytes"][impl] / minimum if minimum else float("nan")
                           for impl in IMPLEMENTATIONS}
@@ -96,7 +108,7 @@ def run_bench(world_size: int = 4, steps: int = 20, warmup: int = 3, out: str | 
     path = directory / BENCH_FILE
     if process.returncode == 0 and path.exists():
         result.payload = json.loads(path.read_text())
-        result.rows = [add_theory(summarize(c), c["units"]) for c in result.payload["configs"]]
+        result.rows = [add_communication(summarize(c), directory, c["units"]) for c in result.payload["configs"]]
     return result
 
 

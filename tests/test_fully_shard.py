@@ -236,6 +236,15 @@ def fsdp_unit(module, group, ranks, nbytes, *, root=False, ar_group=None, ar_ran
     return events
 
 
+def hsdp_step(fsdp_ranks, replicate_ranks, block_bytes):
+    """The root and both blocks under HSDP: each reduce-scatters on fsdp, then all-reduces its shard
+    (half the buffer: fsdp has 2 ranks) on dp_replicate, unless ``replicate_ranks`` is None."""
+    group = "dp_replicate" if replicate_ranks else None
+    return [event for module, nbytes in (("root", ROOT_S2), ("blocks.0", block_bytes), ("blocks.1", block_bytes))
+            for event in fsdp_unit(module, "fsdp", fsdp_ranks, nbytes, root=module == "root", ar_group=group,
+                                   ar_ranks=replicate_ranks, ar_bytes=nbytes // 2)]
+
+
 def sp_activations(ranks, nbytes, scatter_adjoint_module=ANY):
     """Local-tensor TP+SP activation collectives of one step on ("tp", ranks), each [rows, 8, 32] fp32,
     labelled with the fully_shard unit whose computation issues them. Forward: each block all-gathers
@@ -354,10 +363,7 @@ def test_case2_hsdp_reduce_scatter_then_all_reduce(run4):
     results = run4.case("c2_hsdp")
 
     def expected(rank, step):
-        g, rep = HSDP_FSDP[rank], HSDP_REP[rank]
-        return (fsdp_unit("root", "fsdp", g, ROOT_S2, root=True, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=ROOT_S2 // 2)
-                + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S2, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=BLOCK_S2 // 2)
-                + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S2, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=BLOCK_S2 // 2))
+        return hsdp_step(HSDP_FSDP[rank], HSDP_REP[rank], BLOCK_S2)
 
     assert_collectives(results, expected)
     # RFC 2.2.5 (its example: rank_size 8, shard 4, dp 2); here rank_size 4 = shard 2 x dp 2
@@ -389,10 +395,7 @@ def test_case3_dp_tp_keeps_tp_placement_and_reduces_on_dp_groups(run8):
     results = run8.case("c3_dp_tp")
 
     def expected(rank, step):
-        g, rep = MESH8_FSDP[rank], MESH8_REP[rank]
-        return (fsdp_unit("root", "fsdp", g, ROOT_S2, root=True, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=ROOT_S2 // 2)
-                + fsdp_unit("blocks.0", "fsdp", g, BLOCK_TP2_S2, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=BLOCK_TP2_S2 // 2)
-                + fsdp_unit("blocks.1", "fsdp", g, BLOCK_TP2_S2, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=BLOCK_TP2_S2 // 2))
+        return hsdp_step(MESH8_FSDP[rank], MESH8_REP[rank], BLOCK_TP2_S2)
 
     assert_collectives(results, expected)
     block = {  # name: (mesh dims, sharded, unsharded): only the fsdp entry changes
@@ -665,11 +668,7 @@ def test_case9_gradient_accumulation_hsdp_all_reduce_off_then_on(run4):
     assert_numbers(results, "ours-ref")
 
     def expected(rank, micro):
-        g, rep = HSDP_FSDP[rank], HSDP_REP[rank] if micro % 2 == 1 else None
-        group = "dp_replicate" if rep else None
-        return (fsdp_unit("root", "fsdp", g, ROOT_S2, root=True, ar_group=group, ar_ranks=rep, ar_bytes=ROOT_S2 // 2)
-                + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S2, ar_group=group, ar_ranks=rep, ar_bytes=BLOCK_S2 // 2)
-                + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S2, ar_group=group, ar_ranks=rep, ar_bytes=BLOCK_S2 // 2))
+        return hsdp_step(HSDP_FSDP[rank], HSDP_REP[rank] if micro % 2 == 1 else None, BLOCK_S2)
 
     assert_collectives(results, expected, steps=(0, 1, 2, 3))
 

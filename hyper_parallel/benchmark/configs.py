@@ -71,7 +71,8 @@ def summarize(config_result: dict[str, Any]) -> dict[str, Any]:
     """One configuration's row: median step times, the median of the pairwise ratios ours/torch (pairs
     are adjacent steps, so a slow phase of a loaded machine hits both) with their quartiles, the same
     for forward + backward alone (where the two implementations differ; the optimizer is the same
-    code on the same DTensors), peak memory and communication per implementation."""
+    code on the same DTensors) and peak memory per implementation. Communication is read from the
+    traced step's files by the launcher (``launch.bench``)."""
     step, forward_backward = config_result["step_times"], config_result["forward_backward_times"]
     return {
         "config": config_result["name"],
@@ -81,6 +82,5 @@ def summarize(config_result: dict[str, Any]) -> dict[str, Any]:
         "forward_backward_ms": {impl: 1e3 * median(forward_backward[impl]) for impl in IMPLEMENTATIONS},
         "forward_backward_ratio": _ratios(forward_backward["ours"], forward_backward["torch"]),
         "peak_memory": config_result["peak_memory"],
-        "communication": config_result["communication"],
         "max_loss_diff": config_result.get("max_loss_diff"),
     }

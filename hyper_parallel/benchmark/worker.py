@@ -5,7 +5,8 @@ For each configuration, one model is built twice from the same initial weights: 
 data and optimizer (AdamW). After warm-up:
 
 1. one traced step of each (every collective with op, group, bytes, time; saved as
-   ``DIR/<config>/<impl>/trace_rank{r}.json`` so the timeline figure reads it like a recipe run);
+   ``DIR/<config>/<impl>/trace_rank{r}.json``, read like a recipe run's by the launcher's summary
+   and the timeline figure);
 2. ``MEMORY_STEPS`` steps of each under the memory profiler (peak = resident + transient, see ``measure``);
 3. ``--steps`` timed pairs, alternating which implementation goes first (A B, B A, ...), so a slow
    moment of a loaded machine hits both sides of a pair.
@@ -106,22 +107,6 @@ def _traced(trainer: Trainer, views: MeshViews) -> list[dict]:
     return recorder.events
 
 
-def _communication(events: list[dict]) -> dict:
-    """Count and bytes per (op, group), and the count per unit and op."""
-    per_op: dict[str, dict[str, int]] = {}
-    per_unit: dict[str, dict[str, int]] = {}
-    for event in events:
-        if event["kind"] != "collective":
-            continue
-        key = f"{event['op']}[{event['group']}]"
-        entry = per_op.setdefault(key, {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += event["bytes"]
-        unit = per_unit.setdefault(event["module"] or "-", {})
-        unit[key] = unit.get(key, 0) + 1
-    return {"per_op": per_op, "per_unit": per_unit}
-
-
 def _profile(trainer: Trainer, path: Path, steps: int = 3) -> None:
     """torch.profiler over ``steps`` steps; rank 0 writes the operators by self time (where time goes)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -152,7 +137,7 @@ def run_config(config: BenchConfig, shape: BenchModel, steps: int, warmup: int, 
             trainer.step()
     rank = dist.get_rank()
     result: dict = {"name": config.name, "title": config.title, "degrees": dims.degrees(),
-                    "communication": {}, "peak_memory": {}, "step_times": {impl: [] for impl in IMPLEMENTATIONS},
+                    "peak_memory": {}, "step_times": {impl: [] for impl in IMPLEMENTATIONS},
                     "forward_backward_times": {impl: [] for impl in IMPLEMENTATIONS}}
     for impl, trainer in trainers.items():
         events = _traced(trainer, views)
@@ -160,7 +145,6 @@ def run_config(config: BenchConfig, shape: BenchModel, steps: int, warmup: int, 
         trace_dir.mkdir(parents=True, exist_ok=True)
         payload = {"rank": rank, "world_size": dims.world_size, "events": events}
         trace_path(trace_dir, rank).write_text(json.dumps(payload))
-        result["communication"][impl] = _communication(events)
     transients: dict[str, list[int]] = {impl: [] for impl in IMPLEMENTATIONS}
     for _ in range(MEMORY_STEPS):
         for impl, trainer in trainers.items():

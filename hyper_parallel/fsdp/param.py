@@ -32,6 +32,11 @@ PARTIAL_GRAD_ATTR = "_hp_partial_grad_dims"
 """Set by a local-tensor TP style on a parameter whose gradient is partial over these mesh dims."""
 
 
+def union_dims(dims: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:
+    """Mesh dims a gradient is Partial on, after adding another contribution's (sorted, no repeats)."""
+    return tuple(sorted(set(dims) | set(more)))
+
+
 def placements_str(placements: tuple[Placement, ...]) -> str:
     return "(" + ", ".join(str(p) for p in placements) + ")"
 
@@ -140,7 +145,7 @@ class ShardedParam:
     def partial_groups(self, runtime_partial_dims: tuple[str, ...] = ()) -> list[GroupInfo]:
         """Model-parallel groups over which this parameter's local gradient must be summed (pure-TP fix):
         dims the TP style marked, plus dims where the gradient DTensor came back ``Partial``."""
-        dims = sorted(set(self.marked_partial_dims) | set(runtime_partial_dims))
+        dims = union_dims(self.marked_partial_dims, runtime_partial_dims)
         missing = [d for d in dims if d not in self.model_parallel_groups]
         if missing:
             raise RuntimeError(f"gradient of {self.fqn!r} is partial over {missing}, but fully_shard has no "

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.fsdp.param import ShardedParam, placements_str
+from hyper_parallel.fsdp.param import ShardedParam, placements_str, union_dims
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class ParamGroup:
             if param.accumulated_grad is not None:
                 parked, parked_partial = param.accumulated_grad, param.accumulated_partial
                 grad = parked if grad is None else grad + parked
-                partial = tuple(sorted(set(partial) | set(parked_partial)))
+                partial = union_dims(partial, parked_partial)
                 param.accumulated_grad, param.accumulated_partial = None, ()
             if grad is not None:
                 ready.append((param, grad, partial))
@@ -199,7 +199,7 @@ class ParamGroup:
         merged = {id(param): (param, partial) for param, partial in earlier}
         for param, partial in current:
             before = merged.get(id(param), (param, ()))[1]
-            merged[id(param)] = (param, tuple(sorted(set(before) | set(partial))))
+            merged[id(param)] = (param, union_dims(before, partial))
         return list(merged.values())
 
     def _offset(self, param: ShardedParam) -> int:
@@ -220,3 +220,4 @@ class ParamGroup:
                 segment.copy_(flat[position:position + segment.numel()])
                 position += segment.numel()
             comm.release(flat)
+
