@@ -1,11 +1,16 @@
-"""``fully_shard``: torch FSDP2's API extended to multi-dimensional meshes (the RFC).
+"""``fully_shard``: torch FSDP2's API extended to multi-dimensional meshes.
 
-    fully_shard(module, *, mesh=None, reshard_after_forward=True,
-                mp_policy=MixedPrecisionPolicy(), enable_param_shard=None) -> module
+    fully_shard(module | [modules], *, mesh=None, reshard_after_forward=None,
+                mp_policy=MixedPrecisionPolicy(), ignored_params=None, dp_mesh_dims=None,
+                enable_param_shard=None) -> module
 
 Apply bottom-up (each block, then the root). Every parameter of ``module`` not already managed by a
 nested ``fully_shard`` becomes one DTensor on the combined mesh (the data-parallel dims of ``mesh`` +
 the model-parallel dims the parameter already had from TP/EP) and exposes its ``GroupInfo``s.
+
+A parameter registered on several modules of the unit (tied embeddings) is managed once: one
+sharded DTensor set on every module that holds it, whose gradient sums all its uses. Shared between
+two units it is refused, since each unit would reduce its own copy of the gradient.
 """
 from __future__ import annotations
 
@@ -15,91 +20,19 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp.param import ParamLayout, ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
+from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.roles import MeshRoles, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
 
+MANAGED_BY_ATTR = "_hp_managed_by"
+"""Set on a user's original parameter once a unit manages it: the unit's module, for the error when a
+second unit finds the same parameter (shared across units)."""
 
-class FullyShardModule:
-    """Methods added to a module by ``fully_shard`` (it becomes a subclass of its own class and this)."""
-
-    _hp_state: FullyShardState
-
-    def _states(self, recurse: bool) -> list[FullyShardState]:
-        if not recurse:
-            return [self._hp_state]
-        return [m._hp_state for m in self.modules() if isinstance(m, FullyShardModule)]
-
-    def unshard(self) -> None:
-        """All-gather this unit's parameters now (only the FSDP dim; TP/EP placements stay)."""
-        self._hp_state.unshard()
-
-    def reshard(self) -> None:
-        """Free the unsharded parameters; the module holds its sharded DTensors again."""
-        self._hp_state.reshard()
-
-    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
-        """False: skip reduce-scatter and all-reduce, accumulate unsharded gradients locally (gradient
-        accumulation); the next backward with True reduces the accumulated sum."""
-        for state in self._states(recurse):
-            if state.group is not None:
-                state.group.requires_gradient_sync = bool(requires_gradient_sync)
-
-    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
-        """False (HSDP): reduce-scatter but keep the result partial over the replicate group; the next
-        backward with True all-reduces the sum."""
-        for state in self._states(recurse):
-            if state.group is not None:
-                state.group.requires_all_reduce = bool(requires_all_reduce)
-
-    def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
-        for state in self._states(recurse):
-            state.reshard_after_forward = bool(reshard_after_forward)
-
-    def set_gradient_divide_factor(self, factor: float, *, recurse: bool = True) -> None:
-        """Divide reduced gradients by ``factor`` instead of the data-parallel world (rank_size)."""
-        if factor <= 0:
-            raise ValueError(f"gradient divide factor must be > 0, got {factor}")
-        for state in self._states(recurse):
-            if state.group is not None:
-                state.group.gradient_divide_factor = float(factor)
-
-    def set_modules_to_forward_prefetch(self, modules: list[nn.Module]) -> None:
-        """All-gather these units' parameters at the start of this unit's forward."""
-        self._hp_state.forward_prefetch = [_state_of(m) for m in modules]
-
-    def set_modules_to_backward_prefetch(self, modules: list[nn.Module]) -> None:
-        """All-gather these units' parameters when backward reaches this unit."""
-        self._hp_state.backward_prefetch = [_state_of(m) for m in modules]
-
-    def sharded_params(self) -> list[ShardedParam]:
-        """This unit's managed parameters (not those of nested fully_shard units)."""
-        group = self._hp_state.group
-        return list(group.params) if group is not None else []
-
-    def sync_weights(self) -> None:
-        """Compat mode (RFC 2.2.4): make every replica's weights equal, on explicit request only.
-
-        Broadcasts each unit's sharded parameters from the first rank of the unsharded dp group, and
-        parameters with partial gradients from the first rank of their model-parallel group."""
-        for state in self._states(recurse=True):
-            group = state.group
-            if group is None:
-                continue
-            with torch.no_grad():
-                comm.broadcast(group.flat_shard, group.unsharded_group, module=group.name)
-                for param in group.params:
-                    for mp_group in param.partial_groups():
-                        comm.broadcast(param.sharded_param.to_local(), mp_group, module=group.name)
-
-
-def _state_of(module: nn.Module) -> FullyShardState:
-    if not isinstance(module, FullyShardModule):
-        raise ValueError(f"{type(module).__name__} is not managed by fully_shard; apply fully_shard to it first")
-    return module._hp_state
+_WRAPPER_CLASSES: dict[type, type] = {}
+"""One ``FullyShard<Class>`` per user class, as torch FSDP2 caches its ``FSDP<Class>``."""
 
 
 def _default_mesh() -> DeviceMesh:
@@ -114,6 +47,9 @@ def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -
 
     Model-parallel dims named in ``mesh`` but not in the parameter's DTensor are Replicate; a plain
     parameter keeps computing as a plain tensor, a DTensor one on its own mesh and placements.
+
+    Meshes are matched by the ranks they group, never by object identity or DeviceMesh's caches: any
+    slices of one ``init_device_mesh`` (or of ParallelDims views) combine, in any order of creation.
     """
     names = tuple(mesh.mesh_dim_names)
     if not isinstance(param, DTensor):
@@ -122,41 +58,81 @@ def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -
     own_mesh, own_placements = param.device_mesh, tuple(param.placements)
     own_names = tuple(own_mesh.mesh_dim_names or ())
     data_dims = tuple(d for d in names if d not in roles.model_parallel_dims)
+    if own_names == names and _same_ranks(own_mesh, mesh):
+        return _spmd_layout(mesh, roles, own_mesh, own_placements, fqn)
     clash = set(own_names) & set(data_dims)
     if clash:
         raise ValueError(f"parameter {fqn!r} is already a DTensor over {sorted(clash)}, which fully_shard's mesh "
-                         "uses as a data-parallel dim; apply TP/EP on model-parallel dims (tp, ep, etp) only")
-    if mesh._get_root_mesh() != own_mesh._get_root_mesh():
-        raise ValueError(
-            f"the fully_shard mesh {names} and the mesh {own_names} of parameter {fqn!r} do not share a root "
-            "mesh; build both from one mesh (e.g. ParallelDims.build_mesh views, or slices of one init_device_mesh)")
+                         "uses as a data-parallel dim; apply TP/EP on model-parallel dims (tp, ep, etp) only, or "
+                         "pass the full mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)")
     if set(own_names) <= set(roles.model_parallel_dims):
+        if not _same_ranks(own_mesh, mesh[own_names]):
+            raise ValueError(f"parameter {fqn!r} is a DTensor over {own_names} with ranks "
+                             f"{own_mesh.mesh.tolist()}, but fully_shard's mesh groups ranks "
+                             f"{mesh[own_names].mesh.tolist()} over those dims: slice both from one mesh")
         mp_dims = roles.model_parallel_dims
         placements = tuple(own_placements[own_names.index(d)] if d in own_names else Replicate() for d in mp_dims)
         return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
-    combined = DeviceMesh._concatenate([mesh[data_dims], own_mesh]) if data_dims else own_mesh
+    if not data_dims:
+        return ParamLayout(own_mesh, own_names, own_placements, own_mesh, own_placements)
+    try:
+        combined = DeviceMesh._concatenate([mesh[data_dims], own_mesh])
+    except RuntimeError as error:
+        raise ValueError(
+            f"the fully_shard mesh {names} and the mesh {own_names} of parameter {fqn!r} cannot be combined into "
+            f"one mesh ({error}); build both as slices of one init_device_mesh (or ParallelDims views), with "
+            "the data-parallel and model-parallel dims on separate axes") from None
     return ParamLayout(combined, own_names, own_placements, own_mesh, own_placements)
 
 
-def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool = True,
+def _same_ranks(a: DeviceMesh, b: DeviceMesh) -> bool:
+    """The same ranks in the same arrangement (this rank's sub-mesh of each)."""
+    return a.mesh.shape == b.mesh.shape and bool((a.mesh == b.mesh).all())
+
+
+def _spmd_layout(mesh: DeviceMesh, roles: MeshRoles, own_mesh: DeviceMesh, own_placements: tuple,
+                 fqn: str) -> ParamLayout:
+    """A parameter already a DTensor on fully_shard's whole mesh (FSDP2's ``dp_mesh_dims`` mode): it must be
+    Replicate on the data-parallel dims; its other dims are model-parallel."""
+    names = tuple(mesh.mesh_dim_names)
+    data = set(roles.replicate_dims) | ({roles.shard_dim} if roles.shard_dim else set())
+    wrong = [d for d, p in zip(names, own_placements) if d in data and not isinstance(p, Replicate)]
+    if wrong:
+        raise ValueError(f"parameter {fqn!r} is a DTensor on the whole mesh but not Replicate over the "
+                         f"data-parallel dim(s) {wrong}; fully_shard shards those itself")
+    mp_dims = roles.model_parallel_dims
+    placements = tuple(own_placements[names.index(d)] for d in mp_dims)
+    return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
+
+
+def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh | None = None,
+                reshard_after_forward: bool | None = None,
                 mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
-                enable_param_shard: bool | None = None) -> nn.Module:
-    """Shard ``module``'s parameters over the data-parallel dims of ``mesh`` (see module docstring)."""
-    if isinstance(module, FullyShardModule):
-        raise ValueError(f"fully_shard was already applied to this {type(module).__name__}; apply it once per module")
-    if not isinstance(module, nn.Module):
-        raise ValueError(f"fully_shard expects an nn.Module, got {type(module).__name__}")
+                ignored_params: set[nn.Parameter] | None = None, dp_mesh_dims=None,
+                enable_param_shard: bool | None = None, shard_placement_fn=None, offload_policy=None):
+    """Shard ``module``'s parameters over the data-parallel dims of ``mesh`` (see module docstring).
+
+    ``module`` may be a list: one unit (one all-gather, one reduce-scatter) for several modules.
+    ``reshard_after_forward``: None reshards every unit but the root (FSDP2's default), True/False all.
+    ``ignored_params`` stay as they are: not sharded, not moved, their gradients not reduced.
+    ``dp_mesh_dims`` (``torch.distributed.fsdp.DataParallelMeshDims``) names the data-parallel dims of a
+    full mesh whose parameters are already DTensors on it; without it roles follow the dims' names.
+    """
+    modules = _validated_modules(module)
+    _refuse_unsupported(shard_placement_fn, offload_policy)
     mesh = mesh if mesh is not None else _default_mesh()
-    roles = resolve_roles(mesh, enable_param_shard)
+    roles = resolve_roles(mesh, enable_param_shard, dp_mesh_dims)
     device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" \
         else torch.device(mesh.device_type)
     sharded_group = GroupInfo.from_mesh(mesh, (roles.shard_dim,) if roles.shard_dim else ())
     unsharded_group = GroupInfo.from_mesh(mesh, roles.replicate_dims)
-    params = _unmanaged_params(module)
-    prefix = type(module).__name__
+    ignored = {id(p) for p in (ignored_params or ())}
+    prefix = type(modules[0]).__name__
+    params = _unmanaged_params(modules, ignored)
     managed = []
     groups: dict[tuple[str, tuple[int, ...]], GroupInfo] = {}
-    for fqn, owner, leaf, param in params:
+    for fqn, owners, param in params:
+        original = param
         if param.device != device and param.device.type != "meta":
             param = _moved(param, device)
         layout = _layout(mesh, roles, param, fqn)
@@ -166,7 +142,8 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
             if (dim, ranks) not in groups:
                 groups[(dim, ranks)] = GroupInfo.from_mesh(layout.combined, (dim,))
             mp_groups[dim] = groups[(dim, ranks)]
-        managed.append(ShardedParam(fqn, owner, leaf, param, roles, sharded_group, unsharded_group, layout, mp_groups))
+        managed.append(ShardedParam(fqn, owners, param, roles, sharded_group, unsharded_group, layout, mp_groups))
+        setattr(original, MANAGED_BY_ATTR, f"{fqn} of the fully_shard unit {prefix}")
     dtypes = {p.orig_dtype for p in managed}
     if len(dtypes) > 1:
         raise ValueError(f"parameters of one fully_shard unit are gathered and reduced in one flat buffer and "
@@ -182,12 +159,67 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
             exposed.sharded_group_info = param.sharded_group_info
             exposed.unsharded_group_info = param.unsharded_group_info
             exposed.shard_size, exposed.dp_size, exposed.rank_size = param.shard_size, param.dp_size, param.rank_size
-    state = FullyShardState(module, group, reshard_after_forward, mp_policy)
-    module.register_state_dict_post_hook(_detach_from_flat_buffer)
-    cls = module.__class__
-    module.__class__ = type(f"FullyShard{cls.__name__}", (cls, FullyShardModule), {})
-    module._hp_state = state
+    reshard_after_forward, post_forward_group = _post_forward(mesh, roles, reshard_after_forward)
+    if group is not None:
+        group.post_forward_group = post_forward_group
+    state = FullyShardState(modules, group, reshard_after_forward, mp_policy)
+    for each in modules:
+        each.register_state_dict_post_hook(_detach_from_flat_buffer)
+        each.__class__ = _wrapper_class(each.__class__)
+        each._hp_state = state
     return module
+
+
+def _validated_modules(module) -> list[nn.Module]:
+    modules = list(module) if isinstance(module, (list, tuple)) else [module]
+    if not modules:
+        raise ValueError("fully_shard got an empty list of modules")
+    for each in modules:
+        if not isinstance(each, nn.Module):
+            raise ValueError(f"fully_shard expects an nn.Module or a list of them, got {type(each).__name__}")
+        if isinstance(each, FullyShardModule):
+            raise ValueError(f"fully_shard was already applied to this {type(each).__name__}; apply it once per module")
+    return modules
+
+
+def _post_forward(mesh: DeviceMesh, roles: MeshRoles, reshard_after_forward) -> tuple[bool | None, GroupInfo | None]:
+    """``reshard_after_forward`` as a bool/None, and for an int k the group of k ranks to reshard to.
+
+    As FSDP2: k must divide the shard group's size n; k = 1 means False, k = n means True; otherwise
+    after forward each rank keeps n/k of the n shards, and backward all-gathers over k consecutive
+    ranks of the shard group (e.g. one node) instead of all n.
+    """
+    if reshard_after_forward is None or isinstance(reshard_after_forward, bool):
+        return reshard_after_forward, None
+    if not isinstance(reshard_after_forward, int):
+        raise ValueError(f"reshard_after_forward must be a bool, None or an int, got {reshard_after_forward!r}")
+    size, k = roles.shard_size, reshard_after_forward
+    if k < 1 or size % k:
+        raise ValueError(f"reshard_after_forward={k}: an int must divide the shard group's size {size} "
+                         f"(the ranks of {roles.shard_dim or 'no shard dim'}); use one of "
+                         f"{[d for d in range(1, size + 1) if size % d == 0]}, True or False")
+    if k in (1, size):
+        return k == size, None
+    names = (f"{roles.shard_dim}_post_forward_replica", f"{roles.shard_dim}_post_forward")
+    inner = mesh[roles.shard_dim]._unflatten(0, (size // k, k), names)
+    return True, GroupInfo.from_mesh(inner, (names[1],))
+
+
+def _refuse_unsupported(shard_placement_fn, offload_policy) -> None:
+    """FSDP2 arguments this implementation does not offer: refused by name, never silently ignored."""
+    if shard_placement_fn is not None:
+        raise NotImplementedError("shard_placement_fn is not supported: hyper_parallel's fully_shard chooses the "
+                                  "FSDP axis itself (the first axis no model-parallel dim shards)")
+    if offload_policy is not None and type(offload_policy).__name__ != "OffloadPolicy":
+        raise NotImplementedError(f"offload_policy={type(offload_policy).__name__} (CPU offload) is not supported "
+                                  "by hyper_parallel's fully_shard")
+
+
+def _wrapper_class(cls: type) -> type:
+    """``FullyShard<cls>``: ours first in the MRO (as FSDP2), created once per user class."""
+    if cls not in _WRAPPER_CLASSES:
+        _WRAPPER_CLASSES[cls] = type(f"FullyShard{cls.__name__}", (FullyShardModule, cls), {})
+    return _WRAPPER_CLASSES[cls]
 
 
 def _detach_from_flat_buffer(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
@@ -208,21 +240,33 @@ def _moved(param: nn.Parameter, device: torch.device) -> nn.Parameter:
     return nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
 
 
-def _unmanaged_params(module: nn.Module) -> list[tuple[str, nn.Module, str, nn.Parameter]]:
-    """(fqn, owning module, attribute name, parameter) for parameters not inside a nested fully_shard unit."""
-    result = []
-    seen: set[int] = set()
+def _unmanaged_params(modules: list[nn.Module],
+                      ignored: set[int]) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
+    """(fqn, every (module, attribute) holding it, parameter) for the parameters of ``modules`` that no
+    nested fully_shard unit manages. A parameter held by several modules (tied weights) appears once,
+    with all its owners; one already managed by another unit is an error naming both places."""
+    found: dict[int, tuple[str, list[tuple[nn.Module, str]], nn.Parameter]] = {}
+    several = len(modules) > 1
 
     def visit(mod: nn.Module, prefix: str) -> None:
         for name, param in mod._parameters.items():
-            if param is None or id(param) in seen:
+            if param is None or id(param) in ignored:
                 continue
-            seen.add(id(param))
-            result.append((f"{prefix}{name}", mod, name, param))
+            if id(param) in found:
+                found[id(param)][1].append((mod, name))
+                continue
+            elsewhere = getattr(param, MANAGED_BY_ATTR, None)
+            if elsewhere is not None:
+                raise ValueError(
+                    f"parameter {prefix}{name} is shared with {elsewhere}: a parameter held by two fully_shard "
+                    "units would have its gradient reduced twice. Apply fully_shard so that one unit holds "
+                    "every module using it (e.g. leave both in the root, or fully_shard([module_a, module_b]))")
+            found[id(param)] = (f"{prefix}{name}", [(mod, name)], param)
         for child_name, child in mod._modules.items():
             if child is None or isinstance(child, FullyShardModule):
                 continue
             visit(child, f"{prefix}{child_name}.")
 
-    visit(module, "")
-    return result
+    for index, mod in enumerate(modules):
+        visit(mod, f"{index}." if several else "")
+    return list(found.values())

@@ -54,10 +54,11 @@ class ParamLayout:
 
 
 class ShardedParam:
-    def __init__(self, fqn: str, owner: nn.Module, leaf_name: str, param: nn.Parameter,
+    def __init__(self, fqn: str, owners: list[tuple[nn.Module, str]], param: nn.Parameter,
                  roles: MeshRoles, sharded_group: GroupInfo, unsharded_group: GroupInfo,
                  layout: ParamLayout, model_parallel_groups: dict[str, GroupInfo]) -> None:
-        self.fqn, self.owner, self.leaf_name = fqn, owner, leaf_name
+        self.fqn = fqn
+        self.owners = owners  # (module, attribute) of every place the parameter is registered (tied weights)
         self.roles = roles
         self.sharded_group_info = sharded_group
         self.unsharded_group_info = unsharded_group
@@ -161,9 +162,10 @@ class ShardedParam:
         left for fully_shard's bucketed all-reduce over that model-parallel group.
         """
         names = grad.device_mesh.mesh_dim_names
+        data_parallel = set(self.roles.data_parallel_dims) | set(self.roles.replicate_dims)
         target, partial = list(grad.placements), []
         for index, (have, want) in enumerate(zip(grad.placements, self.layout.compute_placements)):
-            if have == want:
+            if have == want or names[index] in data_parallel:  # data-parallel dims: fully_shard reduces them
                 continue
             if isinstance(have, Partial) and isinstance(want, Replicate):
                 partial.append(names[index])
@@ -263,7 +265,18 @@ class ShardedParam:
         return DTensor(local, self._grad_spec, requires_grad=False)
 
     def _set_on_owner(self, param: nn.Parameter) -> None:
-        self.owner._parameters[self.leaf_name] = param
+        for owner, leaf_name in self.owners:
+            owner._parameters[leaf_name] = param
+
+    @property
+    def trainable(self) -> bool:
+        """Follows the sharded parameter, the one the user sees between steps and may freeze or unfreeze."""
+        return self.sharded_param.requires_grad
+
+    def sync_requires_grad(self) -> None:
+        """Give the compute parameter the sharded one's ``requires_grad`` (frozen parameters get no gradient)."""
+        if self.unsharded_param.requires_grad != self.trainable:
+            self.unsharded_param.requires_grad_(self.trainable)
 
     def use_unsharded(self) -> None:
         self._set_on_owner(self.unsharded_param)

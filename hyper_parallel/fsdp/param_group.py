@@ -50,6 +50,7 @@ class ParamGroup:
         self.requires_gradient_sync = True
         self.requires_all_reduce = True
         self.partial_reduce: torch.Tensor | None = None  # reduce-scattered, not yet all-reduced (HSDP accumulation)
+        self.partial_reduce_layout: dict[int, int] | None = None  # its offsets (trainable parameters then)
         self.partial_reduce_params: list[tuple[ShardedParam, tuple[str, ...]]] = []  # who contributed to it
         self.offsets = []
         total = 0
@@ -57,7 +58,6 @@ class ParamGroup:
             self.offsets.append(total)
             total += param.padded_numel
         self.total = total
-        self._offset_of = {id(param): offset for param, offset in zip(params, self.offsets)}
         self.flat_shard = torch.empty(total, dtype=self.orig_dtype, device=device)
         for param, offset in zip(params, self.offsets):
             param.init_sharded(self.flat_shard[offset:offset + param.padded_numel])
@@ -68,6 +68,8 @@ class ParamGroup:
             param.init_unsharded(self.param_dtype, device, storage)
         self.owns_unsharded_storage = not alias
         self.is_unsharded = False
+        self.post_forward_group: GroupInfo | None = None  # reshard_after_forward=k: the k ranks kept between
+        self.post_forward_shard: torch.Tensor | None = None  # this rank's rows of the gathered buffer, then
 
     # ----- forward -----
     def unshard(self) -> None:
@@ -75,9 +77,14 @@ class ParamGroup:
         if self.is_unsharded:
             return
         if self.needs_all_gather:
-            shard = self.flat_shard if self.param_dtype == self.orig_dtype else self.flat_shard.to(self.param_dtype)
             gathered = torch.empty(self.shard_size, self.total, dtype=self.param_dtype, device=self.device)
-            comm.all_gather_into_tensor(gathered.view(-1), shard, self.sharded_group, module=self.name)
+            if self.post_forward_shard is not None:  # backward after reshard_after_forward=k: gather over k ranks
+                shard, group = self.post_forward_shard.view(-1), self.post_forward_group
+                self.post_forward_shard = None
+            else:
+                shard = self.flat_shard if self.param_dtype == self.orig_dtype else self.flat_shard.to(self.param_dtype)
+                group = self.sharded_group
+            comm.all_gather_into_tensor(gathered.view(-1), shard, group, module=self.name)
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
                 param.copy_out(gathered[:, offset:offset + param.padded_numel])
@@ -93,15 +100,34 @@ class ParamGroup:
         self.is_unsharded = True
         self._trace_placements(sharded_to_unsharded=True)
 
-    def reshard(self) -> None:
+    def reshard(self, keep_post_forward_shard: bool = False) -> None:
+        """Free the unsharded parameters; with ``keep_post_forward_shard`` (reshard_after_forward=k) keep the
+        rows of the gathered buffer that this rank contributes when its group of k ranks gathers in backward."""
+        if not keep_post_forward_shard:
+            self.post_forward_shard = None
         if not self.is_unsharded:
             return
+        if keep_post_forward_shard and self.post_forward_group is not None:
+            self.post_forward_shard = self._post_forward_rows()
         for param in self.params:
             if self.owns_unsharded_storage:
                 param.free_unsharded()
             param.use_sharded()
         self.is_unsharded = False
         self._trace_placements(sharded_to_unsharded=False)
+
+    def _post_forward_rows(self) -> torch.Tensor:
+        """Rows [s*m, (s+1)*m) of the [shard_size, total] all-gather buffer (s: this rank's place among its k
+        ranks, m = shard_size / k): the k ranks' rows gathered in their order are the whole buffer again."""
+        group = self.post_forward_group
+        rows = self.shard_size // group.size
+        first = group.ranks.index(torch.distributed.get_rank()) * rows
+        kept = torch.empty(rows, self.total, dtype=self.param_dtype, device=self.device)
+        for param, offset in zip(self.params, self.offsets):
+            pieces = param.unsharded_padded.unflatten(param.fsdp_axis, (self.shard_size, param.chunk))
+            kept[:, offset:offset + param.padded_numel].view(rows, *param.padded_shape).copy_(
+                pieces.movedim(param.fsdp_axis, 0)[first:first + rows])
+        return kept
 
     def _trace_placements(self, sharded_to_unsharded: bool) -> None:
         if trace.current() is None:
@@ -148,47 +174,71 @@ class ParamGroup:
             for param, grad, partial in ready:
                 param.accumulated_grad, param.accumulated_partial = grad, partial
             return
+        offsets, total = self._reduce_layout(ready)
         if ready:
-            reduced, reduced_params = self._reduce_scatter(ready)
+            reduced, reduced_params = self._reduce_scatter(ready, offsets, total)
         elif self.partial_reduce is not None and self.requires_all_reduce:
-            reduced, reduced_params = torch.zeros(self.total, dtype=self.reduce_dtype, device=self.device), []
+            reduced, reduced_params = torch.zeros(total, dtype=self.reduce_dtype, device=self.device), []
         else:
             return
         if self.dp_size > 1:
             if self.partial_reduce is not None:
+                if self.partial_reduce_layout != offsets:
+                    raise RuntimeError(f"{self.name}: requires_grad of its parameters changed between micro-steps "
+                                       "of one gradient accumulation; freeze or unfreeze between optimizer steps")
                 reduced += self.partial_reduce
                 reduced_params = self._merge(reduced_params, self.partial_reduce_params)
-                self.partial_reduce, self.partial_reduce_params = None, []
+                self.partial_reduce, self.partial_reduce_params, self.partial_reduce_layout = None, [], None
             if not self.requires_all_reduce:
                 self.partial_reduce, self.partial_reduce_params = reduced, reduced_params
+                self.partial_reduce_layout = offsets
                 return
             comm.all_reduce(reduced, self.unsharded_group, module=self.name)
-        self._reduce_partial_grads(reduced, reduced_params)
+        self._reduce_partial_grads(reduced, reduced_params, offsets)
         reduced.div_(self.gradient_divide_factor)
         reduced = reduced.to(self.orig_dtype)
         for param, _ in reduced_params:
-            offset = self._offset(param)
+            offset = offsets[id(param)]
             grad = param.sharded_grad(reduced[offset:offset + param.padded_numel])
             if param.sharded_param.grad is None:
                 param.sharded_param.grad = grad
             else:
                 param.sharded_param.grad += grad
 
-    def _reduce_scatter(self, ready: list) -> tuple[torch.Tensor, list[tuple[ShardedParam, tuple[str, ...]]]]:
+    def _reduce_layout(self, ready: list) -> tuple[dict[int, int], int]:
+        """Offsets of the trainable parameters in the reduction buffer, and its length.
+
+        Frozen parameters are gathered like the others but get no gradient, so they are left out of
+        the reduce-scatter and all-reduce: the bytes on the wire are the trainable ones only. With
+        every parameter trainable this is the flat shard's own layout.
+        """
+        offsets, total = {}, 0
+        for param in self.params:
+            if param.trainable:
+                offsets[id(param)] = total
+                total += param.padded_numel
+        stray = [param.fqn for param, _, _ in ready if id(param) not in offsets]
+        if stray:
+            raise RuntimeError(f"{self.name}: {stray} got a gradient but no longer require one; change "
+                               "requires_grad between optimizer steps, not between forward and backward")
+        return offsets, total
+
+    def _reduce_scatter(self, ready: list, offsets: dict[int, int],
+                        total: int) -> tuple[torch.Tensor, list[tuple[ShardedParam, tuple[str, ...]]]]:
         """Copy the gradients into one flat [shard_size, total] buffer and reduce-scatter it: this rank's
         summed shard (the buffer itself when shard_size == 1), and (param, partial dims) per gradient."""
-        reduce_in = (torch.empty if len(ready) == len(self.params) else torch.zeros)(
-            self.shard_size, self.total, dtype=self.reduce_dtype, device=self.device)
+        reduce_in = (torch.empty if len(ready) == len(offsets) else torch.zeros)(
+            self.shard_size, total, dtype=self.reduce_dtype, device=self.device)
         reduced_params = []
         while ready:  # pop: each unsharded gradient is freed once copied in, before the collective (peak memory)
             param, grad, partial = ready.pop()
-            offset = self._offset(param)
+            offset = offsets[id(param)]
             param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset:offset + param.padded_numel])
             reduced_params.append((param, partial))
             del grad
         if self.shard_size == 1:
             return reduce_in.view(-1), reduced_params
-        reduced = torch.empty(self.total, dtype=self.reduce_dtype, device=self.device)
+        reduced = torch.empty(total, dtype=self.reduce_dtype, device=self.device)
         comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name)
         comm.release(reduce_in)
         return reduced, reduced_params
@@ -202,17 +252,14 @@ class ParamGroup:
             merged[id(param)] = (param, union_dims(before, partial))
         return list(merged.values())
 
-    def _offset(self, param: ShardedParam) -> int:
-        return self._offset_of[id(param)]
-
-    def _reduce_partial_grads(self, reduced: torch.Tensor, ready: list) -> None:
+    def _reduce_partial_grads(self, reduced: torch.Tensor, ready: list, offsets: dict[int, int]) -> None:
         """Sum gradients left partial by model parallelism over their group, one all-reduce per group."""
         by_group: dict[str, tuple[GroupInfo, list[ShardedParam]]] = {}
         for param, runtime_partial in ready:
             for group in param.partial_groups(runtime_partial):
                 by_group.setdefault(group.name, (group, []))[1].append(param)
         for group, params in by_group.values():
-            segments = [reduced[self._offset(p):self._offset(p) + p.padded_numel] for p in params]
+            segments = [reduced[offsets[id(p)]:offsets[id(p)] + p.padded_numel] for p in params]
             flat = torch.cat(segments)
             comm.all_reduce(flat, group, module=self.name)
             position = 0

@@ -1,6 +1,6 @@
 """Which dims of the mesh given to ``fully_shard`` replicate, shard, or belong to model parallelism.
 
-Rules (DESIGN.md §4, RFC 2.1.1 / 2.2.3 / 4.3):
+Rules:
 * ``tp``, ``ep``, ``etp`` are model-parallel: their placements come from the parameters' own DTensors.
 * ``dp_replicate`` always replicates.
 * every other dim is data-parallel. Of two data-parallel dims the outer replicates and the inner
@@ -8,6 +8,8 @@ Rules (DESIGN.md §4, RFC 2.1.1 / 2.2.3 / 4.3):
   written for torch FSDP2 keeps its meaning. Three or more are ambiguous and rejected.
 * ``enable_param_shard``: True shards over the shard dim (error if none), False turns the shard dim
   into a replica dim (shard_size = 1), None shards iff a shard dim of size > 1 exists (scheme B).
+* ``dp_mesh_dims`` (torch FSDP2's ``DataParallelMeshDims``) names the shard and replicate dims
+  explicitly; every other dim of the mesh is then model-parallel, whatever its name.
 """
 from __future__ import annotations
 
@@ -61,12 +63,39 @@ def _name_dims(mesh: DeviceMesh) -> tuple[str, ...]:
     return tuple(names)
 
 
-def resolve_roles(mesh: DeviceMesh, enable_param_shard: bool | None) -> MeshRoles:
+def _explicit_roles(mesh: DeviceMesh, names: tuple[str, ...], dp_mesh_dims, enable_param_shard) -> MeshRoles:
+    """torch FSDP2's ``DataParallelMeshDims``: the data-parallel dims named, every other dim model-parallel."""
+    shard, replicate = tuple(dp_mesh_dims.shard_names), tuple(dp_mesh_dims.replicate_names)
+    for label, dims in (("shard", shard), ("replicate", replicate)):
+        unknown = [d for d in dims if d not in names]
+        if unknown:
+            raise ValueError(f"dp_mesh_dims.{label} names {unknown}, which the mesh {names} does not have")
+    if len(shard) > 1 or len(replicate) > 1:
+        raise ValueError(f"dp_mesh_dims with several {'shard' if len(shard) > 1 else 'replicate'} dims "
+                         f"({shard or replicate}) is not supported: flatten them into one mesh dim first "
+                         "(mesh[names]._flatten(name), or the 'fsdp' view of ParallelDims)")
+    if set(shard) & set(replicate):
+        raise ValueError(f"dp_mesh_dims names {sorted(set(shard) & set(replicate))} as both shard and replicate")
+    shard_dim = shard[0] if shard else None
+    replicate_dims = list(replicate)
+    if enable_param_shard is True and shard_dim is None:
+        raise ValueError("enable_param_shard=True but dp_mesh_dims names no shard dim")
+    if shard_dim is not None and enable_param_shard is False:
+        replicate_dims.append(shard_dim)
+        shard_dim = None
+    model_parallel = tuple(n for n in names if n not in replicate_dims and n != shard_dim)
+    return MeshRoles(mesh, tuple(n for n in names if n in replicate_dims), shard_dim, model_parallel)
+
+
+def resolve_roles(mesh: DeviceMesh, enable_param_shard: bool | None, dp_mesh_dims=None) -> MeshRoles:
+    """Roles from the dims' names (the default), or from an explicit ``dp_mesh_dims``, which wins."""
     if enable_param_shard not in (True, False, None):
         raise ValueError(f"enable_param_shard must be True, False or None, got {enable_param_shard!r}")
     names = _name_dims(mesh)
     if len(set(names)) != len(names):
         raise ValueError(f"mesh dim names must be unique, got {names}")
+    if dp_mesh_dims is not None:
+        return _explicit_roles(mesh, names, dp_mesh_dims, enable_param_shard)
     model_parallel = tuple(n for n in names if n in MODEL_PARALLEL_DIMS)
     replicate = [n for n in names if n == REPLICATE_DIM]
     data_parallel = [n for n in names if n not in MODEL_PARALLEL_DIMS and n != REPLICATE_DIM]

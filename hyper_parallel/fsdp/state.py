@@ -1,49 +1,94 @@
-"""Per-module hooks that drive unshard / reshard / gradient reduction around forward and backward.
+"""Per-unit hooks that drive unshard / reshard / gradient reduction around forward and backward.
 
 Timeline of one unit in a training step (as torch FSDP2):
   forward pre-hook   all-gather (unshard), swap in the unsharded parameters, prefetch the next units
-  forward post-hook  reshard unless this is the root or reshard_after_forward is False; hook the outputs
+  forward post-hook  reshard unless reshard_after_forward says otherwise (the root keeps its
+                     parameters by default); hook the outputs
   output grad hook   (backward reaches this unit) all-gather again if resharded, prefetch
-  grad-accumulated   when every parameter of the unit has its gradient: reduce-scatter / all-reduce, reshard
+  grad-accumulated   when every trainable parameter of the unit has its gradient: reduce-scatter /
+                     all-reduce, then reshard, unless the unit holds frozen parameters (below)
   end of backward    the root flushes units whose parameters got no gradient, resets for the next step
+
+Frozen parameters get no gradient, so "every gradient has arrived" does not mean "backward is done
+with this unit's weights": the input gradient of a frozen linear still needs its weight. A unit that
+holds frozen parameters reshards only once the gradients of its forward inputs are computed (an
+autograd function on the inputs, as FSDP2 does), or at the end of backward if no input needs one.
+
+A unit may span several modules (``fully_shard([norm, output])``): it reshards after forward once
+every one of them has run.
 """
 from __future__ import annotations
+
+from enum import Enum, auto
 
 import torch
 import torch.nn as nn
 from torch.autograd import Variable
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from hyper_parallel import trace
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
 
 
+class TrainingState(Enum):
+    """Where a unit is in the step; hooks check it, so a recomputed forward (activation checkpointing)
+    inside backward does not reshard parameters that backward is using."""
+
+    IDLE = auto()
+    FORWARD = auto()
+    PRE_BACKWARD = auto()     # backward has reached the unit: parameters unsharded for it
+    POST_BACKWARD = auto()    # gradients reduced
+
+
+class RunAfterInputGradients(torch.autograd.Function):
+    """Identity on the unit's forward inputs; its backward runs once their gradients are computed,
+    i.e. once backward is done with every weight of the unit, frozen ones included."""
+
+    @staticmethod
+    def forward(ctx, state: "FullyShardState", *inputs: torch.Tensor):
+        ctx.state = state
+        return inputs
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        ctx.state._after_input_gradients()
+        return (None, *grads)
+
+
 class FullyShardState:
-    def __init__(self, module: nn.Module, group: ParamGroup | None, reshard_after_forward: bool,
+    def __init__(self, modules: list[nn.Module], group: ParamGroup | None, reshard_after_forward: bool | None,
                  mp_policy: MixedPrecisionPolicy) -> None:
-        self.module = module
+        self.modules = modules
+        self.module = modules[0]
         self.group = group
-        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_forward = reshard_after_forward  # None: True except for the root (FSDP2's default)
+        self.reshard_after_backward = True
         self.mp_policy = mp_policy
         self.forward_prefetch: list[FullyShardState] = []
         self.backward_prefetch: list[FullyShardState] = []
         self.is_root: bool | None = None
-        self.name = type(module).__name__
+        self.training_state = TrainingState.IDLE
+        self.name = type(self.module).__name__
         self.parent_name = ""  # the enclosing unit's name: the trace label once this unit's backward is done
         self._outer_module_label = ""
         self.subtree: list[FullyShardState] = []
+        self._modules_run: set[int] = set()
         self._grads_seen = 0
-        self._pre_backward_done = False
+        self._expected_grads = 0
+        self._has_frozen = False
+        self._grads_reduced = False
+        self._inputs_done = False
+        self._hooked: set[int] = set()
         self._callback_queued = False
-        self._hook_handles = []
-        if group is not None:
-            for param in group.params:
-                if param.requires_grad:
-                    self._hook_handles.append(
-                        param.unsharded_param.register_post_accumulate_grad_hook(self._on_grad_accumulated))
-        self._expected_grads = sum(p.requires_grad for p in group.params) if group else 0
-        module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
-        module.register_forward_hook(self._post_forward)
+        for module in modules:
+            module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
+            module.register_forward_hook(self._post_forward)
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        if self.reshard_after_forward is None:
+            return not self.is_root
+        return bool(self.reshard_after_forward)
 
     # ----- forward -----
     def _lazy_init(self) -> None:
@@ -52,10 +97,11 @@ class FullyShardState:
             return
         self.is_root = True
         self.subtree = []
-        names = {}
+        names: dict[FullyShardState, str] = {}
+        module_names = {id(module): name for name, module in self.module.named_modules()}
         for name, module in self.module.named_modules():
             state = getattr(module, "_hp_state", None)
-            if state is None:
+            if state is None or state in names:
                 continue
             self.subtree.append(state)
             names[state] = name
@@ -65,17 +111,39 @@ class FullyShardState:
             if state.group is not None:
                 state.group.name = state.name
                 for param in state.group.params:  # names relative to the unit -> names in the model
-                    param.fqn = f"{name}.{param.fqn}" if name else param.fqn
+                    owner, leaf = param.owners[0]
+                    if id(owner) in module_names:
+                        param.fqn = ".".join(part for part in (module_names[id(owner)], leaf) if part)
         for state, name in names.items():
             enclosing = [other for other, prefix in names.items()
                          if other is not state and (prefix == "" or name.startswith(prefix + "."))]
             if enclosing:
                 state.parent_name = max(enclosing, key=lambda other: len(names[other])).name
 
+    def _begin_step(self) -> None:
+        """Read which parameters are trainable now (they may be frozen or unfrozen between steps)."""
+        group = self.group
+        self._grads_seen, self._grads_reduced, self._inputs_done = 0, False, False
+        if group is None:
+            return
+        for param in group.params:
+            param.sync_requires_grad()
+            if param.trainable and id(param) not in self._hooked:
+                self._hooked.add(id(param))
+                param.unsharded_param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
+        self._expected_grads = sum(param.trainable for param in group.params)
+        self._has_frozen = self._expected_grads < len(group.params)
+
     def _pre_forward(self, module: nn.Module, args, kwargs):
+        if self.training_state == TrainingState.PRE_BACKWARD:
+            return args, kwargs  # recomputation inside backward: the parameters are already unsharded
         self._lazy_init()
         if self.is_root:
             trace.set_phase("forward")
+        if self.training_state != TrainingState.FORWARD:
+            self._begin_step()
+            self._modules_run.clear()
+        self.training_state = TrainingState.FORWARD
         self._outer_module_label = trace.set_module(self.name)
         if self.group is not None:
             self.group.unshard()
@@ -85,13 +153,29 @@ class FullyShardState:
             dtype = self.mp_policy.param_dtype
             cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
             args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        if self._has_frozen and torch.is_grad_enabled():
+            args, kwargs = self._hook_input_gradients(args, kwargs)
         return args, kwargs
 
+    def _hook_input_gradients(self, args, kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if positions:
+            hooked = RunAfterInputGradients.apply(self, *(flat[i] for i in positions))
+            for position, tensor in zip(positions, hooked):
+                flat[position] = tensor
+        return tree_unflatten(flat, spec)
+
     def _post_forward(self, module: nn.Module, args, output):
+        if self.training_state == TrainingState.PRE_BACKWARD:
+            return output
         training = torch.is_grad_enabled()
         trace.set_module(self._outer_module_label)
-        if self.group is not None and (not training or (self.reshard_after_forward and not self.is_root)):
-            self.group.reshard()
+        self._modules_run.add(id(module))
+        if len(self._modules_run) == len(self.modules):
+            if self.group is not None and (not training or self.reshards_after_forward):
+                self.group.reshard(keep_post_forward_shard=training)
+            self.training_state = TrainingState.IDLE
         if self.mp_policy.output_dtype is not None:
             dtype = self.mp_policy.output_dtype
             output = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
@@ -104,11 +188,10 @@ class FullyShardState:
 
     # ----- backward -----
     def _pre_backward(self, grad):
-        if self._pre_backward_done:
+        if self.training_state in (TrainingState.PRE_BACKWARD, TrainingState.POST_BACKWARD):
             return grad
-        self._pre_backward_done = True
-        root = self if self.is_root else None
-        if root is not None and not self._callback_queued:
+        self.training_state = TrainingState.PRE_BACKWARD
+        if self.is_root and not self._callback_queued:
             self._callback_queued = True
             trace.set_phase("backward")
             Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -122,22 +205,35 @@ class FullyShardState:
     def _on_grad_accumulated(self, _param) -> None:
         self._grads_seen += 1
         if self._grads_seen == self._expected_grads:
-            self._reduce_and_reshard()
+            self._grads_seen = 0
+            self._reduce()
+            if not self._has_frozen or self._inputs_done:
+                self._reshard_after_backward()
 
-    def _reduce_and_reshard(self) -> None:
+    def _after_input_gradients(self) -> None:
+        self._inputs_done = True
+        if self._grads_reduced or self._expected_grads == 0:
+            self._reshard_after_backward()
+
+    def _reduce(self) -> None:
         self.group.reduce_grads()
-        self.group.reshard()
-        self._grads_seen = 0
+        self._grads_reduced = True
+        self.training_state = TrainingState.POST_BACKWARD
+
+    def _reshard_after_backward(self) -> None:
+        if self.reshard_after_backward:
+            self.group.reshard()
         trace.set_module(self.parent_name)
 
     def _end_of_backward(self) -> None:
         for state in self.subtree:
             if state.group is not None:
                 if state.group.has_pending_grads():
-                    state._reduce_and_reshard()
-                state.group.reshard()
+                    state._reduce()
+                if state.reshard_after_backward:
+                    state.group.reshard()
             state._grads_seen = 0
-            state._pre_backward_done = False
+            state.training_state = TrainingState.IDLE
         self._callback_queued = False
         trace.set_phase("other")
         trace.set_module("")

@@ -11,11 +11,12 @@ def describe_units(root: nn.Module) -> list[dict]:
     ``padded_bytes``: the flat all-gather buffer (mp-local bytes padded to a multiple of shard_size);
     ``sharded_group`` / ``unsharded_group``: name and global ranks of the RS and AR groups.
     """
-    units = []
+    units, seen = [], set()
     for name, module in root.named_modules():
         state = getattr(module, "_hp_state", None)
-        if state is None or state.group is None:
+        if state is None or state.group is None or id(state) in seen:
             continue
+        seen.add(id(state))
         group = state.group
         element = group.params[0].sharded_param.element_size()
         units.append({
@@ -27,7 +28,7 @@ def describe_units(root: nn.Module) -> list[dict]:
             "shard_size": group.shard_size, "dp_size": group.dp_size, "rank_size": group.rank_size,
             "sharded_group": {"name": group.sharded_group.name, "ranks": list(group.sharded_group.ranks)},
             "unsharded_group": {"name": group.unsharded_group.name, "ranks": list(group.unsharded_group.ranks)},
-            "reshard_after_forward": state.reshard_after_forward and not state.is_root,
+            "reshard_after_forward": state.reshards_after_forward,
             "dtype": str(group.orig_dtype).removeprefix("torch."),
         })
     return sorted(units, key=lambda unit: unit["unit"] == "root")

@@ -1,0 +1,151 @@
+"""The methods ``fully_shard`` adds to a module: torch FSDP2's ``FSDPModule`` surface, plus ``sync_weights``.
+
+What FSDP2 offers and this implementation does not is refused by name (``NotImplementedError``), so a
+training loop written for FSDP2 never silently does something else.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from hyper_parallel import comm
+from hyper_parallel.fsdp.param import ShardedParam
+from hyper_parallel.fsdp.state import FullyShardState
+
+UNSUPPORTED_FSDP2_METHODS = {
+    "set_custom_all_gather": "custom all-gather implementations",
+    "set_custom_reduce_scatter": "custom reduce-scatter implementations",
+    "set_all_reduce_hook": "all-reduce hooks",
+    "set_post_optim_event": "CUDA post-optimizer events",
+    "set_force_sum_reduction_for_comms": "forced SUM reductions",
+    "set_reduce_scatter_unused_params": "reduce-scatter of unused parameters",
+    "set_reduce_scatter_max_input_buffers": "several reduce-scatter input buffers",
+    "set_separate_reduce_scatter_group": "a separate reduce-scatter process group",
+    "set_unshard_in_backward": "skipping the backward all-gather",
+    "set_allocate_memory_from_process_group_for_comm": "process-group memory allocation",
+    "set_symm_mem_for_comm": "symmetric memory",
+    "reset_iter_state": "recovery from a failed iteration",
+}
+
+
+class UnshardHandle:
+    """What ``unshard(async_op=True)`` returns. The all-gather has completed when ``unshard`` returns
+    (collectives are issued synchronously here), so ``wait()`` only marks the handle as waited for."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def wait(self) -> None:
+        self.waited = True
+
+
+class FullyShardModule:
+    """Methods added to a module by ``fully_shard`` (its class becomes a subclass of this and its own)."""
+
+    _hp_state: FullyShardState
+
+    def _states(self, recurse: bool) -> list[FullyShardState]:
+        if not recurse:
+            return [self._hp_state]
+        states = []
+        for module in self.modules():
+            state = getattr(module, "_hp_state", None)
+            if state is not None and state not in states:
+                states.append(state)
+        return states
+
+    def __deepcopy__(self, memo):
+        raise RuntimeError(f"copy.deepcopy of a fully_shard module ({type(self).__name__}) is not supported (torch "
+                           "FSDP2 refuses it too): deepcopy the model before fully_shard, or save and load a state dict")
+
+    def __getattr__(self, name: str):
+        if name in UNSUPPORTED_FSDP2_METHODS:
+            raise NotImplementedError(f"{name} (torch FSDP2: {UNSUPPORTED_FSDP2_METHODS[name]}) is not supported "
+                                      "by hyper_parallel's fully_shard")
+        return super().__getattr__(name)
+
+    def unshard(self, async_op: bool = False) -> UnshardHandle | None:
+        """All-gather this unit's parameters now (only the FSDP dim; TP/EP placements stay)."""
+        self._hp_state.unshard()
+        return UnshardHandle() if async_op else None
+
+    def reshard(self) -> None:
+        """Free the unsharded parameters; the module holds its sharded DTensors again."""
+        self._hp_state.reshard()
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """False: skip reduce-scatter and all-reduce, accumulate unsharded gradients locally (gradient
+        accumulation); the next backward with True reduces the accumulated sum."""
+        for state in self._states(recurse):
+            if state.group is not None:
+                state.group.requires_gradient_sync = bool(requires_gradient_sync)
+
+    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
+        """False (HSDP): reduce-scatter but keep the result partial over the replicate group; the next
+        backward with True all-reduces the sum."""
+        for state in self._states(recurse):
+            if state.group is not None:
+                state.group.requires_all_reduce = bool(requires_all_reduce)
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(f"set_reshard_after_forward takes a bool, got {reshard_after_forward!r}")
+        for state in self._states(recurse):
+            state.reshard_after_forward = reshard_after_forward
+
+    def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        """False: keep the unsharded parameters after backward, so the next forward gathers nothing
+        (gradient accumulation; as in FSDP2, an optimizer step in between is not seen by them)."""
+        for state in self._states(recurse):
+            state.reshard_after_backward = bool(reshard_after_backward)
+
+    def set_is_last_backward(self, is_last_backward: bool) -> None:
+        """Accepted for FSDP2 compatibility: every reduction completes within its backward here, so there
+        is nothing to wait for after the last one."""
+        self._hp_state.is_last_backward = bool(is_last_backward)
+
+    def set_gradient_divide_factor(self, factor: float, *, recurse: bool = True) -> None:
+        """Divide reduced gradients by ``factor`` instead of the data-parallel world (rank_size)."""
+        if factor <= 0:
+            raise ValueError(f"gradient divide factor must be > 0, got {factor}")
+        for state in self._states(recurse):
+            if state.group is not None:
+                state.group.gradient_divide_factor = float(factor)
+
+    def set_reduce_scatter_divide_factor(self, factor: float) -> None:
+        """FSDP2's older name of ``set_gradient_divide_factor``."""
+        self.set_gradient_divide_factor(factor)
+
+    def set_modules_to_forward_prefetch(self, modules: list[nn.Module]) -> None:
+        """All-gather these units' parameters at the start of this unit's forward."""
+        self._hp_state.forward_prefetch = [state_of(m) for m in modules]
+
+    def set_modules_to_backward_prefetch(self, modules: list[nn.Module]) -> None:
+        """All-gather these units' parameters when backward reaches this unit."""
+        self._hp_state.backward_prefetch = [state_of(m) for m in modules]
+
+    def sharded_params(self) -> list[ShardedParam]:
+        """This unit's managed parameters (not those of nested fully_shard units)."""
+        group = self._hp_state.group
+        return list(group.params) if group is not None else []
+
+    def sync_weights(self) -> None:
+        """Compat mode: make every replica's weights equal, on explicit request only.
+
+        Broadcasts each unit's sharded parameters from the first rank of the unsharded dp group, and
+        parameters with partial gradients from the first rank of their model-parallel group."""
+        for state in self._states(recurse=True):
+            group = state.group
+            if group is None:
+                continue
+            with torch.no_grad():
+                comm.broadcast(group.flat_shard, group.unsharded_group, module=group.name)
+                for param in group.params:
+                    for mp_group in param.partial_groups():
+                        comm.broadcast(param.sharded_param.to_local(), mp_group, module=group.name)
+
+
+def state_of(module: nn.Module) -> FullyShardState:
+    if not isinstance(module, FullyShardModule):
+        raise ValueError(f"{type(module).__name__} is not managed by fully_shard; apply fully_shard to it first")
+    return module._hp_state

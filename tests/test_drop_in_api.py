@@ -1,0 +1,164 @@
+"""FSDP2's API surface on our fully_shard, in one process (torch's fake process group, 8 ranks).
+
+What FSDP2 offers and we support behaves as FSDP2 documents it; what we do not support raises an
+error naming it (never a silent ignore). The numbers of these features are checked against FSDP2 in
+tests/test_drop_in.py; here: classes, errors, roles, meshes.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, DataParallelMeshDims, OffloadPolicy
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from hyper_parallel import ParallelDims, fully_shard
+from hyper_parallel.fsdp import FullyShardModule, UnshardHandle
+from hyper_parallel.fsdp.module import UNSUPPORTED_FSDP2_METHODS
+from hyper_parallel.fsdp.roles import resolve_roles
+
+
+@pytest.fixture(scope="module")
+def world():
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    try:
+        yield init_device_mesh("cpu", (8,), mesh_dim_names=("fsdp",))
+    finally:
+        dist.destroy_process_group()
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.block = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_wrapper_class_is_cached_and_first_in_mro(world):
+    a, b = fully_shard(nn.Linear(8, 8), mesh=world), fully_shard(nn.Linear(8, 8), mesh=world)
+    assert type(a) is type(b)
+    assert type(a).__mro__[1:3] == (FullyShardModule, nn.Linear)
+
+
+def test_deepcopy_is_refused_clearly(world):
+    with pytest.raises(RuntimeError, match="deepcopy of a fully_shard module .* state dict"):
+        copy.deepcopy(fully_shard(nn.Linear(8, 8), mesh=world))
+
+
+@pytest.mark.parametrize("method", sorted(UNSUPPORTED_FSDP2_METHODS))
+def test_unsupported_fsdp2_methods_name_themselves(world, method):
+    module = fully_shard(nn.Linear(8, 8), mesh=world)
+    with pytest.raises(NotImplementedError, match=f"{method} .* not supported"):
+        getattr(module, method)
+
+
+def test_unsupported_arguments_are_refused(world):
+    with pytest.raises(ValueError, match=r"reshard_after_forward=3: an int must divide .* size 8.*\[1, 2, 4, 8\]"):
+        fully_shard(nn.Linear(8, 8), mesh=world, reshard_after_forward=3)
+    with pytest.raises(NotImplementedError, match="shard_placement_fn"):
+        fully_shard(nn.Linear(8, 8), mesh=world, shard_placement_fn=lambda p: Shard(1))
+    with pytest.raises(NotImplementedError, match="CPUOffloadPolicy"):
+        fully_shard(nn.Linear(8, 8), mesh=world, offload_policy=CPUOffloadPolicy())
+    fully_shard(nn.Linear(8, 8), mesh=world, offload_policy=OffloadPolicy())  # FSDP2's default: accepted
+
+
+@pytest.mark.parametrize("k, resolved, group", [(1, False, None), (8, True, None), (2, True, [0, 1]), (4, True, [0, 1, 2, 3])])
+def test_reshard_after_forward_int(world, k, resolved, group):
+    """As FSDP2: 1 is False, the shard size is True, otherwise the group of k consecutive shard ranks."""
+    state = fully_shard(nn.Linear(8, 8), mesh=world, reshard_after_forward=k)._hp_state
+    assert state.reshard_after_forward is resolved
+    post = state.group.post_forward_group
+    assert (list(post.ranks) if post else None) == group
+
+
+def test_supported_setters(world):
+    module = fully_shard(nn.Linear(8, 8), mesh=world)
+    handle = module.unshard(async_op=True)
+    assert isinstance(handle, UnshardHandle)
+    handle.wait()
+    module.reshard()
+    module.set_reshard_after_backward(False)
+    module.set_is_last_backward(True)
+    module.set_reduce_scatter_divide_factor(4.0)
+    assert module._hp_state.reshard_after_backward is False
+    assert module._hp_state.group.gradient_divide_factor == 4.0
+
+
+def test_tied_weight_is_one_sharded_parameter(world):
+    model = Tied()
+    fully_shard(model.block, mesh=world)
+    fully_shard(model, mesh=world)
+    assert model.head.weight is model.embed.weight
+    assert [name for name, _ in model.named_parameters()] == ["embed.weight", "block.weight", "block.bias"]
+    assert set(model.state_dict()) == {"embed.weight", "block.weight", "block.bias", "head.weight"}
+
+
+def test_weight_shared_by_two_units_names_both(world):
+    model = Tied()
+    fully_shard(model.embed, mesh=world)
+    with pytest.raises(ValueError, match=r"parameter head.weight is shared with weight of the fully_shard unit "
+                                         r"Embedding.*one unit holds every module using it"):
+        fully_shard(model, mesh=world)
+
+
+def test_a_list_of_modules_is_one_unit(world):
+    first, second = nn.Linear(8, 8), nn.Linear(8, 4)
+    fully_shard([first, second], mesh=world)
+    assert first._hp_state is second._hp_state
+    assert len(first._hp_state.group.params) == 4
+
+
+def test_ignored_params_stay_plain(world):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    keep = model[1].weight
+    fully_shard(model, mesh=world, ignored_params={keep})
+    assert model[1].weight is keep
+    assert len(model._hp_state.group.params) == 3
+
+
+def test_explicit_dp_mesh_dims_win_over_names(world):
+    """dp_mesh_dims names the data-parallel dims; every other dim is model-parallel, whatever its name."""
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("batch", "shard", "model"))
+    roles = resolve_roles(mesh, None, DataParallelMeshDims(shard="shard", replicate="batch"))
+    assert (roles.replicate_dims, roles.shard_dim, roles.model_parallel_dims) == (("batch",), "shard", ("model",))
+    named = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp_replicate", "fsdp", "tp"))
+    roles = resolve_roles(named, None, DataParallelMeshDims(shard="fsdp"))  # dp_replicate becomes model-parallel
+    assert (roles.replicate_dims, roles.shard_dim) == ((), "fsdp")
+    with pytest.raises(ValueError, match="does not have"):
+        resolve_roles(mesh, None, DataParallelMeshDims(shard="fsdp"))
+    with pytest.raises(ValueError, match="several shard dims .* flatten them"):
+        resolve_roles(mesh, None, DataParallelMeshDims(shard=("batch", "shard")))
+
+
+def test_spmd_parameter_on_the_whole_mesh(world):
+    """A DTensor on the full mesh, Replicate over the dp dims and Shard(0) over tp: fully_shard shards its
+    free axis 1 over fsdp, the layout FSDP2's SPMD mode gives it on the same mesh."""
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp_replicate", "fsdp", "tp"))
+    layer = nn.Linear(8, 8, bias=False)
+    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Replicate(), Replicate(), Shard(0)]))
+    fully_shard(layer, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp", replicate="dp_replicate"))
+    assert layer.weight.placements == (Replicate(), Shard(1), Shard(0))
+    bad = nn.Linear(8, 8, bias=False)
+    bad.weight = nn.Parameter(distribute_tensor(bad.weight.detach(), mesh, [Replicate(), Shard(1), Shard(0)]))
+    with pytest.raises(ValueError, match="not Replicate over the data-parallel dim"):
+        fully_shard(bad, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp", replicate="dp_replicate"))
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 2), (1, 4, 2), (2, 2, 2)])
+def test_slices_of_one_mesh_combine_whatever_else_exists(world, shape):
+    """TP on mesh["tp"], fully_shard on mesh["dp_replicate", "fsdp"], after other meshes of the same
+    shape (ParallelDims views and another init_device_mesh) were built in this process."""
+    ParallelDims(world_size=8, dp_shard=4, tp=2).build_mesh("cpu")
+    init_device_mesh("cpu", shape, mesh_dim_names=("dp_replicate", "fsdp", "tp"))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp_replicate", "fsdp", "tp"))
+    layer = nn.Linear(8, 8)
+    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh["tp"], [Shard(0)]))
+    fully_shard(layer, mesh=mesh["dp_replicate", "fsdp"])
+    assert layer.weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
+    assert layer.weight.placements[2] == Shard(0)
