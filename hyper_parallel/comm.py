@@ -64,30 +64,70 @@ def release(buffer: torch.Tensor) -> None:
         buffer.untyped_storage().resize_(0)
 
 
-def all_gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, info: GroupInfo, module: str | None = None) -> None:
+class PendingCollective:
+    """A collective issued with ``async_op``: ``wait()`` blocks until it completed and records its trace
+    event (issue to wait's return). On NCCL the work runs on its own stream and ``wait()`` orders the
+    current stream after it; on gloo it runs on gloo's thread."""
+
+    def __init__(self, work, completed) -> None:
+        self._work, self._completed = work, completed
+
+    def wait(self) -> None:
+        if self._work is None:
+            return
+        recorder = trace.current()
+        t_wait = recorder.now() if recorder is not None else 0.0
+        done_before_wait = bool(self._work.is_completed())
+        with trace.outside_compute():
+            self._work.wait()
+        if self._completed is not None:
+            self._completed(t_wait, done_before_wait)
+        self._work = None
+
+
+def _issue(op: str, info: GroupInfo, nbytes: int, dtype: torch.dtype, module: str | None, async_op: bool,
+           call) -> PendingCollective | None:
+    """Run ``call(async_op)`` traced: synchronously, or issued now and recorded when waited for."""
+    if not async_op:
+        with trace.collective(op, info.name, info.ranks, nbytes, dtype, module):
+            call(False)
+        return None
+    completed = trace.issued(op, info.name, info.ranks, nbytes, dtype, module)
+    with trace.outside_compute():
+        work = call(True)
+    return PendingCollective(work, completed)
+
+
+def all_gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, info: GroupInfo, module: str | None = None,
+                           async_op: bool = False) -> PendingCollective | None:
     """``output`` (size x shard, contiguous) <- every rank's ``shard`` in rank order of the group."""
     if info.size == 1:
         output.copy_(shard.reshape(output.shape))
-        return
-    with trace.collective("all_gather", info.name, info.ranks, _nbytes(output), output.dtype, module):
-        dist.all_gather_single(output, shard, group=info.group)
+        return PendingCollective(None, None) if async_op else None
+    return _issue("all_gather", info, _nbytes(output), output.dtype, module, async_op,
+                  lambda run_async: dist.all_gather_single(output, shard, group=info.group, async_op=run_async))
 
 
-def reduce_scatter_tensor(output: torch.Tensor, full: torch.Tensor, info: GroupInfo, module: str | None = None) -> None:
+def reduce_scatter_tensor(output: torch.Tensor, full: torch.Tensor, info: GroupInfo, module: str | None = None,
+                          async_op: bool = False) -> PendingCollective | None:
     """``output`` <- this rank's 1/size of the sum of every rank's ``full``."""
     if info.size == 1:
         output.copy_(full.reshape(output.shape))
-        return
-    with trace.collective("reduce_scatter", info.name, info.ranks, _nbytes(full), full.dtype, module):
-        dist.reduce_scatter_single(output, full, op=dist.ReduceOp.SUM, group=info.group)
+        return PendingCollective(None, None) if async_op else None
+    return _issue("reduce_scatter", info, _nbytes(full), full.dtype, module, async_op,
+                  lambda run_async: dist.reduce_scatter_single(output, full, op=dist.ReduceOp.SUM, group=info.group,
+                                                               async_op=run_async))
 
 
-def all_reduce(tensor: torch.Tensor, info: GroupInfo, module: str | None = None) -> torch.Tensor:
-    """In-place sum over the group."""
-    if info.size > 1:
-        with trace.collective("all_reduce", info.name, info.ranks, _nbytes(tensor), tensor.dtype, module):
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=info.group)
-    return tensor
+def all_reduce(tensor: torch.Tensor, info: GroupInfo, module: str | None = None,
+               async_op: bool = False) -> torch.Tensor | PendingCollective:
+    """In-place sum over the group; with ``async_op`` the pending collective instead of the tensor."""
+    if info.size == 1:
+        return PendingCollective(None, None) if async_op else tensor
+    pending = _issue("all_reduce", info, _nbytes(tensor), tensor.dtype, module, async_op,
+                     lambda run_async: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=info.group,
+                                                       async_op=run_async))
+    return pending if async_op else tensor
 
 
 def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, info: GroupInfo,

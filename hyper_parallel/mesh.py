@@ -225,8 +225,12 @@ class ParallelDims:
     def check_model(self, *, seq_len: int | None = None, global_batch: int | None = None,
                     sequence_parallel: bool = False, num_experts: int | None = None,
                     num_heads: int | None = None, hidden_sizes: Iterable[int] = (),
-                    expert_hidden_sizes: Iterable[int] = ()) -> None:
-        """Check a model config against the degrees; raise ``ValueError`` naming the broken rule."""
+                    expert_hidden_sizes: Iterable[int] = (), ulysses: bool = False) -> None:
+        """Check a model config against the degrees; raise ``ValueError`` naming the broken rule.
+
+        ``ulysses``: the cp ranks run Ulysses attention (an all-to-all hands each cp rank whole heads),
+        so the heads of a tp rank must also split over cp: ``num_heads % (tp * cp) == 0``.
+        """
         if seq_len is not None:
             if self.cp > 1 and seq_len % (self.tp * 2 * self.cp):
                 divisor = self.tp * 2 * self.cp
@@ -249,6 +253,12 @@ class ParallelDims:
                 f"num_experts/ep experts); nearest valid num_experts: {_nearest_multiple(num_experts, self.ep)}")
         if num_heads is not None and num_heads % self.tp:
             raise ValueError(f"num_heads={num_heads} must be divisible by tp={self.tp} (TP splits attention by heads)")
+        if ulysses and num_heads is not None and num_heads % (self.tp * self.cp):
+            valid_cp = list(_divisors(num_heads // self.tp))
+            raise ValueError(
+                f"num_heads={num_heads} must be divisible by tp*cp = {self.tp}*{self.cp} = {self.tp * self.cp} with "
+                f"Ulysses (its all-to-all gives each cp rank num_heads/(tp*cp) whole heads); valid cp for "
+                f"tp={self.tp}: {valid_cp}, or use K/V all-gather / ring CP")
         self._check_divisible(hidden_sizes, self.tp, "tp")
         self._check_divisible(expert_hidden_sizes, self.etp, "etp")
 

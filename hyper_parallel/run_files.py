@@ -38,7 +38,8 @@ def load_json(path: str | Path) -> dict[str, Any]:
 
 
 def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -> Path:
-    """Write a Chrome trace (opens in Perfetto / chrome://tracing): one process per rank, one track per group."""
+    """Write a Chrome trace (opens in Perfetto / chrome://tracing): one process per rank, one track per group,
+    one for compute and one for placement changes."""
     events = []
     for rank, rank_events in sorted(traces.items()):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
@@ -49,6 +50,13 @@ def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -
                     "name": f"{event['op']}[{event['group']}]",
                     "ts": event["t_start"] * 1e6, "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
                     "args": {k: event[k] for k in ("bytes", "dtype", "ranks", "module", "step", "phase")},
+                })
+            elif event["kind"] == "compute":
+                events.append({
+                    "ph": "X", "pid": rank, "tid": "compute", "cat": event["phase"],
+                    "name": f"compute {event['module'] or 'model'}",
+                    "ts": event["t_start"] * 1e6, "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
+                    "args": {k: event[k] for k in ("module", "step", "phase")},
                 })
             else:
                 events.append({

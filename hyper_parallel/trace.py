@@ -1,4 +1,4 @@
-"""Per-rank recorder of collectives and placement transitions (DESIGN.md §6).
+"""Per-rank recorder of collectives, compute spans and placement transitions.
 
 ``with trace.record() as rec:`` makes ``rec`` the current recorder of this thread of control (a
 ``ContextVar``, so nested or concurrent runs do not mix); code that communicates calls
@@ -14,7 +14,7 @@ import contextvars
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,8 @@ class Recorder:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.sync_cuda = sync_cuda and torch.cuda.is_available()
+        self.compute_start: float | None = None  # the open compute span (see outside_compute)
+        self.compute_labels: tuple[str, str, int] = ("other", "", 0)
         epoch = [time.time()]
         if dist.is_initialized():
             dist.broadcast_object_list(epoch, src=0)
@@ -114,21 +116,77 @@ def labels(*, phase: str | None = None, step: int | None = None, module: str | N
 @contextlib.contextmanager
 def collective(op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype,
                module: str | None = None) -> Iterator[None]:
-    """Time one collective issued inside the block; ``nbytes`` is the full (unsharded) buffer size."""
+    """Time one synchronous collective issued inside the block; ``nbytes`` is the full (unsharded) buffer
+    size. Compute is paused meanwhile: the training thread waits for the wire."""
     recorder = _current.get()
     if recorder is None:
         yield
         return
+    with outside_compute():
+        labels_now = recorder.phase, module if module is not None else recorder.module, recorder.step
+        start = recorder.now()
+        yield
+        if recorder.sync_cuda:
+            torch.cuda.synchronize()
+        _append_collective(recorder, op, group, ranks, nbytes, dtype, labels_now, start, recorder.now())
+
+
+def issued(op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype,
+           module: str | None = None) -> Callable[[float, bool], None] | None:
+    """For a collective issued asynchronously now: take its labels and issue time; the returned function,
+    called once it has been waited for with (wait-call time, completed before the wait?), records it.
+
+    ``t_start`` is the issue, ``t_end`` the moment ``wait()`` returned (gloo's work objects tell no
+    completion time of their own), ``t_wait`` when the wait was called: a collective that had
+    completed by then (``done_before_wait``) was hidden behind compute entirely.
+    """
+    recorder = _current.get()
+    if recorder is None:
+        return None
+    labels_now = recorder.phase, module if module is not None else recorder.module, recorder.step
     start = recorder.now()
-    yield
-    if recorder.sync_cuda:
-        torch.cuda.synchronize()
+
+    def completed(t_wait: float, done_before_wait: bool) -> None:
+        _append_collective(recorder, op, group, ranks, nbytes, dtype, labels_now, start, recorder.now(),
+                           asynchronous=True, t_wait=t_wait, done_before_wait=done_before_wait)
+    return completed
+
+
+def _append_collective(recorder: Recorder, op: str, group: str, ranks, nbytes: int, dtype: torch.dtype,
+                       labels_now: tuple[str, str, int], start: float, end: float, **extra) -> None:
+    phase, module, step = labels_now
     recorder.events.append({
         "kind": "collective", "op": op, "group": group, "ranks": list(ranks), "bytes": int(nbytes),
-        "dtype": str(dtype).removeprefix("torch."), "phase": recorder.phase,
-        "module": module if module is not None else recorder.module, "step": recorder.step,
-        "t_start": start, "t_end": recorder.now(),
+        "dtype": str(dtype).removeprefix("torch."), "phase": phase, "module": module, "step": step,
+        "t_start": start, "t_end": end, **extra,
     })
+
+
+@contextlib.contextmanager
+def outside_compute(start_after: bool | None = None) -> Iterator[None]:
+    """The block is not model compute (a fully_shard hook, a collective): end the open compute span
+    before it; after it open a new one labelled with the module then current, if one was open
+    (``start_after`` None), always (True: the root's forward begins), or never (False: backward ended).
+
+    Compute spans are what the timeline draws under the collectives, and what exposed communication
+    (a collective in flight while no compute runs) is measured against.
+    """
+    recorder = _current.get()
+    if recorder is None:
+        yield
+        return
+    was_open = recorder.compute_start is not None
+    if was_open:
+        recorder.events.append({"kind": "compute", "module": recorder.compute_labels[1],
+                                "phase": recorder.compute_labels[0], "step": recorder.compute_labels[2],
+                                "t_start": recorder.compute_start, "t_end": recorder.now()})
+        recorder.compute_start = None
+    try:
+        yield
+    finally:
+        if start_after or (start_after is None and was_open):
+            recorder.compute_start = recorder.now()
+            recorder.compute_labels = (recorder.phase, recorder.module, recorder.step)
 
 
 def placement(param: str, mesh_dims: tuple[str, ...], before: str, after: str,

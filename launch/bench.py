@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchModel, configurations, summarize
 from hyper_parallel.run_files import load_traces
+from hyper_parallel.viz.overlap import exposure
 from hyper_parallel.viz.style import OP_SHORT
 from hyper_parallel.viz.timeline import collectives
 from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
@@ -82,12 +83,23 @@ def add_communication(row: dict[str, Any], directory: Path, units: list[dict[str
                           for impl in IMPLEMENTATIONS}
     row["per_unit"] = {impl: unit_pattern(row["communication"][impl]["per_unit"]) for impl in IMPLEMENTATIONS}
     row["peak_mib"] = {impl: max(r + t for r, t in row["peak_memory"][impl]) / 2**20 for impl in IMPLEMENTATIONS}
+    row["exposure_ms"] = {impl: step_exposure_ms(directory / row["config"] / impl) for impl in IMPLEMENTATIONS}
     return row
+
+
+def step_exposure_ms(directory: Path) -> dict[str, float]:
+    """The traced step's communication in flight and exposed (no compute running), in ms, on the rank
+    where it is largest (the step waits for its slowest rank). Torch FSDP2's collectives are blocking
+    on CPU (its streams are CUDA's), so all of its communication is exposed there."""
+    per_rank = exposure(load_traces(directory), step=0)
+    worst = max(per_rank.values(), key=lambda numbers: numbers["exposed"])
+    return {key: 1e3 * value for key, value in worst.items()}
 
 
 def run_bench(world_size: int = 4, steps: int = 20, warmup: int = 3, out: str | Path | None = None,
               configs: list[str] | None = None, model: dict[str, int] | None = None, timeout: float = 1200.0,
-              profile: bool = False, on_line: Callable[[int, str], None] | None = None) -> BenchResult:
+              profile: bool = False, on_line: Callable[[int, str], None] | None = None,
+              overlap: bool = True) -> BenchResult:
     """Start the benchmark workers and summarise what they measured (validation happens first)."""
     known = [c.name for c in configurations(world_size)]
     unknown = sorted(set(configs or ()) - set(known))
@@ -103,6 +115,8 @@ def run_bench(world_size: int = 4, steps: int = 20, warmup: int = 3, out: str | 
             "--model", json.dumps(model or {}), "--out", str(directory), "--collective-timeout", str(max(60.0, timeout))]
     if profile:
         args.append("--profile")
+    if not overlap:
+        args.append("--no-overlap")
     process = torchrun(WORKER_MODULE, world_size, args=args, timeout=timeout, on_line=on_line, run_dir=directory)
     result = BenchResult(directory, process)
     path = directory / BENCH_FILE
@@ -122,6 +136,8 @@ def table_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
             f"{ratio['median']:.3f} [{ratio['q1']:.2f}-{ratio['q3']:.2f}]",
             f"{fb['median']:.3f}",
             f"{row['bytes_ratio']['ours']:.3f} / {row['bytes_ratio']['torch']:.3f}",
+            f"{row['exposure_ms']['ours']['exposed']:.1f} / {row['exposure_ms']['torch']['exposed']:.1f}"
+            f" of {row['exposure_ms']['ours']['in_flight']:.1f} / {row['exposure_ms']['torch']['in_flight']:.1f}",
             f"{row['peak_mib']['ours']:.2f} / {row['peak_mib']['torch']:.2f}",
             f"{row['max_loss_diff']:.1e}",
         ))
@@ -129,7 +145,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 
 TABLE_HEADER = ("config", "ours ms", "torch ms", "ratio [quartiles]", "fwd+bwd ratio", "bytes/min ours/torch",
-                "peak MiB ours/torch", "loss diff")
+                "exposed of in-flight ms ours / torch", "peak MiB ours/torch", "loss diff")
 
 
 def bench_table(result: BenchResult):
@@ -162,10 +178,13 @@ def print_bench(result: BenchResult) -> None:
     from launch.cli import print_table
     payload = result.payload
     print(f"\n{payload['world_size']} ranks, {payload['backend']}, torch {payload['torch']}, {payload['steps']} "
-          f"alternated pairs per configuration after {payload['warmup']} warm-up steps; model {payload['model']}")
+          f"alternated pairs per configuration after {payload['warmup']} warm-up steps; model {payload['model']}; "
+          f"our overlap {'on' if payload.get('overlap', True) else 'off'}")
     print_table(TABLE_HEADER, table_rows(result.rows))
     print("\nratio: median of ours/torch over adjacent pairs (below 1: ours faster); bytes/min: bytes on FSDP "
-          "groups per step over fully_shard's minimum; peak: largest rank, resident + the step's transient peak")
+          "groups per step over fully_shard's minimum; exposed: ms of the traced step in which a collective was "
+          "in flight and no compute ran, of the ms any was in flight (the rank with the most exposed); peak: "
+          "largest rank, resident + the step's transient peak")
     for row in result.rows:
         print(f"collectives per step, {row['config']}: ours {row['per_unit']['ours']}; torch {row['per_unit']['torch']}")
     figures = bench_figures(result, result.directory)

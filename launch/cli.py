@@ -8,6 +8,7 @@
     python -m launch workbook --out runs
     python -m launch bench --world 4 --steps 20 --out runs/bench
     python -m launch report runs/m4 --out m4.html
+    python -m launch report --compare runs/m4 runs/m7 --out compare.html
 
 Invalid degrees exit with status 2 and the rule's message before any worker starts.
 """
@@ -77,9 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--timeout", type=float, default=1200.0, help="wall timeout in seconds")
     bench.add_argument("--profile", action="store_true",
                        help="also profile 3 steps of each (torch.profiler): DIR/<config>/profile_<impl>.txt")
+    bench.add_argument("--no-overlap", action="store_true",
+                       help="ours issues every collective synchronously (no prefetch, no reduction in flight)")
     report = sub.add_parser("report", help="write a self-contained HTML report of a run directory")
-    report.add_argument("run_dir", help="a run directory (holds summary.json, metrics.json, trace_rank*.json)")
+    report.add_argument("run_dir", nargs="?", help="a run directory (holds summary.json, metrics.json, trace_rank*.json)")
     report.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
+    report.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
+                        help="two runs side by side (default --out: compare.html next to RUN_A)")
     return parser
 
 
@@ -190,6 +195,14 @@ def cmd_workbook(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from launch.report import write_report
+    if args.compare:
+        if args.run_dir:
+            raise ValueError("give either RUN_DIR or --compare RUN_A RUN_B, not both")
+        from launch.report.compare import write_comparison
+        print(f"comparison: {write_comparison(*args.compare, args.out)}")
+        return 0
+    if not args.run_dir:
+        raise ValueError("give a run directory (python -m launch report RUN_DIR) or --compare RUN_A RUN_B")
     print(f"report: {write_report(args.run_dir, args.out)}")
     return 0
 
@@ -203,7 +216,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     configs = [name for name in (args.configs or "").split(",") if name]
     result = run_bench(args.world_size, steps=args.steps, warmup=args.warmup, out=args.out, configs=configs,
-                       timeout=args.timeout, profile=args.profile, on_line=show)
+                       timeout=args.timeout, profile=args.profile, on_line=show, overlap=not args.no_overlap)
     if not result.ok:
         print(f"FAILED: {result.error}", file=sys.stderr)
         return 1
@@ -224,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_command(args)
         if args.command == "plan":
             from launch.plan import cmd_plan
+            args.argv = sys.argv[2:] if argv is None else list(argv[1:])   # the review page quotes its command
             return cmd_plan(args)
         if args.command == "bench":
             return cmd_bench(args)

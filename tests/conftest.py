@@ -12,9 +12,14 @@ import launch
 from hyper_parallel import ParallelDims
 from hyper_parallel.recipes import RECIPES
 
-EXTRA_RUNS = (("S1", {"world_size": 8, "dp_shard": 8, "ep": 2}),)
+OVERLAP_OFF = ("M4", "M7", "M6", "S2")
+
+EXTRA_RUNS = (("S1", {"world_size": 8, "dp_shard": 8, "ep": 2}),
+              *((name, {**RECIPES[name].default, "overlap": False}) for name in OVERLAP_OFF))
 """Runs outside the matrix, in the same launches: S1 on 8 shards pads the router weight ([4, 32] over
-8 ranks: 1 row each, 4 of them padding), so FSDP padding is checked against a real run too."""
+8 ranks: 1 row each, 4 of them padding), so FSDP padding is checked against a real run too; and the
+recipes of ``OVERLAP_OFF`` on their default mesh with every collective synchronous, which
+tests/test_overlap.py holds to the same numbers as the default (overlapping) runs."""
 
 
 def matrix() -> list[tuple[str, int, dict]]:
@@ -24,9 +29,11 @@ def matrix() -> list[tuple[str, int, dict]]:
 
 
 def run_key(recipe: str, degrees: dict) -> tuple:
-    """Runs that are the same computation (same workload, same normalised degrees) are run once."""
+    """Runs that are the same computation (same workload, same normalised degrees, same overlap) are run once."""
     spec = RECIPES[recipe]
-    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items()))
+    degrees = dict(degrees)
+    overlap = degrees.pop("overlap", None)
+    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items())), overlap
 
 
 @pytest.fixture(scope="session")

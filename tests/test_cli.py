@@ -66,6 +66,11 @@ def test_run_writes_summary_and_traces(tmp_path):
     for name in ("mesh", "placements", "timeline", "comm_volume", "numerics"):
         assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.svg").stat().st_size > 0
     chrome = json.loads((out / "chrome_trace.json").read_text())["traceEvents"]
-    slices = [e for e in chrome if e["ph"] == "X"]
+    slices = [e for e in chrome if e["ph"] == "X" and e["tid"] != "compute"]
     # M1 on 2 ranks, 2 steps: 3 units x 1 all-reduce per step per rank, nothing else
     assert len(slices) == 2 * 2 * 3 and {e["name"] for e in slices} == {"all_reduce[dp_replicate+fsdp]"}
+    # compute has its own track: every span of every step of each rank, between fully_shard's hooks
+    compute = [e for e in chrome if e["ph"] == "X" and e["tid"] == "compute"]
+    traced = [e for rank in (0, 1) for e in json.loads((out / f"trace_rank{rank}.json").read_text())["events"]
+              if e["kind"] == "compute"]
+    assert compute and len(compute) == len(traced)

@@ -33,8 +33,11 @@ def _label(recipe: str, degrees: dict) -> str:
 
 
 def _runs():
-    """Every run of the session: the matrix (M4, M6, M7, S1, S2 and the rest) and EXTRA_RUNS."""
+    """Every run of the session: the matrix (M4, M6, M7, S1, S2 and the rest) and EXTRA_RUNS (but the runs
+    without overlap: the same collectives as their overlapping twins, which tests/test_overlap.py checks)."""
     for recipe, _, degrees in [*matrix(), *((name, -1, degrees) for name, degrees in EXTRA_RUNS)]:
+        if "overlap" in degrees:
+            continue
         yield pytest.param(recipe, degrees, marks=pytest.mark.distributed, id=_label(recipe, degrees))
 
 
@@ -118,7 +121,65 @@ def test_theoretical_bytes_is_the_cost_models_fsdp_part(recipe_results):
     assert theoretical_bytes(units) == {k: v for k, v in cost.by_op_group().items() if k[1] in ("fsdp", "dp_replicate")}
 
 
+SCHEME_RUNS = {"A-CP": "all_gather", "M5-R": "ring", "M5-U": "ulysses"}
+"""The three sequence schemes on one mesh (world 4, cp 4) in the session's runs."""
+CP4 = {"world_size": 4, "cp": 4}
+
+
+@pytest.mark.distributed
+def test_sequence_schemes_figure_shows_traced_bytes_equal_to_the_model(recipe_results):
+    """viz.volume.sequence_schemes on the three cp=4 runs: each bar is the trace's cp bytes per layer
+    (rank 0) and each black tick the cost model's, and both are the hand-derived numbers of
+    test_sequence_scheme_bytes_per_layer_by_hand (K = 4 KiB at cp 4)."""
+    from hyper_parallel.viz.volume import sequence_schemes, sequence_traffic
+    runs = {r: (result_of(r, CP4, recipe_results).traces, result_of(r, CP4, recipe_results).metrics) for r in SCHEME_RUNS}
+    by_hand = {"A-CP": 32768, "M5-R": 24576, "M5-U": 16384}  # per layer, forward = backward
+    for recipe, (traces, _) in runs.items():
+        assert sequence_traffic(traces, 1) == {"forward": 2 * by_hand[recipe], "backward": 2 * by_hand[recipe]}
+    fig = sequence_schemes(runs, step=1)
+    ax = next(a for a in fig.axes if a.get_label() == "per_layer")
+    bars = [p.get_height() for p in ax.patches if p.get_gid() == "measured"]
+    ticks = [line.get_ydata()[0] for line in ax.get_lines() if line.get_gid() == "model"]
+    expected = [by_hand[r] for r in SCHEME_RUNS for _ in ("forward", "backward")]
+    assert bars == expected and ticks == expected
+    sent = [p.get_height() for p in ax.patches if p.get_gid() == "sent"]
+    assert sent == [49152, 49152, 24576]
+
+
 # ------------------------------------------------------------------ no workers
+
+def test_sequence_scheme_bytes_per_layer_by_hand():
+    """The small model (8 rows, seq 16, 4 heads of 8, float32) on cp ranks, per layer on one rank, with
+    K = 8 rows * (16 / cp) tokens * 4 heads * 8 * 4 bytes (one of this rank's q, k, v): 8 KiB at cp 2,
+    4 KiB at cp 4.
+    all_gather: forward AG of K and V of the whole sequence, 2 K cp; backward RS the same; sent
+                (cp-1)/cp of each: 4 K (cp-1).
+    ring:       cp-1 shifts of 2 K in each phase, each sent whole: 2 K (cp-1) per phase, 4 K (cp-1) sent.
+    ulysses:    q/k/v (3 K) and the output (K) all-to-all'd in each phase: 4 K per phase, 8 K (cp-1)/cp sent.
+    """
+    from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
+    small = get_model("small")
+    expected = {  # (scheme, cp): (forward, backward, sent)
+        ("all_gather", 2): (32768, 32768, 32768), ("all_gather", 4): (32768, 32768, 49152),
+        ("ring", 2): (16384, 16384, 32768), ("ring", 4): (24576, 24576, 49152),
+        ("ulysses", 2): (32768, 32768, 32768), ("ulysses", 4): (16384, 16384, 24576),
+    }
+    for (scheme, cp), (forward, backward, sent) in expected.items():
+        got = sequence_bytes_per_layer(small.replace(sequence_scheme=scheme), ParallelDims(world_size=cp, cp=cp), 8)
+        assert got == {"forward": forward, "backward": backward, "sent": sent}, (scheme, cp)
+    # with TP the heads of a rank halve, and so does every byte (M6-U: cp 2, tp 2)
+    got = sequence_bytes_per_layer(small.replace(sequence_scheme="ulysses"), ParallelDims(world_size=4, cp=2, tp=2), 8)
+    assert got == {"forward": 16384, "backward": 16384, "sent": 16384}
+
+
+def test_ulysses_head_rule_in_the_cost_model():
+    ulysses = get_model("small").replace(sequence_scheme="ulysses")
+    with pytest.raises(ValueError, match=r"num_heads=4 must be divisible by tp\*cp = 2\*4 = 8 with Ulysses"):
+        estimate(ulysses, ParallelDims(world_size=8, cp=4, tp=2))
+    estimate(ulysses.replace(sequence_scheme="all_gather"), ParallelDims(world_size=8, cp=4, tp=2))  # K/V: no head rule
+    with pytest.raises(ValueError, match="sequence_scheme must be"):
+        get_model("small").replace(sequence_scheme="zigzag")
+
 
 @pytest.mark.parametrize("recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix()])
 def test_counts_equal_the_hand_derived_counts(recipe, degrees):
@@ -192,7 +253,7 @@ def test_cost_model_does_not_import_torch():
     import subprocess
     import sys
     code = ("import sys; from hyper_parallel.cost_model import estimate, get_model; "
-            "from hyper_parallel.cost_model.layouts import rank_layouts; from hyper_parallel import ParallelDims; "
+            "from hyper_parallel.cost_model.ranking import rank_layouts; from hyper_parallel import ParallelDims; "
             "estimate(get_model('moe-16e'), ParallelDims(world_size=64, dp_shard=64, ep=8)); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

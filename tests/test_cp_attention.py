@@ -1,4 +1,6 @@
-"""Context-parallel attention (hyper_parallel.parallel.cp) against the unsplit computation.
+"""Context-parallel attention (hyper_parallel.parallel.cp: K/V all-gather and ring) and Ulysses
+attention (hyper_parallel.parallel.ulysses: all-to-all to head shards and back) against the unsplit
+computation.
 
 One torchrun launch per world size (2 and 4 ranks) runs every case of
 tests/workers/cp_attention_cases.py; the tests below assert on what each rank wrote. The layout
@@ -15,6 +17,7 @@ from hyper_parallel import trace
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.parallel.cp import (context_parallel_attention, load_balanced_positions, shard_sequence,
                                         unshard_sequence)
+from hyper_parallel.parallel.ulysses import ulysses_attention
 from launch.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "cp_attention_cases.py"
@@ -50,7 +53,8 @@ def _cases(ranks):
 
 @pytest.mark.distributed
 def test_matches_unsplit_attention_forward_and_gradients(ranks):
-    """Output and q/k/v gradients equal float64 SDPA on the full sequence (causal, non-causal, GQA, ring)."""
+    """Output and q/k/v gradients equal float64 SDPA on the full sequence (causal, non-causal, GQA; K/V
+    all-gather, ring and Ulysses)."""
     worst = {}
     for rank, layout, entry, case in _cases(ranks):
         assert case["out_dtype"] == case["dtype"]
@@ -70,6 +74,22 @@ def test_transformer_with_cp_attention_core_matches_full_sequence(ranks):
         for layout, entry in rank["layouts"].items():
             errors = entry["transformer"]
             assert errors["loss"] <= 1e-5 and errors["param_grads"] <= 1e-5, (rank["rank"], layout, errors)
+            errors = entry["transformer_ulysses"]
+            assert errors["loss"] <= 1e-5 and errors["param_grads"] <= 1e-5, (rank["rank"], layout, "ulysses", errors)
+
+
+@pytest.mark.distributed
+def test_every_impl_ran_on_every_layout(ranks):
+    """Ulysses runs where cp divides the K/V heads (4 heads: always; GQA's 2 K/V heads: cp <= 2), so a
+    skipped case shows here rather than as a silently shorter list."""
+    for rank in ranks:
+        for layout, entry in rank["layouts"].items():
+            cp_size = len(entry["cp_ranks"])
+            ran = sorted((c["impl"], c["kv_heads"], c["causal"], c["dtype"]) for c in entry["cases"])
+            ulysses = [("ulysses", 4, False, "float32"), ("ulysses", 4, True, "float32"), ("ulysses", 4, True, "float64")]
+            ulysses += [("ulysses", 2, True, "float32")] if cp_size <= 2 else []
+            assert [c for c in ran if c[0] == "ulysses"] == sorted(ulysses), (rank["rank"], layout)
+            assert len([c for c in ran if c[0] != "ulysses"]) == 8, (rank["rank"], layout)
 
 
 @pytest.mark.distributed
@@ -90,7 +110,9 @@ def test_each_rank_holds_its_load_balanced_chunks(ranks):
 def test_communication_per_attention_call(ranks):
     """all_gather impl: one all-gather of stacked K/V forward, one reduce-scatter backward, each of
     the full K+V bytes. ring: cp-1 all-to-all shifts of the local K/V block each way. unshard: one
-    all-gather forward, nothing in backward. A cp group of one communicates nothing."""
+    all-gather forward, nothing in backward. ulysses: forward one all-to-all of the stacked local q/k/v
+    (3 local K bytes; GQA: q and stacked K/V, two calls) and one of the output (local q bytes),
+    backward the same all-to-alls in reverse order. A cp group of one communicates nothing."""
     for rank, layout, entry, case in _cases(ranks):
         cp_ranks, cp_size = entry["cp_ranks"], len(entry["cp_ranks"])
         events = [(e["op"], e["phase"], e["module"], e["bytes"]) for e in case["events"]]
@@ -104,6 +126,12 @@ def test_communication_per_attention_call(ranks):
         if case["impl"] == "all_gather":
             kv = 2 * case["kv_bytes"]
             expected = [("all_gather", "forward", "attention", kv)] + unshard + [("reduce_scatter", "backward", "attention", kv)]
+        elif case["impl"] == "ulysses":
+            q, kv = case["out_bytes"] // cp_size, 2 * case["local_kv_bytes"]
+            inputs = [q + kv] if case["kv_heads"] == 4 else [q, kv]
+            forward = [("all_to_all", "forward", "attention", b) for b in (*inputs, q)]
+            backward = [("all_to_all", "backward", "attention", b) for b in (q, *reversed(inputs))]
+            expected = forward + unshard + backward
         else:
             block = 2 * case["local_kv_bytes"]
             expected = ([("all_to_all", "forward", "attention", block)] * (cp_size - 1) + unshard
@@ -121,6 +149,9 @@ def test_invalid_layouts_raise_in_workers(ranks):
             assert entry["invalid"]["shard_bad_seq_len"].startswith("ValueError: seq_len="), entry["invalid"]
             assert f"multiple of 2*cp = {2 * cp_size}" in entry["invalid"]["shard_bad_seq_len"]
             assert "load_balanced_positions" in entry["invalid"]["wrong_positions"]
+            assert "load_balanced_positions" in entry["invalid"]["ulysses_wrong_positions"]
+            assert entry["invalid"]["ulysses_heads"].startswith(
+                f"ValueError: Ulysses gives each of the cp={cp_size} ranks whole heads: query heads ({cp_size + 1})")
 
 
 def test_load_balanced_positions_hand_derived():
@@ -160,6 +191,22 @@ def test_cp_group_of_one_is_plain_attention_without_communication(causal, scale)
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_ulysses_group_of_one_is_plain_attention_without_communication(causal):
+    solo = GroupInfo("cp", (0,), None)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 10, 8, generator=gen, requires_grad=True) for _ in range(3))
+    with trace.record() as rec:
+        out = ulysses_attention(q, k, v, solo, torch.arange(10), causal=causal)
+        out.sum().backward()
+    assert rec.events == []
+    ref_in = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    F.scaled_dot_product_attention(*ref_in, is_causal=causal).sum().backward()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(*ref_in, is_causal=causal), atol=1e-6, rtol=0)
+    for mine, theirs in zip((q, k, v), ref_in):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-6, rtol=0)
+
+
 def test_bad_arguments_raise():
     solo = GroupInfo("cp", (0,), None)
     q = torch.zeros(1, 2, 4, 8)
@@ -169,3 +216,7 @@ def test_bad_arguments_raise():
         context_parallel_attention(q, q, q, solo, torch.arange(3))
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         context_parallel_attention(q, torch.zeros(1, 3, 4, 8), torch.zeros(1, 3, 4, 8), solo, torch.arange(4))
+    with pytest.raises(ValueError, match="positions"):
+        ulysses_attention(q, q, q, solo, torch.arange(3))
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        ulysses_attention(q, torch.zeros(1, 3, 4, 8), torch.zeros(1, 3, 4, 8), solo, torch.arange(4))

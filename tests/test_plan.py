@@ -15,7 +15,9 @@ import pytest
 
 from hyper_parallel import ParallelDims, valid_choices
 from hyper_parallel.cost_model import estimate, get_model
+from hyper_parallel.cost_model.hardware import get_hardware
 from hyper_parallel.cost_model.layouts import nodes_spanned, timed_collectives
+from hyper_parallel.cost_model.step_time import estimate_step
 from launch import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,21 +131,37 @@ def test_compare_ranks_layouts_by_the_models_own_numbers(sort):
     assert code == 0, err
     shown = doc["compare"]
     config = get_model("llama-8b-like")
-    expected = []  # every dense layout of 64 ranks the model fits, costed and sorted here
+    hardware = get_hardware("h100-nvl8-ndr")
+    expected = []  # every dense layout of 64 ranks the model fits, costed, timed and sorted here
     for dims in valid_choices(64, {"ep": 1, "etp": 1}):
         try:
             cost = estimate(config, dims)
         except ValueError:
             continue
-        seconds = sum(c.seconds for c in timed_collectives(cost, 8))
-        fits = cost.memory.total <= 40 * 1024 ** 3
+        seconds = estimate_step(cost, 8, hardware).seconds
+        serial = sum(c.seconds for c in timed_collectives(cost, 8, hardware.bandwidth))
+        fits = cost.memory.total <= (40 - 8) * 1024 ** 3   # --memory-gib 40 minus the 8 GiB reserve
         key = (not fits, seconds, cost.memory.total) if sort == "time" else (not fits, cost.memory.total, seconds)
-        expected.append((key, dims.degrees(), cost.memory.total, seconds, fits))
+        expected.append((key, dims.degrees(), cost.memory.total, seconds, fits, serial))
     expected.sort(key=lambda row: row[0])
     assert doc["compare_total"] == len(expected) > 6
     assert [(r["degrees"], r["memory_bytes"], r["fits"]) for r in shown] == [e[1:3] + (e[4],) for e in expected[:6]]
-    assert [r["comm_seconds"] for r in shown] == pytest.approx([e[3] for e in expected[:6]], rel=1e-12)
+    assert [r["step_seconds"] for r in shown] == pytest.approx([e[3] for e in expected[:6]], rel=1e-12)
+    assert [r["comm_seconds"] for r in shown] == pytest.approx([e[5] for e in expected[:6]], rel=1e-12)
     assert any(not e[4] for e in expected), "the memory budget should rule some layouts out"
+
+
+def test_text_header_reflects_the_overrides():
+    """--batch 2048 --seq-len 4096 on llama-8b-like (preset: seq_len 8192, global batch 512): the text header
+    says what the JSON says."""
+    args = ["--world", "512", "--dp-shard", "512", "--model", "llama-8b-like", "--batch", "2048", "--seq-len", "4096"]
+    code, text, err = plan(*args, "--ac", "full", "--micro-batch", "2")
+    assert code == 0, err
+    header = text.splitlines()[1]
+    assert "seq_len 4096, global batch 2048" in header and "8192" not in header and " 512" not in header
+    assert "micro-batch 2" in header and "AC full" in header
+    code, doc, err = plan(*args, "--json")
+    assert (doc["plan"]["seq_len"], doc["plan"]["global_batch"]) == (4096, 2048)
 
 
 def test_text_output_and_the_command_of_launch_command():
@@ -151,7 +169,7 @@ def test_text_output_and_the_command_of_launch_command():
     code, text, err = plan(*layout, "--model", "small", "--gpus-per-node", "8", "--compare")
     assert code == 0, err
     assert "groups crossing node boundaries with 8 GPUs per node: dp_replicate, dp, dp_cp" in text
-    assert "time: ring collectives" in text and ("<- this plan" in text or "this plan's layout is #" in text)
+    assert "time per collective: ring collectives" in text and ("<- this plan" in text or "this plan's layout is #" in text)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli.main(["command", "C", *layout, "--nnodes", "2", "--nproc-per-node", "8"]) == 0
@@ -178,6 +196,8 @@ def test_plan_widget_offers_only_valid_values_and_explains_invalid_ones():
     expected = ParallelDims(world_size=64, dp_shard=2, tp=32)
     assert widget.error is None and widget.dims == expected
     assert widget.cost == estimate(get_model("llama-8b-like"), expected)
+    assert widget.step.seconds == estimate_step(widget.cost, 8, get_hardware("h100-nvl8-ndr")).seconds
+    assert f"MFU {widget.step.middle.mfu:.0%}" in widget.status.value
     assert widget.command == torchrun_command(widget.config, widget.dims, 8, "$MASTER_ADDR:29500")
     assert {ax.get_label() for ax in widget.figure.axes} == {"memory", "communication"}
     widget.set(world_size=128)   # a new world: the nearest valid layout of 128 ranks

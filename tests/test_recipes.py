@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from conftest import matrix, result_of  # the session's runs (recipe_results) are shared with test_cost_model
+from conftest import matrix, result_of, run_key  # the session's runs (recipe_results) are shared with test_cost_model
 
 import launch
 from hyper_parallel import ParallelDims
@@ -49,7 +49,10 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     A MoE block under SP skips the feed-forward all-gather / reduce-scatter (etp=1: it works on its
     sequence shard) or all-gathers its input (etp=tp: the output is cut back to the shard without
     communication; in backward that cut becomes an all-gather and the input gather a local cut).
-    CP: one K/V all-gather per attention in forward, one reduce-scatter in backward.
+    CP: one K/V all-gather per attention in forward, one reduce-scatter in backward (M5, M6); ring
+    (M5-R): cp-1 all-to-all shifts of the K/V block per attention in forward and again in backward;
+    Ulysses (M5-U, M6-U): per attention one all-to-all of the stacked q/k/v and one of the output in
+    forward, the same two in backward (no GQA here).
     EP per MoE layer (all-to-all dispatch): forward counts + dispatch + combine all-to-alls, backward
     two; all-gather dispatch: forward counts and rows all-gathered, outputs reduce-scattered, backward
     one of each. ETP: one etp all-reduce per MoE layer in each direction. The experts are a unit of
@@ -71,7 +74,8 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("reduce_scatter", "fsdp", "backward")] = UNITS
         if dp_replicate > 1:
             expected[("all_reduce", "dp_replicate", "backward")] = UNITS
-    sequence_parallel = workload in ("transformer:tensor_sequence_parallel", "transformer:fsdp_transformer") or moe
+    sequence_parallel = workload in ("transformer:tensor_sequence_parallel", "transformer:fsdp_transformer",
+                                     "transformer:fsdp_transformer_ring", "transformer:fsdp_transformer_ulysses") or moe
     moe_input_gathers = moe_layers if dims.etp > 1 else 0
     if tp > 1 and sequence_parallel:
         expected[("all_gather", "tp", "forward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 2
@@ -83,7 +87,13 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("all_reduce", "tp", "forward")] = 2 * LAYERS + 1
         expected[("all_gather", "tp", "forward")] = 1
         expected[("all_reduce", "tp", "backward")] = 4 * LAYERS + 1
-    if cp > 1:
+    if cp > 1 and workload == "transformer:fsdp_transformer_ring":
+        expected[("all_to_all", "cp", "forward")] = (cp - 1) * LAYERS
+        expected[("all_to_all", "cp", "backward")] = (cp - 1) * LAYERS
+    elif cp > 1 and workload == "transformer:fsdp_transformer_ulysses":
+        expected[("all_to_all", "cp", "forward")] = 2 * LAYERS
+        expected[("all_to_all", "cp", "backward")] = 2 * LAYERS
+    elif cp > 1:
         expected[("all_gather", "cp", "forward")] = LAYERS
         expected[("reduce_scatter", "cp", "backward")] = LAYERS
     if moe:
@@ -130,3 +140,39 @@ def test_same_recipe_same_losses_on_every_mesh(recipe, recipe_results):
     for other in results[1:]:
         assert other.metrics["reference_losses"] == first["reference_losses"]
         assert other.metrics["losses"] == pytest.approx(first["losses"], rel=1e-5)
+
+
+SAME_MESH_SCHEMES = [  # (recipes that differ only in the sequence scheme, the mesh they share)
+    (("M5", "M5-R", "M5-U"), {"world_size": 2, "cp": 2, "dp_shard": 1}),
+    (("A-CP", "M5-R", "M5-U"), {"world_size": 4, "cp": 4}),
+    (("M6", "M6-U"), {"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2}),
+    (("M6", "M6-U"), {"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2}),
+]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("recipes, degrees", SAME_MESH_SCHEMES,
+                         ids=["-".join(r) + f"-w{d['world_size']}" for r, d in SAME_MESH_SCHEMES])
+def test_sequence_schemes_give_the_same_losses(recipes, degrees, recipe_results):
+    """K/V all-gather, ring and Ulysses attend over the same tokens with the same weights: on one mesh
+    their losses agree to float32 rounding (the summation order inside attention differs)."""
+    results = [result_of(recipe, degrees, recipe_results) for recipe in recipes]
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert len({run_key(recipe, degrees)[0] for recipe in recipes}) == len(recipes)  # really different workloads
+    first = results[0].metrics["losses"]
+    for recipe, other in zip(recipes[1:], results[1:]):
+        assert other.metrics["losses"] == pytest.approx(first, rel=1e-5), recipe
+
+
+@pytest.mark.parametrize("recipe, degrees, message", [
+    ("M5-U", {"world_size": 8, "cp": 8}, "num_heads=4 must be divisible by tp*cp = 1*8 = 8 with Ulysses"),
+    ("M6-U", {"world_size": 8, "cp": 4, "tp": 2}, "num_heads=4 must be divisible by tp*cp = 2*4 = 8 with Ulysses"),
+])
+def test_ulysses_head_rule(recipe, degrees, message):
+    """4 heads: Ulysses allows tp*cp in {1, 2, 4}; the K/V schemes on the same mesh do not have the rule
+    (M5 at cp=8 and M6 at cp=4 x tp=2 are valid: seq_len 16 is a multiple of tp*2*cp = 16)."""
+    with pytest.raises(ValueError) as error:
+        RECIPES[recipe].validate(**degrees)
+    assert str(error.value).startswith(message)
+    assert "valid cp for" in str(error.value)
+    RECIPES[recipe.replace("-U", "")].validate(**degrees)

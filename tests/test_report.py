@@ -284,3 +284,95 @@ def test_report_renders_offline_in_headless_chromium(real_report):
     assert all(complete and width > 0 for _, complete, width in images), images
     assert not on_screen[0] and on_paper[0] and on_paper[1] > on_screen[1]  # folded on screen, unfolded on paper
     assert SCREENSHOT.stat().st_size > 50_000
+
+
+def _csv_of(page: Page, filename: str) -> list[dict]:
+    """The rows of the page's ``data:text/csv`` download named ``filename``."""
+    import csv
+    import io
+    link = next(a for a in page.find("a") if a.get("data-csv") == filename)
+    assert link["download"] == filename and link["href"].startswith("data:text/csv;base64,")
+    return list(csv.DictReader(io.StringIO(base64.b64decode(link["href"].split(",", 1)[1]).decode())))
+
+
+@pytest.mark.distributed
+def test_report_summary_first_cost_model_next_to_every_collective_and_csv(real_run, real_report):
+    """M4 on 2 ranks (FSDP over dp_shard=2): every traced (op, group) of rank 0 has the cost model's bytes
+    (estimate(recipe_model("M4"), dims), computed here) next to it and they are equal; the tables download
+    as CSV with the same numbers; the first section is the summary, which names the layout at 512 ranks
+    with the planner's own step time (review_layouts on dp_shard=512, computed here)."""
+    from hyper_parallel import ParallelDims
+    from hyper_parallel.cost_model import estimate, get_model, recipe_model
+    from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
+    from hyper_parallel.cost_model.review import review_layouts
+    _, page = real_report
+    dims = ParallelDims(world_size=2, dp_shard=2)
+    model = estimate(recipe_model("M4"), dims).by_op_group()
+    measured = [float(v) for key, v, _ in page.cell_list if key == "measured_bytes"]
+    predicted = [float(v) for key, v, _ in page.cell_list if key == "predicted_bytes"]
+    assert sorted(predicted) == sorted(model.values()) and measured == predicted
+    rows = _csv_of(page, "communication.csv")
+    assert {(r["op"], r["group"]): float(r["cost_model_bytes"]) for r in rows} == model
+    assert [float(r["measured_bytes"]) for r in rows] == measured
+    losses = json.loads((real_run / METRICS_FILE).read_text())["losses"]
+    assert [float(r["loss"]) for r in _csv_of(page, "losses.csv")] == losses
+    sections = [a.get("id") for a in page.find("section")]
+    assert sections[0] == "summary"
+    summary = page.text_in("summary")
+    assert "2 of 2 (op, group) totals on rank 0 equal the cost model's bytes" in summary
+    at_512 = review_layouts(get_model("llama-8b-like"), [ParallelDims(world_size=512, dp_shard=512)], 8,
+                            DEFAULT_HARDWARE)[0]
+    assert "llama-8b-like on 512 ranks as dp_shard=512" in summary and f"{at_512.step.seconds:.2f} s per step" in summary
+
+
+@pytest.mark.distributed
+def test_compare_two_runs_side_by_side(real_run, real_report, tmp_path):
+    """A real M4 run against a failed one: facts in two columns, rank 0's collectives of A measured and
+    predicted as in A's own report, none for B (no traces)."""
+    failed = failed_run(tmp_path / "failed")
+    out = tmp_path / "cmp.html"
+    assert cli_main(["report", "--compare", str(real_run), str(failed), "--out", str(out)]) == 0
+    page = Page(out.read_text(encoding="utf-8"))
+    assert all(a[k].startswith(("data:", "#")) for _, a, _ in page.tags for k in ("src", "href") if k in a)
+    verdicts = [t for t, _, attrs in page.texts if any(a.get("data-run") for a in attrs) and t in ("PASSED", "FAILED")]
+    assert verdicts == ["PASSED", "FAILED"]
+    _, report = real_report
+    mine = [float(v) for key, v, _ in report.cell_list if key == "measured_bytes"]
+    assert [float(v) for key, v, _ in page.cell_list if key == "measured_a"] == mine
+    assert [float(v) for key, v, _ in page.cell_list if key == "predicted_a"] == mine
+    assert all(v is None for key, v, _ in page.cell_list if key in ("measured_b", "predicted_b"))
+    assert len(_csv_of(page, "comparison.csv")) == len(mine)
+
+
+def test_report_command_needs_one_run_or_two_to_compare(tmp_path, capsys):
+    assert cli_main(["report"]) == 2
+    assert "give a run directory" in capsys.readouterr().err
+    run_dir = failed_run(tmp_path / "failed")
+    assert cli_main(["report", str(run_dir), "--compare", str(run_dir), str(run_dir)]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert cli_main(["report", "--compare", str(run_dir), str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_volume_rows_carry_the_cost_model_for_tp_collectives_too(tmp_path):
+    """A synthetic M3 run (TP+SP on 2 ranks): rank 0's traced totals per (op, group), written by hand as the
+    cost model's own bytes, get the model's prediction for every TP collective (estimate(recipe_model("M3"))
+    computed here) and no fully_shard minimum (not an FSDP collective)."""
+    from hyper_parallel import ParallelDims
+    from hyper_parallel.cost_model import estimate, recipe_model
+    from launch.report.build import _volume_rows
+    from launch.report.run_data import read_run
+    run_dir = failed_run(tmp_path / "m3", with_logs=False)
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    summary.update(recipe="M3", ok=True, degrees={"world_size": 2, "tp": 2})
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary))
+    model = estimate(recipe_model("M3"), ParallelDims(world_size=2, tp=2))
+    events = [{"kind": "collective", "op": c.op, "group": c.group, "phase": c.phase, "step": 1, "ranks": [0, 1],
+               "bytes": c.bytes / c.count} for c in model.collectives for _ in range(c.count)]
+    for rank in (0, 1):
+        (run_dir / f"trace_rank{rank}.json").write_text(json.dumps({"rank": rank, "events": events}))
+    rows = _volume_rows(read_run(run_dir))
+    expected = model.by_op_group()
+    assert {(r["op"], r["group"]): r["predicted"] for r in rows} == expected
+    assert {(r["op"], r["group"]): r["measured"] for r in rows} == pytest.approx(expected)
+    assert {r["group"] for r in rows} == {"tp"} and all(r["minimum"] is None for r in rows)

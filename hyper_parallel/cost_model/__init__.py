@@ -9,7 +9,11 @@ any world size:
 
 Formulas: ``units`` (which parameters every rank stores, padding included), ``communication`` (bytes
 of every collective of one step), ``memory`` (sharded state exactly, activations estimated),
-``layouts`` (node placement, a bandwidth model, ranking several layouts). For the recipes' tiny models
+``layouts`` (node placement, a bandwidth model, ranking several layouts), ``compute`` (FLOPs per rank,
+recomputation included), ``hardware`` (machine presets), ``step_time`` (overlap, exposed communication,
+a step-time range and MFU), ``review`` (named layouts side by side: ranks with ties, Pareto front,
+warnings). Training knobs (micro-batch, activation checkpointing, loss parallel, ...) are
+``ModelConfig`` fields, so every view honours them. For the recipes' tiny models
 (``recipe_model("M6")``) the bytes equal the traced runs' exactly (tests/test_cost_model.py).
 """
 from __future__ import annotations

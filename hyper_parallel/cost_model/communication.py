@@ -18,8 +18,14 @@ TP with SP (each over tp, V = vocab):
     backward all_gather (2 L_dense + L_moe + L_moe[etp>1] + 1) * X; reduce_scatter (2 L_dense + L_moe + 1) * X
 TP without SP: forward all_reduce (2 L + 1) * X and all_gather B * s * V * a; backward all_reduce
     (colwise layers per layer + 1) * X, colwise = wq, wk, wv, w1 (+ w3 gated)
-CP, per layer: forward all_gather of the stacked K/V, 2 * B * kv_heads_per_tp_rank * seq_len * head_dim * a,
-    backward one reduce_scatter of the same size
+Sequence schemes over cp, per layer, with Q = B * s * (n_heads / tp) * head_dim * a (this rank's queries)
+and K = B * s * kv_heads_per_tp_rank * head_dim * a (its keys; values the same):
+    all_gather  forward one all_gather of the stacked K/V, 2 K * cp (the whole sequence's K and V);
+                backward one reduce_scatter of the same size
+    ring        cp - 1 all_to_all shifts of this rank's stacked K/V block, 2 K each, in forward and again
+                in backward (each shift sends its whole buffer to one peer)
+    ulysses     forward one all_to_all of stacked q/k/v, Q + 2 K (GQA: two, Q and 2 K), and one of the
+                attention output, Q; backward the same all_to_alls in reverse
 EP, per MoE layer with T tokens per rank entering the MoE (B * s / tp under SP with etp == 1, else B * s)
 and Y = T * top_k * d_model * a routed rows:
     all_to_all dispatch: forward E * 8 (int64 counts) + Y (dispatch) + Y (combine), backward 2 Y
@@ -60,15 +66,18 @@ def wire_factor(op: str, n: int) -> float:
 
 
 def fsdp_collectives(gather_bytes: float, reduce_bytes: float, shard_size: int, dp_size: int,
-                     reshard_after_forward: bool, sharded_group: str, unsharded_group: str) -> list[Collective]:
+                     reshard_after_forward: bool, sharded_group: str, unsharded_group: str,
+                     micro_batches: int = 1) -> list[Collective]:
     """One fully_shard unit's collectives in one step (module docstring, "FSDP"); ``gather_bytes`` and
-    ``reduce_bytes`` are its all-gather buffer and reduce-scatter input (S times one rank's shard)."""
-    result = []
+    ``reduce_bytes`` are its all-gather buffer and reduce-scatter input (S times one rank's shard).
+    With ``micro_batches`` m > 1 (gradient accumulation) the all-gathers and the reduce-scatter run per
+    micro-batch (gradients stay sharded), the replicate all-reduce once (FSDP2's set_requires_all_reduce)."""
+    result, m = [], micro_batches
     if shard_size > 1:
-        result.append(Collective("all_gather", sharded_group, "forward", gather_bytes, 1, shard_size))
+        result.append(Collective("all_gather", sharded_group, "forward", gather_bytes * m, m, shard_size))
         if reshard_after_forward:
-            result.append(Collective("all_gather", sharded_group, "backward", gather_bytes, 1, shard_size))
-        result.append(Collective("reduce_scatter", sharded_group, "backward", reduce_bytes, 1, shard_size))
+            result.append(Collective("all_gather", sharded_group, "backward", gather_bytes * m, m, shard_size))
+        result.append(Collective("reduce_scatter", sharded_group, "backward", reduce_bytes * m, m, shard_size))
     if dp_size > 1:
         result.append(Collective("all_reduce", unsharded_group, "backward", reduce_bytes / shard_size, 1, dp_size))
     return result
@@ -78,7 +87,7 @@ def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims) -> li
     precision = config.precision
     result = fsdp_collectives(unit.gathered_numel * precision.compute, unit.gathered_numel * precision.reduce,
                               unit.shard_size, unit.dp_size, unit.reshard_after_forward, unit.sharded_group,
-                              unit.unsharded_group)
+                              unit.unsharded_group, config.accumulation(dims)[1])
     partial = unit.partial_numel()
     if dims.tp > 1 and partial:
         result.append(Collective("all_reduce", "tp", "backward", partial * precision.reduce, 1, dims.tp))
@@ -86,20 +95,28 @@ def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims) -> li
 
 
 def _tensor_parallel(config: ModelConfig, dims: ParallelDims, hidden: float, logits: float) -> list[Collective]:
+    """TP's activation collectives (module docstring); with ``config.loss_parallel`` the logits stay
+    sharded: no logits all-gather, three forward all-reduces of one float32 per token (logits / V / a * 4
+    bytes each: the row max, the sum of exponentials, the target's logit)."""
     tp, moe = dims.tp, len(config.moe_layers)
     dense = config.n_layers - moe
+    loss = [Collective("all_reduce", "tp", "forward", 3 * logits / config.vocab_size / config.precision.compute * 4,
+                       3, tp)] if config.loss_parallel else []
+    logit_gathers, logits = (0, 0.0) if config.loss_parallel else (1, logits)
     if config.uses_sequence_parallel(dims):
         gathers = 2 * dense + moe + (moe if dims.etp > 1 else 0) + 1
         scatters = 2 * dense + moe + 1
-        return [Collective("all_gather", "tp", "forward", gathers * hidden + logits, gathers + 1, tp),
-                Collective("reduce_scatter", "tp", "forward", scatters * hidden, scatters, tp),
-                Collective("all_gather", "tp", "backward", gathers * hidden, gathers, tp),
-                Collective("reduce_scatter", "tp", "backward", scatters * hidden, scatters, tp)]
+        return loss + [
+            Collective("all_gather", "tp", "forward", gathers * hidden + logits, gathers + logit_gathers, tp),
+            Collective("reduce_scatter", "tp", "forward", scatters * hidden, scatters, tp),
+            Collective("all_gather", "tp", "backward", gathers * hidden, gathers, tp),
+            Collective("reduce_scatter", "tp", "backward", scatters * hidden, scatters, tp)]
     colwise = 3 + (2 if config.gated_ffn else 1)
     reduces = colwise * config.n_layers + 1
-    return [Collective("all_reduce", "tp", "forward", (2 * config.n_layers + 1) * hidden, 2 * config.n_layers + 1, tp),
-            Collective("all_gather", "tp", "forward", logits, 1, tp),
-            Collective("all_reduce", "tp", "backward", reduces * hidden, reduces, tp)]
+    return loss + [
+        Collective("all_reduce", "tp", "forward", (2 * config.n_layers + 1) * hidden, 2 * config.n_layers + 1, tp),
+        *([Collective("all_gather", "tp", "forward", logits, 1, tp)] if logit_gathers else []),
+        Collective("all_reduce", "tp", "backward", reduces * hidden, reduces, tp)]
 
 
 def _expert_parallel(config: ModelConfig, dims: ParallelDims, rows: int, seq: int) -> list[Collective]:
@@ -149,11 +166,40 @@ def _fsdp_and_activation_collectives(config: ModelConfig, dims: ParallelDims, un
     if dims.tp > 1:
         result += _tensor_parallel(config, dims, rows * seq * config.d_model * a, rows * seq * config.vocab_size * a)
     if dims.cp > 1:
-        kv = 2 * rows * config.kv_heads_per_rank(dims.tp) * config.seq_len * config.head_dim * a
-        result += [Collective("all_gather", "cp", "forward", config.n_layers * kv, config.n_layers, dims.cp),
-                   Collective("reduce_scatter", "cp", "backward", config.n_layers * kv, config.n_layers, dims.cp)]
+        result += sequence_collectives(config, dims, rows)
     if config.is_moe:
         result += _expert_parallel(config, dims, rows, seq)
+    return result
+
+
+def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> list[Collective]:
+    """The cp group's collectives of one step for ``config.sequence_scheme`` (module docstring,
+    "Sequence schemes"); ``rows`` sequences per rank."""
+    cp, layers, scheme = dims.cp, config.n_layers, config.sequence_scheme
+    if cp == 1:
+        return []
+    per_token = rows * (config.seq_len // cp) * config.head_dim * config.precision.compute
+    q, k = per_token * config.n_heads // dims.tp, per_token * config.kv_heads_per_rank(dims.tp)
+    if scheme == "all_gather":
+        calls = [("all_gather", "forward", 2 * k * cp), ("reduce_scatter", "backward", 2 * k * cp)]
+    elif scheme == "ring":
+        calls = [("all_to_all", phase, 2 * k) for phase in ("forward", "backward") for _ in range(cp - 1)]
+    else:
+        inputs = [q + 2 * k] if q == k else [q, 2 * k]
+        calls = [("all_to_all", phase, b) for phase in ("forward", "backward") for b in (*inputs, q)]
+    return merged([Collective(op, "cp", phase, layers * b, layers, cp) for op, phase, b in calls])
+
+
+def sequence_bytes_per_layer(config: ModelConfig, dims: ParallelDims, rows: int) -> dict[str, float]:
+    """One layer's sequence-scheme traffic on one rank: ``forward`` and ``backward`` full buffers (the
+    trace convention) and ``sent``, the bytes the rank puts on the wire in both phases (ring shifts
+    send their whole block to one peer; all-gather, reduce-scatter and even all-to-alls (n-1)/n)."""
+    result = {"forward": 0.0, "backward": 0.0, "sent": 0.0}
+    for c in sequence_collectives(config, dims, rows):
+        per_layer = c.bytes / config.n_layers
+        result[c.phase] += per_layer
+        ring = config.sequence_scheme == "ring"
+        result["sent"] += per_layer * (1.0 if ring else wire_factor(c.op, c.group_size))
     return result
 
 

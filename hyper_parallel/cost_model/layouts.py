@@ -5,10 +5,11 @@ Placement: torchrun gives node n the ranks [n * G, (n + 1) * G) for G GPUs per n
 crosses nodes when its ranks fall into more than one such block. TP is the innermost mesh dim
 (contiguous ranks), so it stays inside a node whenever tp divides G.
 
-Time model (stated wherever a time is shown): ring collectives, each rank sends
+Time model of one collective (stated wherever a time is shown): ring collectives, each rank sends
 ``bytes * wire_factor(op, n)`` (``communication.wire_factor``) at the bandwidth of the slowest link
-its group uses: ``intra_node`` if every rank of the group is on one node, else ``inter_node``;
-collectives do not overlap each other or compute. It ranks layouts; it does not predict a step time.
+its group uses: ``intra_node`` if every rank of the group is on one node, else ``inter_node``.
+``comm_seconds`` sums them as if nothing overlapped; ``step_time`` adds compute and overlap, and
+``cost_model.ranking.rank_layouts`` ranks by that step time.
 """
 from __future__ import annotations
 
@@ -106,34 +107,6 @@ def timed_collectives(cost: CostEstimate, gpus_per_node: int, bandwidth: Bandwid
         result.append(TimedCollective(c.op, c.group, c.phase, c.bytes, c.count, c.group_size, wire, crosses,
                                       wire / speed))
     return result
-
-
-@dataclass(frozen=True)
-class RankedLayout:
-    dims: ParallelDims
-    memory_bytes: int
-    comm_seconds: float
-    fits: bool
-
-
-def rank_layouts(config: ModelConfig, world_size: int, gpus_per_node: int, memory_gib: float = 80.0,
-                 sort: str = "time", bandwidth: Bandwidth = Bandwidth()) -> list[RankedLayout]:
-    """Every layout of ``world_size`` ranks the model fits (pp = 1; ep/etp only for MoE models), best
-    first: layouts within ``memory_gib`` per rank before the others, then by ``sort`` ("time": the
-    step's communication time, then memory; "memory": per-rank memory, then time)."""
-    if sort not in ("time", "memory"):
-        raise ValueError(f"sort must be 'time' or 'memory', got {sort!r}")
-    ranked = []
-    for dims in candidate_layouts(world_size, config.is_moe):
-        try:
-            cost = estimate(config, dims)
-        except ValueError:
-            continue
-        seconds = sum(c.seconds for c in timed_collectives(cost, gpus_per_node, bandwidth))
-        ranked.append(RankedLayout(dims, cost.memory.total, seconds, cost.memory.total <= memory_gib * GIB))
-    if sort == "time":
-        return sorted(ranked, key=lambda r: (not r.fits, r.comm_seconds, r.memory_bytes))
-    return sorted(ranked, key=lambda r: (not r.fits, r.memory_bytes, r.comm_seconds))
 
 
 def candidate_layouts(world_size: int, with_experts: bool) -> list[ParallelDims]:

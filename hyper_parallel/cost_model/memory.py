@@ -9,11 +9,14 @@ padding included, exactly what fully_shard allocates):
 Transient, at the peak of backward (no prefetch):
     gathered     the root's all-gathered parameters (kept from forward to backward) + the largest
                  other unit's all-gathered parameters (compute bytes) and its unsharded gradients
-                 (reduce bytes); nothing when shard_size is 1 and compute == storage (they alias)
+                 (reduce bytes); nothing when shard_size is 1 and compute == storage (they alias).
+                 With reshard_after_forward False every unit keeps its gathered parameters from its
+                 forward to its backward: all of them are resident when backward starts
 
-Activations saved for backward (no recomputation, a fused attention kernel that keeps only q, k, v,
-the output and a logsumexp per row), in elements per token of this rank (N = B * s tokens, B rows,
-s = seq_len / cp; SP divides the residual-stream tensors by tp), times the compute bytes:
+Activations saved for backward (a fused attention kernel that keeps only q, k, v, the output and a
+logsumexp per row), in elements per token of this rank for one micro-batch (N = B * s tokens, B =
+micro_batch rows, s = seq_len / cp; SP divides the residual-stream tensors by tp), times the compute
+bytes, without activation checkpointing:
     dense layer  norms' inputs 2 d / sp + the two gathered inputs of the colwise layers 2 d
                  + q and the attention output 2 d / tp + k, v 2 kv (kv = K/V heads per tp rank x head_dim)
                  + the K/V gathered from the other CP ranks 2 kv (cp - 1)
@@ -23,6 +26,11 @@ s = seq_len / cp; SP divides the residual-stream tensors by tp), times the compu
                  2 F_e / etp (4 gated) and output d, and the shared expert d + 2 F_s (4 gated)
     head         logits in float32 for the loss: V / tp * 4 bytes per token
     MLP          per block 2 d + 2 F (norm and w1 inputs, hidden, ReLU output), plus d_in + d_out
+Activation checkpointing (``ModelConfig.activation_checkpointing``):
+    selective    the attention output (d / tp) and the feed-forward's elementwise results (silu and
+                 product: 2 F / tp gated, the activation F / tp plain; the same in experts) are recomputed
+    full         every layer keeps only its input (d / sp); one layer's activations (the largest, as
+                 without checkpointing) are live again while it is recomputed and backpropagated
 It is an estimate for comparing layouts, not a measured peak (allocator slack, temporaries and
 communication buffers are not modelled).
 """
@@ -55,6 +63,7 @@ class Memory:
 
 
 def _gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
+    """Peak all-gathered parameters and unsharded gradients (module docstring, "gathered")."""
     precision = config.precision
 
     def unsharded(unit: Unit) -> int:
@@ -62,9 +71,10 @@ def _gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
             return 0
         return unit.gathered_numel * precision.compute
 
-    root = sum(unsharded(u) for u in units if u.is_root)
-    others = [unsharded(u) + u.gathered_numel * precision.reduce for u in units if not u.is_root]
-    return root + max(others, default=0)
+    kept = sum(unsharded(u) for u in units if not u.reshard_after_forward)   # the root, or every unit
+    others = [(0 if not u.reshard_after_forward else unsharded(u)) + u.gathered_numel * precision.reduce
+              for u in units if not u.is_root]
+    return kept + max(others, default=0)
 
 
 def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: int) -> float:
@@ -72,8 +82,9 @@ def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: i
     d, tp, cp, etp = config.d_model, dims.tp, dims.cp, dims.etp
     sp = tp if config.uses_sequence_parallel(dims) else 1
     kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
-    attention = d / sp + d + (2 * d) / tp + 2 * kv_dim + 2 * kv_dim * (cp - 1)
-    hidden_factor = 4 if config.gated_ffn else 2
+    selective = config.activation_checkpointing == "selective"
+    attention = d / sp + d + (d if selective else 2 * d) / tp + 2 * kv_dim + 2 * kv_dim * (cp - 1)
+    hidden_factor = (2 if config.gated_ffn else 1) if selective else (4 if config.gated_ffn else 2)
     if layer not in config.moe_layers:
         return attention + d / sp + d + hidden_factor * config.ffn_hidden / tp
     routed = config.top_k * (2 * d + hidden_factor * config.moe_hidden / etp)
@@ -83,12 +94,18 @@ def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: i
 
 
 def activation_bytes(config: ModelConfig, dims: ParallelDims) -> int:
-    tokens = config.global_batch // dims.dp * (config.seq_len // dims.cp)
+    """Saved activations of one micro-batch on this rank (module docstring)."""
+    tokens = config.accumulation(dims)[0] * (config.seq_len // dims.cp)
     a = config.precision.compute
     if config.architecture == "mlp":  # per block: norm input, w1 input, hidden, relu output
         per_token = config.n_layers * (2 * config.d_model + 2 * config.ffn_hidden) + config.d_in + config.d_out
         return int(tokens * per_token * a)
-    layers = sum(_layer_activation_elements(config, dims, layer) for layer in range(config.n_layers))
+    per_layer = [_layer_activation_elements(config, dims, layer) for layer in range(config.n_layers)]
+    if config.activation_checkpointing == "full":
+        sp = dims.tp if config.uses_sequence_parallel(dims) else 1
+        layers = config.n_layers * config.d_model / sp + max(per_layer)
+    else:
+        layers = sum(per_layer)
     return int(tokens * (layers * a + config.vocab_size / dims.tp * 4))
 
 

@@ -13,7 +13,9 @@ Per parameter (RFC 2.1.2, ``hyper_parallel.fsdp.param``):
                    EP: experts axis 0; ETP: w1/w3 axis 2, w2 axis 1). With tp > K/V heads each rank
                    holds one K/V head, replicated over tp / kv_heads ranks (the sum of those replicas'
                    gradients is not modelled; the recipes' models have no GQA)
-    fsdp axis     the first axis no model-parallel degree splits (axis 0 if every axis is split)
+    fsdp axis     the first axis no model-parallel degree splits (axis 0 if every axis is split); experts
+                  on ``ModelConfig.expert_shard_dim`` when that axis is unsplit (a what-if: padding 16
+                  experts to 512 shards on axis 0 stores 32x the experts, the hidden axis pads nothing)
     padded numel  local numel with the fsdp axis rounded up to a multiple of shard_size S:
                   prod(local) / local[a] * ceil(local[a] / S) * S
 
@@ -42,8 +44,11 @@ class Param:
     local_shape: tuple[int, ...]        # after TP / EP / ETP
     split_axes: tuple[int, ...] = ()    # axes a model-parallel degree > 1 splits
     partial_over_tp: bool = False       # its gradient is summed over tp by fully_shard (SP norms, ...)
+    preferred_axis: int = 0             # FSDP shards this axis when no model-parallel degree splits it
 
     def fsdp_axis(self) -> int:
+        if self.preferred_axis and self.preferred_axis not in self.split_axes:
+            return self.preferred_axis
         return next((axis for axis in range(len(self.local_shape)) if axis not in self.split_axes), 0)
 
     def padded_numel(self, shard_size: int) -> int:
@@ -70,10 +75,11 @@ class Unit:
     sharded_group: str                  # reduce-scatter group ("" when shard_size == 1)
     unsharded_group: str                # all-reduce group
     is_root: bool = False
+    reshard: bool = True                # ModelConfig.reshard_after_forward (the root never reshards)
 
     @property
     def reshard_after_forward(self) -> bool:
-        return not self.is_root
+        return self.reshard and not self.is_root
 
     @cached_property
     def gathered_numel(self) -> int:
@@ -146,8 +152,10 @@ def _transformer_block(config: ModelConfig, dims: ParallelDims, moe: bool) -> li
 def _experts(config: ModelConfig, dims: ParallelDims) -> list[Param]:
     e, d, h, ep, etp = config.num_experts, config.d_model, config.moe_hidden, dims.ep, dims.etp
     names = ("w1", "w3") if config.gated_ffn else ("w1",)
-    params = [_param(n, (e, d, h), {0: ep, 2: etp}) for n in names]
-    return params + [_param("w2", (e, h, d), {0: ep, 1: etp})]
+    axis = config.expert_shard_dim   # on w2 [E, h, d] the same dimension (d or h) sits on the other axis
+    params = [dataclasses.replace(_param(n, (e, d, h), {0: ep, 2: etp}), preferred_axis=axis) for n in names]
+    w2_axis = {0: 0, 1: 2, 2: 1}[axis]
+    return params + [dataclasses.replace(_param("w2", (e, h, d), {0: ep, 1: etp}), preferred_axis=w2_axis)]
 
 
 def _mlp_params(config: ModelConfig) -> tuple[list[list[Param]], list[Param]]:
@@ -160,12 +168,12 @@ def _mlp_params(config: ModelConfig) -> tuple[list[list[Param]], list[Param]]:
 
 
 def _unit(name: str, params: list[Param], data_sizes: tuple[tuple[str, int], tuple[str, int]],
-          shard: bool | None, is_root: bool = False) -> Unit:
+          shard: bool | None, is_root: bool = False, reshard: bool = True) -> Unit:
     """fully_shard's roles on a (replicate, inner) mesh: the inner dim shards iff asked / of size > 1."""
     (replicate, replicas), (inner, inner_size) = data_sizes
     if shard is True or (shard is None and inner_size > 1):
-        return Unit(name, tuple(params), inner_size, replicas, inner, replicate, is_root)
-    return Unit(name, tuple(params), 1, replicas * inner_size, "", f"{replicate}+{inner}", is_root)
+        return Unit(name, tuple(params), inner_size, replicas, inner, replicate, is_root, reshard)
+    return Unit(name, tuple(params), 1, replicas * inner_size, "", f"{replicate}+{inner}", is_root, reshard)
 
 
 def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
@@ -174,7 +182,8 @@ def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
     dense = (("dp_replicate", dims.dp_replicate), ("fsdp", dims.fsdp))
     if config.architecture == "mlp":
         blocks, root = _mlp_params(config)
-        units = [_unit(f"blocks.{i}", params, dense, config.param_shard) for i, params in enumerate(blocks)]
+        units = [_unit(f"blocks.{i}", params, dense, config.param_shard, reshard=config.reshard_after_forward)
+                 for i, params in enumerate(blocks)]
         return units + [_unit("root", root, dense, config.param_shard, is_root=True)]
     sparse = (("dp_replicate", dims.dp_replicate), ("efsdp", dims.efsdp))
     blocks = {moe: _transformer_block(config, dims, moe) for moe in {layer in config.moe_layers
@@ -183,9 +192,11 @@ def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
     units = []
     for layer in range(config.n_layers):
         moe = layer in config.moe_layers
-        units.append(_unit(f"layers.{layer}", blocks[moe], dense, config.param_shard))
+        units.append(_unit(f"layers.{layer}", blocks[moe], dense, config.param_shard,
+                           reshard=config.reshard_after_forward))
         if moe and dims.ep > 1:
-            units.append(_unit(f"layers.{layer}.feed_forward.experts", experts, sparse, config.param_shard))
+            units.append(_unit(f"layers.{layer}.feed_forward.experts", experts, sparse, config.param_shard,
+                               reshard=config.reshard_after_forward))
     sp = config.uses_sequence_parallel(dims)
     d, vocab, tp = config.d_model, config.vocab_size, dims.tp
     root = [_param("tok_embeddings.weight", (vocab, d), {0: tp}), _param("norm.weight", (d,), partial=sp),

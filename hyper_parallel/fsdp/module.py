@@ -124,6 +124,18 @@ class FullyShardModule:
         """All-gather these units' parameters when backward reaches this unit."""
         self._hp_state.backward_prefetch = [state_of(m) for m in modules]
 
+    def set_overlap(self, overlap: bool, *, recurse: bool = True) -> None:
+        """True (the default, unless ``HYPER_PARALLEL_OVERLAP=0``): prefetch the next unit's all-gather in
+        backward and leave reduce-scatters / all-reduces in flight until their result is needed. False:
+        every collective is issued and waited for on the spot. The numbers are the same either way."""
+        for state in self._states(recurse):
+            state.overlap = bool(overlap)
+
+    def set_implicit_forward_prefetch(self, enabled: bool) -> None:
+        """On the root: from the second step on, issue the next unit's all-gather when a unit's forward
+        begins (order of the first step), so it travels while this unit computes (one unit ahead)."""
+        self._hp_state.implicit_forward_prefetch = bool(enabled)
+
     def sharded_params(self) -> list[ShardedParam]:
         """This unit's managed parameters (not those of nested fully_shard units)."""
         group = self._hp_state.group

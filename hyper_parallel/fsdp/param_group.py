@@ -14,6 +14,7 @@ and everything is divided by the data-parallel world so results equal one proces
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum, auto
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -21,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp.param import ShardedParam, placements_str, union_dims
+from hyper_parallel.fsdp.reduction import GradientReduction
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,15 @@ class MixedPrecisionPolicy:
     reduce_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
     cast_forward_inputs: bool = True
+
+
+class ShardedState(Enum):
+    """Where a unit's parameters are: sharded (the module holds the sharded DTensors), an all-gather
+    issued and not yet waited for (prefetch), or unsharded (the module computes with them)."""
+
+    SHARDED = auto()
+    GATHERING = auto()
+    UNSHARDED = auto()
 
 
 class ParamGroup:
@@ -67,15 +78,27 @@ class ParamGroup:
             storage = self.flat_shard[offset:offset + param.padded_numel] if alias else None
             param.init_unsharded(self.param_dtype, device, storage)
         self.owns_unsharded_storage = not alias
-        self.is_unsharded = False
+        self.sharded_state = ShardedState.SHARDED
+        self._gathering: tuple | None = None  # (pending all-gather, gathered buffer, cast shard) while GATHERING
+        self.reduction: GradientReduction | None = None  # this unit's gradient reduction still in flight
         self.post_forward_group: GroupInfo | None = None  # reshard_after_forward=k: the k ranks kept between
         self.post_forward_shard: torch.Tensor | None = None  # this rank's rows of the gathered buffer, then
 
     # ----- forward -----
-    def unshard(self) -> None:
-        """All-gather the FSDP dim only: (Shard(a), <mp>) -> (Replicate(), <mp>)."""
-        if self.is_unsharded:
-            return
+    @property
+    def is_unsharded(self) -> bool:
+        return self.sharded_state is ShardedState.UNSHARDED
+
+    def unshard(self, async_op: bool = False) -> None:
+        """All-gather the FSDP dim only: (Shard(a), <mp>) -> (Replicate(), <mp>). ``async_op`` issues the
+        all-gather and returns (a prefetch); ``wait_for_unshard`` or a later ``unshard()`` completes it."""
+        if self.sharded_state is ShardedState.SHARDED:
+            self._issue_all_gather(async_op)
+        if not async_op:
+            self.wait_for_unshard()
+
+    def _issue_all_gather(self, async_op: bool) -> None:
+        pending, gathered, cast = None, None, None
         if self.needs_all_gather:
             gathered = torch.empty(self.shard_size, self.total, dtype=self.param_dtype, device=self.device)
             if self.post_forward_shard is not None:  # backward after reshard_after_forward=k: gather over k ranks
@@ -84,20 +107,33 @@ class ParamGroup:
             else:
                 shard = self.flat_shard if self.param_dtype == self.orig_dtype else self.flat_shard.to(self.param_dtype)
                 group = self.sharded_group
-            comm.all_gather_into_tensor(gathered.view(-1), shard, group, module=self.name)
+            cast = shard if shard is not self.flat_shard else None
+            pending = comm.all_gather_into_tensor(gathered.view(-1), shard, group, module=self.name, async_op=async_op)
+        self._gathering = (pending, gathered, cast)
+        self.sharded_state = ShardedState.GATHERING
+
+    def wait_for_unshard(self) -> None:
+        """Complete an issued all-gather: wait, copy into the unsharded parameters, swap them in."""
+        if self.sharded_state is not ShardedState.GATHERING:
+            return
+        pending, gathered, cast = self._gathering
+        self._gathering = None
+        if self.needs_all_gather:
+            if pending is not None:
+                pending.wait()
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
                 param.copy_out(gathered[:, offset:offset + param.padded_numel])
             comm.release(gathered)
-            if shard is not self.flat_shard:
-                comm.release(shard)
+            if cast is not None:
+                comm.release(cast)
         elif self.owns_unsharded_storage:
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
                 param.copy_cast(self.flat_shard[offset:offset + param.padded_numel])
         for param in self.params:
             param.use_unsharded()
-        self.is_unsharded = True
+        self.sharded_state = ShardedState.UNSHARDED
         self._trace_placements(sharded_to_unsharded=True)
 
     def reshard(self, keep_post_forward_shard: bool = False) -> None:
@@ -105,6 +141,7 @@ class ParamGroup:
         rows of the gathered buffer that this rank contributes when its group of k ranks gathers in backward."""
         if not keep_post_forward_shard:
             self.post_forward_shard = None
+        self.wait_for_unshard()  # an all-gather in flight lands before its buffers are freed
         if not self.is_unsharded:
             return
         if keep_post_forward_shard and self.post_forward_group is not None:
@@ -113,7 +150,7 @@ class ParamGroup:
             if self.owns_unsharded_storage:
                 param.free_unsharded()
             param.use_sharded()
-        self.is_unsharded = False
+        self.sharded_state = ShardedState.SHARDED
         self._trace_placements(sharded_to_unsharded=False)
 
     def _post_forward_rows(self) -> torch.Tensor:
@@ -167,8 +204,10 @@ class ParamGroup:
                 ready.append((param, grad, partial))
         return ready
 
-    def reduce_grads(self) -> None:
-        """Reduce the unsharded gradients into the sharded parameters' ``.grad``."""
+    def reduce_grads(self, async_op: bool = False) -> None:
+        """Reduce the unsharded gradients into the sharded parameters' ``.grad``. With ``async_op`` the
+        reduce-scatter is issued and left in flight (``self.reduction``); ``advance_reduction`` moves it on."""
+        self.finish_reduction()  # the previous reduction into the same buffers lands first
         ready = self._collect_grads()
         if not self.requires_gradient_sync:
             for param, grad, partial in ready:
@@ -176,24 +215,43 @@ class ParamGroup:
             return
         offsets, total = self._reduce_layout(ready)
         if ready:
-            reduced, reduced_params = self._reduce_scatter(ready, offsets, total)
+            reduced, reduced_params, pending = self._reduce_scatter(ready, offsets, total, async_op)
         elif self.partial_reduce is not None and self.requires_all_reduce:
-            reduced, reduced_params = torch.zeros(total, dtype=self.reduce_dtype, device=self.device), []
+            reduced, reduced_params, pending = torch.zeros(total, dtype=self.reduce_dtype, device=self.device), [], None
         else:
             return
-        if self.dp_size > 1:
-            if self.partial_reduce is not None:
-                if self.partial_reduce_layout != offsets:
-                    raise RuntimeError(f"{self.name}: requires_grad of its parameters changed between micro-steps "
-                                       "of one gradient accumulation; freeze or unfreeze between optimizer steps")
-                reduced += self.partial_reduce
-                reduced_params = self._merge(reduced_params, self.partial_reduce_params)
-                self.partial_reduce, self.partial_reduce_params, self.partial_reduce_layout = None, [], None
-            if not self.requires_all_reduce:
-                self.partial_reduce, self.partial_reduce_params = reduced, reduced_params
-                self.partial_reduce_layout = offsets
-                return
-            comm.all_reduce(reduced, self.unsharded_group, module=self.name)
+        self.reduction = GradientReduction(self, reduced, reduced_params, offsets, pending, async_op)
+        if not async_op:
+            self.finish_reduction()
+
+    def advance_reduction(self) -> bool:
+        """One stage of the reduction in flight (see ``GradientReduction``); True once none is left."""
+        if self.reduction is not None and self.reduction.advance():
+            self.reduction = None
+        return self.reduction is None
+
+    def finish_reduction(self) -> None:
+        while not self.advance_reduction():
+            pass
+
+    def accumulate_partial(self, reduced: torch.Tensor, reduced_params: list, offsets: dict[int, int]) -> tuple:
+        """HSDP accumulation: add the earlier micro-steps' partial reduction; with ``requires_all_reduce``
+        False keep the sum for later and return None."""
+        if self.partial_reduce is not None:
+            if self.partial_reduce_layout != offsets:
+                raise RuntimeError(f"{self.name}: requires_grad of its parameters changed between micro-steps "
+                                   "of one gradient accumulation; freeze or unfreeze between optimizer steps")
+            reduced += self.partial_reduce
+            reduced_params = self._merge(reduced_params, self.partial_reduce_params)
+            self.partial_reduce, self.partial_reduce_params, self.partial_reduce_layout = None, [], None
+        if not self.requires_all_reduce:
+            self.partial_reduce, self.partial_reduce_params = reduced, reduced_params
+            self.partial_reduce_layout = offsets
+            return None
+        return reduced, reduced_params
+
+    def write_grads(self, reduced: torch.Tensor, reduced_params: list, offsets: dict[int, int]) -> None:
+        """Sum partial model-parallel gradients, divide, and add each parameter's piece to its ``.grad``."""
         self._reduce_partial_grads(reduced, reduced_params, offsets)
         reduced.div_(self.gradient_divide_factor)
         reduced = reduced.to(self.orig_dtype)
@@ -223,10 +281,10 @@ class ParamGroup:
                                "requires_grad between optimizer steps, not between forward and backward")
         return offsets, total
 
-    def _reduce_scatter(self, ready: list, offsets: dict[int, int],
-                        total: int) -> tuple[torch.Tensor, list[tuple[ShardedParam, tuple[str, ...]]]]:
+    def _reduce_scatter(self, ready: list, offsets: dict[int, int], total: int, async_op: bool) -> tuple:
         """Copy the gradients into one flat [shard_size, total] buffer and reduce-scatter it: this rank's
-        summed shard (the buffer itself when shard_size == 1), and (param, partial dims) per gradient."""
+        summed shard (the buffer itself when shard_size == 1), (param, partial dims) per gradient, and the
+        reduce-scatter still in flight (None when done)."""
         reduce_in = (torch.empty if len(ready) == len(offsets) else torch.zeros)(
             self.shard_size, total, dtype=self.reduce_dtype, device=self.device)
         reduced_params = []
@@ -237,11 +295,14 @@ class ParamGroup:
             reduced_params.append((param, partial))
             del grad
         if self.shard_size == 1:
-            return reduce_in.view(-1), reduced_params
+            return reduce_in.view(-1), reduced_params, None
         reduced = torch.empty(total, dtype=self.reduce_dtype, device=self.device)
-        comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name)
-        comm.release(reduce_in)
-        return reduced, reduced_params
+        pending = comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name,
+                                             async_op=async_op)
+        if pending is None:
+            comm.release(reduce_in)
+            return reduced, reduced_params, None
+        return reduced, reduced_params, (pending, reduce_in)
 
     @staticmethod
     def _merge(current: list, earlier: list) -> list:

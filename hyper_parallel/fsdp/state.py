@@ -19,6 +19,7 @@ every one of them has run.
 """
 from __future__ import annotations
 
+import os
 from enum import Enum, auto
 
 import torch
@@ -55,6 +56,11 @@ class RunAfterInputGradients(torch.autograd.Function):
         return (None, *grads)
 
 
+def overlap_default() -> bool:
+    """Overlap communication with compute unless ``HYPER_PARALLEL_OVERLAP=0`` (or ``set_overlap(False)``)."""
+    return os.environ.get("HYPER_PARALLEL_OVERLAP", "1") != "0"
+
+
 class FullyShardState:
     def __init__(self, modules: list[nn.Module], group: ParamGroup | None, reshard_after_forward: bool | None,
                  mp_policy: MixedPrecisionPolicy) -> None:
@@ -64,9 +70,16 @@ class FullyShardState:
         self.reshard_after_forward = reshard_after_forward  # None: True except for the root (FSDP2's default)
         self.reshard_after_backward = True
         self.mp_policy = mp_policy
-        self.forward_prefetch: list[FullyShardState] = []
-        self.backward_prefetch: list[FullyShardState] = []
+        self.forward_prefetch: list[FullyShardState] | None = None   # explicit targets (set_modules_to_...)
+        self.backward_prefetch: list[FullyShardState] | None = None  # None: implicit (backward only)
+        self.overlap = overlap_default()
+        self.implicit_forward_prefetch = False
         self.is_root: bool | None = None
+        self.root: FullyShardState | None = None
+        self.forward_order: list[FullyShardState] = []       # root only: units by pre-forward, first step
+        self.post_forward_order: list[FullyShardState] = []  # root only: units by post-forward (backward reversed)
+        self.order_recorded = False
+        self.reductions_in_flight: list[ParamGroup] = []  # root only: async reductions, oldest first
         self.training_state = TrainingState.IDLE
         self.name = type(self.module).__name__
         self.parent_name = ""  # the enclosing unit's name: the trace label once this unit's backward is done
@@ -105,6 +118,7 @@ class FullyShardState:
                 continue
             self.subtree.append(state)
             names[state] = name
+            state.root = self
             if state is not self:
                 state.is_root = False
             state.name = name or "root"
@@ -138,17 +152,19 @@ class FullyShardState:
         if self.training_state == TrainingState.PRE_BACKWARD:
             return args, kwargs  # recomputation inside backward: the parameters are already unsharded
         self._lazy_init()
-        if self.is_root:
-            trace.set_phase("forward")
-        if self.training_state != TrainingState.FORWARD:
-            self._begin_step()
-            self._modules_run.clear()
-        self.training_state = TrainingState.FORWARD
-        self._outer_module_label = trace.set_module(self.name)
-        if self.group is not None:
-            self.group.unshard()
-        for state in self.forward_prefetch:
-            state.unshard()
+        with trace.outside_compute(start_after=True if self.is_root else None):
+            if self.is_root:
+                trace.set_phase("forward")
+            if self.training_state != TrainingState.FORWARD:
+                self._begin_step()
+                self._modules_run.clear()
+                self._record_order(self.root.forward_order if self.root is not None else None)
+            self.training_state = TrainingState.FORWARD
+            self._outer_module_label = trace.set_module(self.name)
+            if self.group is not None:
+                self.group.unshard()
+            for state in self._forward_targets():
+                state.prefetch()
         if self.mp_policy.param_dtype is not None and self.mp_policy.cast_forward_inputs:
             dtype = self.mp_policy.param_dtype
             cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
@@ -156,6 +172,38 @@ class FullyShardState:
         if self._has_frozen and torch.is_grad_enabled():
             args, kwargs = self._hook_input_gradients(args, kwargs)
         return args, kwargs
+
+    # ----- prefetch: at most one unit gathered ahead -----
+    def _record_order(self, order: list["FullyShardState"] | None) -> None:
+        """Orders are recorded during the first training step and used from the second on (as FSDP2)."""
+        if torch.is_grad_enabled() and order is not None and not self.root.order_recorded and self not in order:
+            order.append(self)
+
+    def _neighbour(self, order: list["FullyShardState"], step: int) -> list["FullyShardState"]:
+        if self.root is None or not self.root.order_recorded or self not in order:
+            return []
+        index = order.index(self) + step
+        return [order[index]] if 0 <= index < len(order) else []
+
+    def _forward_targets(self) -> list["FullyShardState"]:
+        """Explicit targets, else (opt-in) the unit whose forward comes next."""
+        if self.forward_prefetch is not None:
+            return self.forward_prefetch
+        if self.root is not None and self.root.implicit_forward_prefetch:
+            return self._neighbour(self.root.forward_order, 1)
+        return []
+
+    def _backward_targets(self) -> list["FullyShardState"]:
+        """Explicit targets, else (with overlap) the unit whose backward comes next: the one whose forward
+        ended just before this one's."""
+        if self.backward_prefetch is not None:
+            return self.backward_prefetch
+        return self._neighbour(self.root.post_forward_order, -1) if self.overlap and self.root is not None else []
+
+    def prefetch(self) -> None:
+        """Issue this unit's all-gather ahead of its use (asynchronous with overlap on)."""
+        if self.group is not None:
+            self.group.unshard(async_op=self.overlap)
 
     def _hook_input_gradients(self, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
@@ -170,12 +218,14 @@ class FullyShardState:
         if self.training_state == TrainingState.PRE_BACKWARD:
             return output
         training = torch.is_grad_enabled()
-        trace.set_module(self._outer_module_label)
-        self._modules_run.add(id(module))
-        if len(self._modules_run) == len(self.modules):
-            if self.group is not None and (not training or self.reshards_after_forward):
-                self.group.reshard(keep_post_forward_shard=training)
-            self.training_state = TrainingState.IDLE
+        with trace.outside_compute():
+            trace.set_module(self._outer_module_label)
+            self._modules_run.add(id(module))
+            if len(self._modules_run) == len(self.modules):
+                self._record_order(self.root.post_forward_order if self.root is not None else None)
+                if self.group is not None and (not training or self.reshards_after_forward):
+                    self.group.reshard(keep_post_forward_shard=training)
+                self.training_state = TrainingState.IDLE
         if self.mp_policy.output_dtype is not None:
             dtype = self.mp_policy.output_dtype
             output = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
@@ -191,32 +241,43 @@ class FullyShardState:
         if self.training_state in (TrainingState.PRE_BACKWARD, TrainingState.POST_BACKWARD):
             return grad
         self.training_state = TrainingState.PRE_BACKWARD
-        if self.is_root and not self._callback_queued:
-            self._callback_queued = True
-            trace.set_phase("backward")
-            Variable._execution_engine.queue_callback(self._end_of_backward)
-        trace.set_module(self.name)
-        if self.group is not None:
-            self.group.unshard()
-        for state in self.backward_prefetch:
-            state.unshard()
+        with trace.outside_compute():
+            if self.is_root and not self._callback_queued:
+                self._callback_queued = True
+                trace.set_phase("backward")
+                Variable._execution_engine.queue_callback(self._end_of_backward)
+            trace.set_module(self.name)
+            if self.group is not None:
+                self.group.unshard()
+            for state in self._backward_targets():
+                state.prefetch()
         return grad
 
     def _on_grad_accumulated(self, _param) -> None:
         self._grads_seen += 1
         if self._grads_seen == self._expected_grads:
             self._grads_seen = 0
-            self._reduce()
-            if not self._has_frozen or self._inputs_done:
-                self._reshard_after_backward()
+            with trace.outside_compute():
+                self._reduce()
+                if not self._has_frozen or self._inputs_done:
+                    self._reshard_after_backward()
 
     def _after_input_gradients(self) -> None:
         self._inputs_done = True
         if self._grads_reduced or self._expected_grads == 0:
-            self._reshard_after_backward()
+            with trace.outside_compute():
+                self._reshard_after_backward()
 
     def _reduce(self) -> None:
-        self.group.reduce_grads()
+        """Start this unit's gradient reduction. With overlap, the reductions already in flight move one
+        stage on first (their reduce-scatters are waited for and their all-reduces issued), then this
+        unit's reduce-scatter is issued and left in flight behind the next unit's backward."""
+        root = self.root if self.root is not None else self
+        if self.overlap:
+            root.reductions_in_flight = [group for group in root.reductions_in_flight if not group.advance_reduction()]
+        self.group.reduce_grads(async_op=self.overlap)
+        if self.group.reduction is not None:
+            root.reductions_in_flight.append(self.group)
         self._grads_reduced = True
         self.training_state = TrainingState.POST_BACKWARD
 
@@ -226,17 +287,22 @@ class FullyShardState:
         trace.set_module(self.parent_name)
 
     def _end_of_backward(self) -> None:
-        for state in self.subtree:
-            if state.group is not None:
-                if state.group.has_pending_grads():
+        with trace.outside_compute(start_after=False):
+            for state in self.subtree:
+                if state.group is not None and state.group.has_pending_grads():
                     state._reduce()
-                if state.reshard_after_backward:
+            for group in self.reductions_in_flight:  # every gradient is written before the optimizer runs
+                group.finish_reduction()
+            self.reductions_in_flight = []
+            for state in self.subtree:
+                if state.group is not None and state.reshard_after_backward:
                     state.group.reshard()
-            state._grads_seen = 0
-            state.training_state = TrainingState.IDLE
-        self._callback_queued = False
-        trace.set_phase("other")
-        trace.set_module("")
+                state._grads_seen = 0
+                state.training_state = TrainingState.IDLE
+            self._callback_queued = False
+            self.order_recorded = True
+            trace.set_phase("other")
+            trace.set_module("")
 
     # ----- explicit control -----
     def unshard(self) -> None:

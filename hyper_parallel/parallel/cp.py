@@ -31,6 +31,7 @@ from hyper_parallel.comm import GroupInfo
 from hyper_parallel.parallel.autograd_comm import GatherFromSequenceParallel, gather_along, reduce_scatter_along
 
 IMPLS = ("all_gather", "ring")
+"""The K/V exchanges of this module; Ulysses (head resharding by all-to-all) is ``ulysses.py``."""
 
 
 def load_balanced_positions(seq_len: int, cp_size: int, cp_index: int) -> torch.Tensor:
@@ -47,8 +48,9 @@ def load_balanced_positions(seq_len: int, cp_size: int, cp_index: int) -> torch.
     return torch.cat([torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)])
 
 
-def _layout(seq_len: int, cp_size: int) -> torch.Tensor:
-    """Positions of every rank concatenated in group rank order: the order of an all-gathered sequence."""
+def gathered_positions(seq_len: int, cp_size: int) -> torch.Tensor:
+    """Positions of every rank concatenated in group rank order: the order of an all-gathered sequence
+    (also the sequence order Ulysses attends over after its all-to-all)."""
     return torch.cat([load_balanced_positions(seq_len, cp_size, i) for i in range(cp_size)])
 
 
@@ -79,7 +81,7 @@ def unshard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo) -> torch.Ten
     if cp.size == 1:
         return tensor
     dim = dim % tensor.dim()
-    order = torch.argsort(_layout(tensor.shape[dim] * cp.size, cp.size)).to(tensor.device)
+    order = torch.argsort(gathered_positions(tensor.shape[dim] * cp.size, cp.size)).to(tensor.device)
     gathered = GatherFromSequenceParallel.apply(tensor, dim, cp, False)
     return gathered.index_select(dim, order)
 
@@ -167,8 +169,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dtype = torch.promote_types(q.dtype, torch.float32)
     scale = q.shape[-1] ** -0.5 if scale is None else scale  # SDPA's default
     if cp.size == 1:
-        return _attend(q, k, v, positions, positions, causal, scale, dtype)
-    layout = _layout(s_local * cp.size, cp.size).to(q.device)
+        return attend(q, k, v, positions, positions, causal, scale, dtype)
+    layout = gathered_positions(s_local * cp.size, cp.size).to(q.device)
     index = cp_index(cp)
     if not torch.equal(positions, layout[index * s_local:(index + 1) * s_local]):
         raise ValueError(
@@ -181,10 +183,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         k_all, v_all = GatherKeyValue.apply(torch.stack((k, v)), 3, cp).unbind(0)
     else:  # e.g. a different value head_dim (MLA-like): one each
         k_all, v_all = GatherKeyValue.apply(k, 2, cp), GatherKeyValue.apply(v, 2, cp)
-    return _attend(q, k_all, v_all, positions, layout, causal, scale, dtype)
+    return attend(q, k_all, v_all, positions, layout, causal, scale, dtype)
 
 
-def _attend(q, k, v, q_pos, k_pos, causal, scale, dtype):
+def attend(q, k, v, q_pos, k_pos, causal, scale, dtype):
+    """Softmax attention of q over k/v at explicit global positions (mask: query pos >= key pos),
+    scores in ``dtype``, output in q's dtype. Shared by CP and Ulysses attention."""
     probs = torch.softmax(_scores(q, k, q_pos, k_pos, causal, scale, dtype), dim=-1)
     return torch.matmul(probs, _expand_heads(q, v).to(dtype)).to(q.dtype)
 

@@ -1,4 +1,4 @@
-"""The recipe matrix (seed 002 §5) as data: what each recipe is, which degrees it allows, its shapes.
+"""The recipe matrix as data: what each recipe is, which degrees it allows, its shapes.
 
 Importing this module does not import torch, so the launcher validates a run in the parent process
 in a fraction of a second; the worker imports the recipe's ``implementation`` ("module:function").
@@ -17,7 +17,7 @@ class Recipe:
     name: str
     title: str
     description: str
-    matrix_row: str                      # the seed's matrix row this recipe covers
+    matrix_row: str                      # the completeness-matrix row this recipe covers
     tier: str                            # CI tier marker: l0, l1, l2 (or "" for tiers A/B/C outside L0-L2)
     default: dict[str, int]              # world_size and degrees of the default run
     alternatives: tuple[dict[str, int], ...]  # other valid meshes the tests also run
@@ -60,6 +60,8 @@ _MLP_SHAPES = {"global_batch": 16, "hidden_sizes": (32, 64)}
 # TransformerConfig defaults: d_model 32, 4 heads, hidden 64, vocab 64, seq_len 16; global batch 8.
 _TRANSFORMER_SHAPES = {"global_batch": 8, "seq_len": 16, "num_heads": 4, "hidden_sizes": (32, 64, 64)}
 _SP_SHAPES = {**_TRANSFORMER_SHAPES, "sequence_parallel": True}
+_ULYSSES_SHAPES = {**_TRANSFORMER_SHAPES, "ulysses": True}   # n_heads % (tp * cp) == 0
+_SP_ULYSSES_SHAPES = {**_SP_SHAPES, "ulysses": True}
 # MOE_CONFIG: layer 1 is a MoE with 4 experts of hidden 32, top-2, a shared expert.
 _MOE_SHAPES = {**_SP_SHAPES, "num_experts": 4, "expert_hidden_sizes": (32,)}
 _DENSE = "hyper_parallel.recipes.transformer"
@@ -70,7 +72,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         name="M1", title="DDP through fully_shard(enable_param_shard=False)",
         description="Plain data parallelism: every rank keeps whole parameters and sees a slice of the "
                     "global batch; fully_shard with enable_param_shard=False only all-reduces gradients "
-                    "over the data-parallel group (RFC 2.2.2 case 2).",
+                    "over the data-parallel group.",
         matrix_row="M1 | dense | TP 1 | SP 0 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | pure DDP | 2-layer MLP",
         tier="l0", default={"world_size": 2, "dp_shard": 2}, alternatives=({"world_size": 4, "dp_replicate": 2, "dp_shard": 2},),
         implementation="hyper_parallel.recipes.dense:ddp_mlp", shapes=_MLP_SHAPES,
@@ -78,7 +80,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe(
         name="M4", title="FSDP only",
         description="Parameters, gradients and optimizer state sharded over dp_shard: all-gather before "
-                    "forward and backward, reduce-scatter of gradients (RFC test 1).",
+                    "forward and backward, reduce-scatter of gradients.",
         matrix_row="M4 | dense | TP 1 | SP 0 | CP 1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | FSDP2 only | MLP",
         tier="l0", default={"world_size": 2, "dp_shard": 2}, alternatives=({"world_size": 4, "dp_shard": 4},),
         implementation="hyper_parallel.recipes.dense:fsdp_mlp", shapes=_MLP_SHAPES,
@@ -97,7 +99,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         name="M3", title="tensor + sequence parallelism",
         description="TP with the residual stream sharded along the sequence between blocks: norms run on "
                     "sequence shards, each block's input is all-gathered and its output reduce-scattered. "
-                    "Norm weights get Partial gradients over tp, which fully_shard sums (RFC requirement 2).",
+                    "Norm weights get Partial gradients over tp, which fully_shard sums (notebook 03_pure_tp_fix).",
         matrix_row="M3 | dense | TP >1 | SP 1 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | TP+SP | mini transformer",
         tier="l1", default={"world_size": 2, "tp": 2}, alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2},),
         implementation="hyper_parallel.recipes.transformer:tensor_sequence_parallel", shapes=_SP_SHAPES,
@@ -121,9 +123,37 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         implementation="hyper_parallel.recipes.transformer:fsdp_transformer", shapes=_SP_SHAPES,
         must_be_one=("ep", "dp_replicate"), must_exceed_one=("tp", "cp")),
     Recipe(
+        name="M5-R", title="ring context parallelism + FSDP",
+        description="M5 with K/V passed around the cp ring instead of all-gathered: cp-1 shifts per attention "
+                    "(an online softmax folds each block in), the same shifts backwards for the gradients. Same "
+                    "tokens per rank and the same losses as M5.",
+        matrix_row="M5-R | dense | TP 1 | SP 0 | CP >1 (ring) | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | M5's dims, ring K/V | mini transformer",
+        tier="", default={"world_size": 2, "cp": 2, "dp_shard": 1}, alternatives=({"world_size": 4, "cp": 4},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ring", shapes=_TRANSFORMER_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"), must_exceed_one=("cp",)),
+    Recipe(
+        name="M5-U", title="Ulysses sequence parallelism + FSDP",
+        description="The sequence sharded over cp as in M5, but attention reshards by heads: one all-to-all "
+                    "turns q/k/v sequence shards into head shards (each rank attends over the whole sequence "
+                    "with n_heads/cp heads), one more turns the output back; backward mirrors both. Needs "
+                    "n_heads % cp == 0. Same losses as M5.",
+        matrix_row="M5-U | dense | TP 1 | SP 0 | CP >1 (Ulysses) | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | n_heads % cp, seq_len % 2cp | mini transformer",
+        tier="", default={"world_size": 2, "cp": 2, "dp_shard": 1}, alternatives=({"world_size": 4, "cp": 4},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ulysses", shapes=_ULYSSES_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"), must_exceed_one=("cp",)),
+    Recipe(
+        name="M6-U", title="TP + SP + Ulysses + FSDP",
+        description="M6 with Ulysses attention on the cp ranks: TP splits the heads by tp, Ulysses splits "
+                    "each tp rank's heads again by cp (n_heads % (tp*cp) == 0).",
+        matrix_row="M6-U | dense | TP >1 | SP 1 | CP >1 (Ulysses) | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | n_heads % (tp*cp), seq_len % (tp*2*cp) | mini transformer",
+        tier="", default={"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2},
+        alternatives=({"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ulysses", shapes=_SP_ULYSSES_SHAPES,
+        must_be_one=("ep", "dp_replicate"), must_exceed_one=("tp", "cp")),
+    Recipe(
         name="M7", title="HSDP (dp_replicate x fsdp), TP/CP optional",
         description="Parameters sharded within each replica group and replicated across groups: gradients "
-                    "reduce-scatter over fsdp, then all-reduce over dp_replicate (RFC test 2).",
+                    "reduce-scatter over fsdp, then all-reduce over dp_replicate.",
         matrix_row="M7 | dense | TP >1 | SP 0..1 | CP 1..>1 | FSDP2 >0 | dp_rep 1 | EP 0 | ETP 0 | HSDP | mini transformer",
         tier="l1", default={"world_size": 4, "dp_replicate": 2, "dp_shard": 2},
         alternatives=({"world_size": 8, "dp_replicate": 2, "dp_shard": 2, "tp": 2},),
@@ -160,8 +190,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
 
 def _tier(name: str, title: str, row: str, default: dict, implementation: str, shapes: dict, tier: str = "",
           alternatives: tuple = ()) -> Recipe:
-    """A tier A/B/C entry of seed 002 §3: a named mesh of an existing workload."""
-    return Recipe(name=name, title=title, description=f"Seed 002 tier {name}: {title}.", matrix_row=row, tier=tier,
+    """A tier A/B/C entry: a named mesh of an existing workload."""
+    return Recipe(name=name, title=title, description=f"Tier {name}: {title}.", matrix_row=row, tier=tier,
                   default=default, alternatives=alternatives, implementation=implementation, shapes=shapes)
 
 

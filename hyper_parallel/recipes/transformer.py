@@ -1,6 +1,7 @@
 """Recipes on the mini transformer, applied in TorchTitan's order: TP(+SP) -> EP/ETP -> CP -> fully_shard.
 
-One builder serves M2, M3, M5, M6, M7 and the dense tiers; the degrees decide which styles apply.
+One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U) and the dense
+tiers; the degrees decide which styles apply.
 """
 from __future__ import annotations
 
@@ -22,12 +23,22 @@ GLOBAL_BATCH = 8
 DENSE_CONFIG = TransformerConfig()
 
 
-def apply_context_parallel(model: Transformer, views: MeshViews) -> None:
-    """Swap every attention core for CP attention over the cp group (K/V exchanged between CP ranks)."""
+SEQUENCE_SCHEMES = ("all_gather", "ring", "ulysses")
+"""How the cp ranks attend over the whole sequence: K/V all-gather (M5, M6), K/V ring (M5-R), or
+Ulysses head resharding by all-to-all (M5-U, M6-U). Same token layout, so the same numbers."""
+
+
+def apply_context_parallel(model: Transformer, views: MeshViews, scheme: str = "all_gather") -> None:
+    """Swap every attention core for sequence-parallel attention over the cp group."""
     from hyper_parallel.parallel.cp import context_parallel_attention
+    from hyper_parallel.parallel.ulysses import ulysses_attention
+    if scheme not in SEQUENCE_SCHEMES:
+        raise ValueError(f"scheme must be one of {SEQUENCE_SCHEMES}, got {scheme!r}")
     cp = GroupInfo.from_mesh(views["cp"], ("cp",))
+    attention = (ulysses_attention if scheme == "ulysses"
+                 else functools.partial(context_parallel_attention, impl=scheme))
     for layer in model.layers:
-        layer.attention.core = functools.partial(_cp_core, attention=context_parallel_attention, cp=cp)
+        layer.attention.core = functools.partial(_cp_core, attention=attention, cp=cp)
 
 
 def _cp_core(q, k, v, positions, *, attention, cp):
@@ -43,13 +54,14 @@ def apply_fully_shard(model: Transformer, views: MeshViews, enable_param_shard: 
 
 
 def transformer_workload(dims: ParallelDims, views: MeshViews, seed: int, *, sequence_parallel: bool,
-                         enable_param_shard: bool | None, config: TransformerConfig = DENSE_CONFIG) -> Workload:
+                         enable_param_shard: bool | None, config: TransformerConfig = DENSE_CONFIG,
+                         sequence_scheme: str = "all_gather") -> Workload:
     torch.manual_seed(seed)
     model = Transformer(config)
     reference = copy.deepcopy(model)
     parallelize_transformer_tp(model, views["tp"], sequence_parallel=sequence_parallel)
     if dims.cp > 1:
-        apply_context_parallel(model, views)
+        apply_context_parallel(model, views, sequence_scheme)
     apply_fully_shard(model, views, enable_param_shard)
     return lm_workload(model, reference, config, dims, seed)
 
@@ -83,3 +95,15 @@ def fsdp_transformer_without_sp(dims: ParallelDims, views: MeshViews, seed: int)
 def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
     """M5, M6, M7 and the dense tiers: whatever of TP+SP / CP the degrees ask for, then FSDP/HSDP."""
     return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None)
+
+
+def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring (cp-1 shifts each way)."""
+    return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None,
+                                sequence_scheme="ring")
+
+
+def fsdp_transformer_ulysses(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """M5-U, M6-U: as fsdp_transformer, Ulysses attention (all-to-all to head shards and back)."""
+    return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None,
+                                sequence_scheme="ulysses")

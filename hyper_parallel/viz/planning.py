@@ -1,11 +1,13 @@
 """Figures of planning at scale (``python -m launch plan``, notebook 04): the cost model's memory and
-communication for one layout, and every valid layout of a world size as memory against communication."""
+communication for one layout, every valid layout of a world size as memory against step time, and a
+design review's named candidates with their step-time ranges and the Pareto front."""
 from __future__ import annotations
 
 from matplotlib.figure import Figure
 
 from hyper_parallel.cost_model import CostEstimate
-from hyper_parallel.cost_model.layouts import GIB, RankedLayout, TimedCollective
+from hyper_parallel.cost_model.layouts import GIB, TimedCollective
+from hyper_parallel.cost_model.ranking import RankedLayout
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.viz.style import OP_COLORS, OP_SHORT, fmt_bytes, group_hatch, new_figure
 
@@ -56,25 +58,25 @@ def plan_figure(cost: CostEstimate, timed: list[TimedCollective], memory_gib: fl
 
 
 def compare_figure(ranked: list[RankedLayout], highlight: ParallelDims | None = None) -> Figure:
-    """Every ranked layout as a point: per-rank memory against the step's communication time."""
+    """Every ranked layout as a point: per-rank memory against the step time (``cost_model.step_time``)."""
     fig = new_figure(7.5, 4.2)
     ax = fig.add_subplot()
     ax.set_label("compare")
     for fits, color in ((True, "#1f77b4"), (False, "#bbbbbb")):
         points = [r for r in ranked if r.fits == fits]
-        ax.scatter([r.comm_seconds * 1e3 for r in points], [r.memory_bytes / GIB for r in points], s=14,
+        ax.scatter([r.step_seconds * 1e3 for r in points], [r.memory_bytes / GIB for r in points], s=14,
                    color=color, label="within the memory budget" if fits else "over the budget", gid=f"fits={fits}")
     if ranked:
         best = ranked[0]
-        ax.scatter([best.comm_seconds * 1e3], [best.memory_bytes / GIB], s=90, facecolors="none", edgecolors="green",
+        ax.scatter([best.step_seconds * 1e3], [best.memory_bytes / GIB], s=90, facecolors="none", edgecolors="green",
                    linewidths=2, label="best: " + short_degrees(best.dims))
     mine = next((r for r in ranked if r.dims == highlight), None)
     if mine is not None:
-        ax.scatter([mine.comm_seconds * 1e3], [mine.memory_bytes / GIB], marker="*", s=160, color="#cf222e",
+        ax.scatter([mine.step_seconds * 1e3], [mine.memory_bytes / GIB], marker="*", s=160, color="#cf222e",
                    label="this plan: " + short_degrees(mine.dims))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("communication per step, ms (model)")
+    ax.set_xlabel("step time, ms (model: compute, overlap, critical communication)")
     ax.set_ylabel("memory per rank, GiB")
     ax.set_title(f"{len(ranked)} valid layouts of {ranked[0].dims.world_size if ranked else '?'} ranks", fontsize=10)
     ax.legend(fontsize=7.5)
@@ -84,3 +86,37 @@ def compare_figure(ranked: list[RankedLayout], highlight: ParallelDims | None = 
 def short_degrees(dims: ParallelDims) -> str:
     """'dp_replicate=8, cp=2, tp=16': the degrees above 1."""
     return ", ".join(f"{k}={v}" for k, v in dims.degrees().items() if k != "world_size" and v > 1) or "-"
+
+
+def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
+    """Named candidates (``cost_model.review.review_layouts``) as points: the step time's middle with its
+    range as a bar, against per-rank memory; every point labelled with its layout and rank ("2=" for a
+    tie), the Pareto front within the budget joined by a line, the budget dashed."""
+    fig = new_figure(7.5, 4.4)
+    ax = fig.add_subplot()
+    ax.set_label("review")
+    for review in reviews:
+        step, memory = review.step, review.cost.memory.total / GIB
+        color = "#1f77b4" if review.fits else "#999999"
+        ax.errorbar([step.seconds], [memory], xerr=[[step.seconds - step.fast.total], [step.slow.total - step.seconds]],
+                    fmt="o", color=color, ecolor=color, capsize=3, markersize=7, gid=f"candidate:{review.label}")
+        over = "" if review.fits else " (over budget)"
+        ax.annotate(f"#{review.rank_text} {review.label}{over}", (step.seconds, memory), textcoords="offset points",
+                    xytext=(6, 6), fontsize=8, color="black" if review.fits else "#777777")
+    front = sorted((r for r in reviews if r.pareto), key=lambda r: r.step.seconds)
+    if front:
+        ax.plot([r.step.seconds for r in front], [r.cost.memory.total / GIB for r in front], color="green",
+                linewidth=1.2, linestyle="-", marker="s", markerfacecolor="none", markersize=11,
+                label="Pareto front (within budget)", gid="pareto")
+    if budget_bytes:
+        ax.axhline(budget_bytes / GIB, color="#cf222e", linestyle="--", linewidth=1,
+                   label=f"memory budget {budget_bytes / GIB:.1f} GiB")
+    times = [r.step.slow.total for r in reviews] + [r.step.fast.total for r in reviews]
+    if times:
+        ax.set_xlim(min(times) * 0.85, max(times) * 1.25)   # room for the labels on the right
+    ax.set_ylim(0, max([r.cost.memory.total / GIB for r in reviews] + [(budget_bytes or 0) / GIB]) * 1.2 or 1)
+    ax.set_xlabel("step time, s (model: bar = compute at the efficiency range)")
+    ax.set_ylabel("memory per rank, GiB")
+    ax.set_title("candidates: step time against memory (lower left is better)", fontsize=10)
+    ax.legend(fontsize=7.5, loc="lower right")
+    return fig

@@ -8,6 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from hyper_parallel.viz.overlap import exposure, has_compute
 from hyper_parallel.viz.style import (
     OP_COLORS,
     OP_SHORT,
@@ -21,6 +22,10 @@ from hyper_parallel.viz.style import (
 Traces = dict[int, list[dict[str, Any]]]
 MIN_BAR = 0.006
 """Bars shorter than this fraction of the step are drawn this wide (and outlined) so they stay visible."""
+COMPUTE_COLOR = "#4d4d4d"
+IN_FLIGHT_ALPHA = 0.35
+"""An asynchronous collective is drawn pale from its issue to its wait (in flight while compute runs) and
+solid from the wait to its end (the training thread blocked on it)."""
 
 
 def steps_of(traces: Traces) -> list[int]:
@@ -51,8 +56,8 @@ def clock_offsets(traces: Traces) -> dict[int, float]:
     for rank in ranks:
         seen: dict[tuple, int] = {}
         for event in traces[rank]:
-            if event.get("kind") != "collective":
-                continue
+            if event.get("kind") != "collective" or event.get("asynchronous"):
+                continue  # an asynchronous collective's end is its wait, which each rank reaches at its own time
             key = (event["group"], tuple(event["ranks"]))
             k = seen[key] = seen.get(key, -1) + 1
             ends.setdefault(key + (k,), {})[rank] = event["t_end"]
@@ -82,13 +87,14 @@ def shift_clocks(traces: Traces, offsets: dict[int, float]) -> Traces:
     shifted = {}
     for rank, events in traces.items():
         d = offsets.get(rank, 0.0)
-        shifted[rank] = [dict(e, t_start=e["t_start"] - d, t_end=e["t_end"] - d) if e.get("kind") == "collective"
+        shifted[rank] = [dict(e, t_start=e["t_start"] - d, t_end=e["t_end"] - d,
+                              **({"t_wait": e["t_wait"] - d} if "t_wait" in e else {})) if "t_start" in e
                          else dict(e, t=e["t"] - d) if "t" in e else e for e in events]
     return shifted
 
 
 def _times(event: dict) -> tuple[float, float]:
-    return (event["t_start"], event["t_end"]) if event.get("kind") == "collective" else (event["t"], event["t"])
+    return (event["t_start"], event["t_end"]) if "t_start" in event else (event["t"], event["t"])
 
 
 def phase_spans(events: list[dict]) -> list[tuple[str, float, float]]:
@@ -148,12 +154,28 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
             if r == ranks[0]:
                 ax.text((ms(start) + ms(end)) / 2, -1.25, phase, ha="center", va="bottom", fontsize=9,
                         color="#555555", fontstyle="italic")
+    computing = has_compute(traces)
+    bar_height = 0.58 if computing else 0.76
+    if computing:
+        for r in ranks:
+            for event in step_events[r]:
+                if event.get("kind") != "compute":
+                    continue
+                for row in (row_of[lane] for lane in lanes if lane[0] == r):
+                    ax.add_patch(Rectangle((ms(event["t_start"]), row + 0.24), ms(event["t_end"]) - ms(event["t_start"]),
+                                           0.16, facecolor=COMPUTE_COLOR, edgecolor="none", zorder=2, gid="compute"))
     for r, event in chosen:
         row = row_of[(r, event["group"] if by_group else None)]
         start, width = ms(event["t_start"]), ms(event["t_end"]) - ms(event["t_start"])
         tiny = width < MIN_BAR * span * 1e3
         width = max(width, MIN_BAR * span * 1e3)
-        ax.add_patch(Rectangle((start, row - 0.38), width, 0.76, facecolor=OP_COLORS.get(event["op"], "grey"),
+        color = OP_COLORS.get(event["op"], "grey")
+        if event.get("asynchronous") and event["t_wait"] > event["t_start"]:
+            in_flight = min(ms(event["t_wait"]) - start, width)
+            ax.add_patch(Rectangle((start, row - 0.38), in_flight, bar_height, facecolor=color,
+                                   alpha=IN_FLIGHT_ALPHA, edgecolor="none", zorder=2, gid="in_flight"))
+            start, width = start + in_flight, max(width - in_flight, MIN_BAR * span * 1e3)
+        ax.add_patch(Rectangle((start, row - 0.38), width, bar_height, facecolor=color,
                                hatch=group_hatch(event["group"]), edgecolor="black" if tiny else "#333333",
                                linewidth=0.8 if tiny else 0.4, zorder=2, gid="collective"))
         if width > 0.045 * span * 1e3:
@@ -175,13 +197,21 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
     handles += [Patch(facecolor="white", edgecolor="black", hatch=group_hatch(g), label=f"group {g}") for g in groups]
     handles += [Patch(facecolor=PHASE_COLORS[p], label=f"{p} phase") for p in PHASE_COLORS
                 if any(e["phase"] == p for events in step_events.values() for e in events)]
+    if computing:
+        handles += [Patch(facecolor=COMPUTE_COLOR, label="compute (strip under each row)"),
+                    Patch(facecolor="#1f77b4", alpha=IN_FLIGHT_ALPHA, label="in flight, not yet waited for")]
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="colour = op, hatch = group",
                title_fontsize=8)
     counts = ", ".join(f"{sum(e['op'] == op for r, e in chosen if r == ranks[0])} {OP_SHORT[op]}" for op in ops)
     shift = max((abs(v) for v in offsets.values()), default=0.0) * 1e3
     clocks = f"clocks aligned on collective ends (largest shift {shift:.1f} ms)" if align else "raw clocks"
-    fig.suptitle(title(f"Collectives per rank, step {step}", recipe, degrees) +
-                 f"\nrank 0: {counts}\n{clocks}; bars under {MIN_BAR:.1%} of the step are widened and outlined",
+    exposed = ""
+    if computing:
+        per_rank = exposure(traces, step)
+        exposed = "\nexposed / in-flight communication: " + ", ".join(
+            f"r{r} {v['exposed'] * 1e3:.1f}/{v['in_flight'] * 1e3:.1f} ms" for r, v in list(per_rank.items())[:8])
+    fig.suptitle(title(f"{'Compute and c' if computing else 'C'}ollectives per rank, step {step}", recipe, degrees) +
+                 f"\nrank 0: {counts}{exposed}\n{clocks}; bars under {MIN_BAR:.1%} of the step are widened and outlined",
                  fontsize=10)
     return fig
 

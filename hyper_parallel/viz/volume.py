@@ -155,3 +155,110 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
                  "\nminimum = per fully_shard unit: AG of its parameters (twice if resharded after forward), "
                  "one RS, AR of 1/shard_size (HSDP)", fontsize=10)
     return fig
+
+
+SCHEME_COLORS = {"all_gather": OP_COLORS["all_gather"], "ring": "#8c564b", "ulysses": OP_COLORS["all_to_all"]}
+SCHEME_NAMES = {"all_gather": "K/V all-gather", "ring": "K/V ring", "ulysses": "Ulysses all-to-all"}
+
+
+def sequence_traffic(traces, step: int, rank: int = 0) -> dict[str, float]:
+    """``rank``'s bytes on the cp group in ``step`` per phase ("forward", "backward"; full buffers, the
+    trace convention): the traffic of the run's sequence scheme, all layers together."""
+    result = {"forward": 0.0, "backward": 0.0}
+    for _, event in collectives(traces, step, rank):
+        if event["group"] == "cp" and event["phase"] in result:
+            result[event["phase"]] += event["bytes"]
+    return result
+
+
+def _scheme_cost(recipe: str, degrees: dict[str, int]):
+    """The cost model's view of a run: (model config, dims, per-layer bytes of its sequence scheme)."""
+    from hyper_parallel.cost_model import recipe_model
+    from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
+    from hyper_parallel.mesh import ParallelDims
+    config = recipe_model(recipe)
+    dims = ParallelDims(**{k: v for k, v in degrees.items() if k != "pp"})
+    return config, dims, sequence_bytes_per_layer(config, dims, config.global_batch // dims.dp)
+
+
+def sequence_schemes(runs: dict[str, tuple[Any, dict[str, Any]]], step: int | None = None,
+                     cp_sizes: tuple[int, ...] = (2, 4, 8)) -> Figure:
+    """K/V all-gather vs ring vs Ulysses: bytes per rank per layer of one step.
+
+    ``runs`` maps a label to ``(traces, metrics)`` of runs of recipes that differ in their sequence
+    scheme (M5 / M5-R / M5-U on one mesh). Left: rank 0's traced cp bytes per layer in forward and in
+    backward (full buffers), with the cost model's number as a black tick on each bar, and the bytes
+    the rank sends (cost model: ring shifts send their whole block to one peer, the rest (n-1)/n).
+    Right: the cost model's bytes sent per rank per layer for the same model and rows per rank as cp
+    grows (ranks = cp), for every cp a scheme allows (Ulysses needs n_heads % cp == 0): all-gather
+    and ring stay near 4 x (K of the whole sequence), Ulysses falls as 1/cp.
+    """
+    if not runs:
+        raise ValueError("sequence_schemes needs at least one run: {label: (traces, metrics)}")
+    fig = new_figure(12.5, 5.0)
+    ax, sax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(len(runs), 2) + 1, 3]})
+    ax.set_label("per_layer")
+    sax.set_label("scaling")
+    top, model_config, rows = 1.0, None, None
+    for i, (label, (traces, metrics)) in enumerate(runs.items()):
+        steps = steps_of(traces)
+        if not steps:
+            raise ValueError(f"run {label!r}: the traces hold no collectives")
+        config, dims, model = _scheme_cost(metrics["recipe"], metrics["degrees"])
+        model_config, rows = config, config.global_batch // dims.dp
+        measured = sequence_traffic(traces, steps[-1] if step is None else step)
+        color = SCHEME_COLORS[config.sequence_scheme]
+        for j, (phase, hatch) in enumerate((("forward", ""), ("backward", "//"))):
+            value = measured[phase] / config.n_layers
+            x = i + (j - 1) * 0.27
+            ax.bar(x, value, 0.25, color=color, edgecolor="black", hatch=hatch, gid="measured")
+            ax.plot([x - 0.17, x + 0.17], [model[phase]] * 2, color="black", linewidth=2.2, gid="model")
+            ax.text(x, value, fmt_bytes(value), ha="center", va="bottom", fontsize=7.5)
+            top = max(top, value, model[phase])
+        ax.bar(i + 0.27, model["sent"], 0.25, color="white", edgecolor=color, linewidth=2, gid="sent")
+        ax.text(i + 0.27, model["sent"], fmt_bytes(model["sent"]), ha="center", va="bottom", fontsize=7.5)
+        top = max(top, model["sent"])
+    ax.set_xticks(range(len(runs)))
+    ax.set_xticklabels([f"{label}\n{SCHEME_NAMES[_scheme_cost(m['recipe'], m['degrees'])[0].sequence_scheme]}"
+                        for label, (_, m) in runs.items()], fontsize=8.5)
+    ax.set_ylim(0, top * 1.2)
+    _byte_axis(ax, top)
+    ax.set_ylabel("bytes per layer, rank 0")
+    ax.set_title("traced (bars) vs cost model (black ticks), one layer", fontsize=10)
+    ax.legend(handles=[Patch(facecolor="#cccccc", edgecolor="black", label="forward, full buffers"),
+                       Patch(facecolor="#cccccc", edgecolor="black", hatch="//", label="backward, full buffers"),
+                       Patch(facecolor="white", edgecolor="black", linewidth=2, label="sent per rank, both phases")],
+              fontsize=8, loc="upper right")
+    _scaling_panel(sax, model_config, rows, cp_sizes)
+    first = next(iter(runs.values()))[1]
+    fig.suptitle(title("Sequence schemes: bytes per rank per layer", None, first.get("degrees")), fontsize=10)
+    return fig
+
+
+def _scaling_panel(ax, config, rows: int, cp_sizes: tuple[int, ...]) -> None:
+    from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
+    from hyper_parallel.mesh import ParallelDims
+    styles = {"all_gather": dict(linestyle="--", marker="s", markersize=9), "ring": dict(marker="o"),
+              "ulysses": dict(marker="o")}
+    for scheme in ("all_gather", "ring", "ulysses"):
+        variant = config.replace(sequence_scheme=scheme, global_batch=rows)
+        points = []
+        for cp in cp_sizes:
+            dims = ParallelDims(world_size=cp, cp=cp)
+            try:
+                variant.check(dims)
+            except ValueError:
+                continue
+            points.append((cp, sequence_bytes_per_layer(variant, dims, rows)["sent"]))
+        if points:
+            ax.plot(*zip(*points), color=SCHEME_COLORS[scheme], label=SCHEME_NAMES[scheme], gid=scheme,
+                    **styles[scheme])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(cp_sizes))
+    ax.set_xticklabels([str(c) for c in cp_sizes])
+    ax.set_xlabel("cp")
+    ax.set_ylim(bottom=0)
+    _byte_axis(ax, max(max(line.get_ydata()) for line in ax.get_lines()))
+    ax.set_ylabel("bytes sent per rank per layer")
+    ax.set_title(f"cost model, {rows} rows x seq {config.seq_len}, {config.n_heads} heads", fontsize=10)
+    ax.legend(fontsize=8, title="all-gather and ring send the same", title_fontsize=8)

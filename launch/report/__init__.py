@@ -3,7 +3,7 @@
     python -m launch report RUN_DIR [--out report.html]     default: RUN_DIR/report.html
     launch.report.write_report(run_dir, out=None)           the same from Python; returns the path
 
-The page holds the run's degrees, the recipe (description and matrix row), the numerics against
+The page opens with a one-screen summary, then holds the run's degrees, the recipe (description and matrix row), the numerics against
 the single-process reference, the ``hyper_parallel.viz`` figures (mesh map, placement transitions,
 timeline, communication volume against theory) inlined as PNG, and every rank's log folded in a
 ``<details>``. It opens offline in any browser and prints with the figures kept whole. A failed run
@@ -11,6 +11,10 @@ gets a report too, with the error first. Torch is never imported (this runs in t
 
     run_data.py   read a run directory (summary, metrics, traces present, torchrun's per-rank logs)
     page.py       render the HTML;  style.py  its stylesheet;  build.py  figures + render + write
+    summary.py    the first screen (verdict, numerics, communication against the cost model, the layout
+                  at scale) and the tables as CSV downloads;  predicted.py  the cost model's side of it
+    compare.py    two runs side by side (python -m launch report --compare RUN_A RUN_B)
+    design_review.py  named layouts side by side from the planner (python -m launch plan --layouts)
 """
 from launch.report.build import REPORT_FILE, build_report, find_run_dirs, write_report, write_reports
 from launch.report.run_data import RunData, read_run

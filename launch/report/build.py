@@ -11,7 +11,9 @@ from typing import Any
 
 from hyper_parallel.run_files import SUMMARY_FILE, load_traces
 from launch.report.page import render_page
+from launch.report.predicted import at_scale, predicted_bytes
 from launch.report.run_data import RunData, read_run
+from launch.report.summary import losses_csv, summary_section, volume_csv
 
 REPORT_FILE = "report.html"
 TRACED = ("placements", "placement_overview", "timeline", "comm_volume")  # figures drawn from traces
@@ -36,7 +38,8 @@ def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def _volume_rows(run: RunData) -> list[dict] | None:
-    """Rank 0's bytes per (op, group) in the last step next to fully_shard's minimum (the figure's numbers)."""
+    """Rank 0's bytes per (op, group) in the last step next to the cost model's prediction (every op) and
+    fully_shard's minimum (the figure's numbers, FSDP/HSDP only)."""
     from hyper_parallel.viz.timeline import steps_of
     from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
     traces = load_traces(run.run_dir) if run.trace_ranks else {}
@@ -45,9 +48,10 @@ def _volume_rows(run: RunData) -> list[dict] | None:
         return None
     measured, counts = measured_bytes(traces, steps[-1], 0)
     minimum = theoretical_bytes(run.metrics.get("units", []))
-    keys = sorted(minimum) + sorted(set(measured) - set(minimum))
+    predicted = predicted_bytes(run) or {}
+    keys = sorted(minimum) + sorted((set(measured) | set(predicted)) - set(minimum))
     return [{"op": op, "group": group, "calls": counts.get((op, group), 0), "measured": measured.get((op, group)),
-             "minimum": minimum.get((op, group))} for op, group in keys]
+             "predicted": predicted.get((op, group)), "minimum": minimum.get((op, group))} for op, group in keys]
 
 
 def build_report(run_dir: str | Path, *, logs: dict[int, list[str]] | None = None,
@@ -59,7 +63,9 @@ def build_report(run_dir: str | Path, *, logs: dict[int, list[str]] | None = Non
     if figures is None:
         figures, missing = _draw_figures(run)
     volume = _volume_rows(run) if "comm_volume" in figures else None  # same inputs as the figure, which was drawn
-    return render_page(run, figures, missing=missing, volume=volume)
+    summary = summary_section(run, volume, at_scale(run))
+    downloads = {"numerics": losses_csv(run), "volume": volume_csv(volume)}
+    return render_page(run, figures, missing=missing, volume=volume, summary=summary, downloads=downloads)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, *, logs: dict[int, list[str]] | None = None,

@@ -47,7 +47,7 @@ MISSING = {
     "comm_volume": "the traces hold no collectives",
     "numerics": "no losses were recorded",
 }
-SECTIONS = (("run", "Run"), ("numerics", "Numerics"), ("mesh", "Mesh"), ("placements", "Placements"),
+SECTIONS = (("summary", "Summary"), ("run", "Run"), ("numerics", "Numerics"), ("mesh", "Mesh"), ("placements", "Placements"),
             ("timeline", "Timeline"), ("volume", "Communication"), ("logs", "Logs"))
 
 
@@ -152,7 +152,7 @@ def _run_section(run: RunData) -> str:
     return f"<section id='run'><h2>Run</h2>{_facts_table(rows)}</section>"
 
 
-def _numerics_section(run: RunData, figures: dict[str, Any], missing: dict[str, str]) -> str:
+def _numerics_section(run: RunData, figures: dict[str, Any], missing: dict[str, str], download: str = "") -> str:
     losses, reference = run.value("losses") or [], run.value("reference_losses") or []
     times = run.value("step_times") or []
     parts = ["<section id='numerics'><h2>Numerics against the single-process reference</h2>"]
@@ -185,6 +185,7 @@ def _numerics_section(run: RunData, figures: dict[str, Any], missing: dict[str, 
     notes = run.value("notes") or {}
     if notes:
         parts.append(_facts_table((str(k), esc(v)) for k, v in notes.items()))
+    parts.append(download)
     parts.append(_figures(["numerics"], figures, missing))
     return "".join(parts) + "</section>"
 
@@ -214,15 +215,24 @@ def _other_figures(figures: dict[str, Any]) -> str:
 def _volume_table(volume: list[dict] | None) -> str:
     if not volume:
         return ""
+
+    def ratio(a, b):
+        return a / b if isinstance(a, (int, float)) and b else None
+
     rows = "".join(
         f"<tr><td>{esc(row['op'])}</td><td>{esc(row['group'])}</td><td class='num'>{row['calls']}</td>"
-        f"{num_cell(row['measured'], ',.0f', 'measured_bytes')}{num_cell(row['minimum'], ',.0f', 'minimum_bytes')}"
-        f"{num_cell(row['measured'] / row['minimum'] if row['minimum'] else None, '.2f', 'ratio')}</tr>"
+        f"{num_cell(row['measured'], ',.0f', 'measured_bytes')}{num_cell(row.get('predicted'), ',.0f', 'predicted_bytes')}"
+        f"{num_cell(ratio(row['measured'], row.get('predicted')), '.2f', 'predicted_ratio')}"
+        f"{num_cell(row['minimum'], ',.0f', 'minimum_bytes')}"
+        f"{num_cell(ratio(row['measured'], row['minimum']), '.2f', 'ratio')}</tr>"
         for row in volume)
     return ("<table id='volume-table'><thead><tr><th>op</th><th>group</th><th>calls</th><th>measured bytes</th>"
-            "<th>fully_shard's minimum</th><th>measured / minimum</th></tr></thead><tbody>" + rows + "</tbody></table>"
-            "<p class='note'>Rank 0, last step, sums of full buffers. Collectives of TP, CP and EP have no "
-            "minimum in the model (–).</p>")
+            "<th>cost model</th><th>measured / model</th><th>fully_shard's minimum</th><th>measured / minimum</th>"
+            "</tr></thead><tbody>" + rows + "</tbody></table>"
+            "<p class='note'>Rank 0, last step, sums of full buffers, both phases. The cost model "
+            "(<code>hyper_parallel.cost_model.estimate</code>) predicts every collective, padding and TP/CP/EP "
+            "included; EP's all-to-all and ETP's all-reduce are its balanced value (rank 0 receives what the routing "
+            "sends it). fully_shard's minimum covers FSDP/HSDP only, without padding (–: not an FSDP collective).</p>")
 
 
 def _log_block(log: LogFile) -> str:
@@ -258,21 +268,23 @@ def _logs_section(run: RunData) -> str:
 
 
 def render_page(run: RunData, figures: dict[str, Any], *, missing: dict[str, str] | None = None,
-                volume: list[dict] | None = None) -> str:
+                volume: list[dict] | None = None, summary: str = "", downloads: dict[str, str] | None = None) -> str:
     """The whole report. ``figures``: name -> Figure (``run_figures``); ``missing``: name -> why it was
-    not drawn (overrides the default reason); ``volume``: rows of the communication table."""
+    not drawn (overrides the default reason); ``volume``: rows of the communication table; ``summary``: the
+    first screen (``launch.report.summary``); ``downloads``: section -> CSV links shown under its table."""
     missing = missing or {}
+    downloads = downloads or {}
     recipe = run.recipe_name or "run"
     nav = "".join(f"<a href='#{anchor}'>{esc(label)}</a>" for anchor, label in SECTIONS)
     body = [
-        _header(run), f"<nav>{nav}</nav><main>", _error(run), _run_section(run),
-        _numerics_section(run, figures, missing),
+        _header(run), f"<nav>{nav}</nav><main>", summary, _error(run), _run_section(run),
+        _numerics_section(run, figures, missing, downloads.get("numerics", "")),
         "<section id='mesh'><h2>Mesh</h2>", _figures(["mesh"], figures, missing), "</section>",
         "<section id='placements'><h2>Placement transitions</h2>",
         _figures(["placements", "placement_overview"], figures, missing), "</section>",
         "<section id='timeline'><h2>Timeline of collectives</h2>", _figures(["timeline"], figures, missing), "</section>",
         "<section id='volume'><h2>Communication volume against theory</h2>",
-        _figures(["comm_volume"], figures, missing), _volume_table(volume), "</section>",
+        _figures(["comm_volume"], figures, missing), _volume_table(volume), downloads.get("volume", ""), "</section>",
         _other_figures(figures),
         _logs_section(run), "</main>",
         (f"<footer>Written by <code>python -m launch report</code> on {datetime.datetime.now():%Y-%m-%d %H:%M:%S}. "

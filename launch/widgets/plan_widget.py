@@ -16,7 +16,9 @@ import html
 
 import ipywidgets as widgets
 from hyper_parallel.cost_model import CLI_MODELS, CostEstimate, ModelConfig, estimate, get_model
-from hyper_parallel.cost_model.layouts import candidate_layouts, nearest_valid, nodes_spanned, timed_collectives
+from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
+from hyper_parallel.cost_model.layouts import candidate_layouts, nearest_valid, nodes_spanned
+from hyper_parallel.cost_model.step_time import estimate_step
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.viz.planning import plan_figure, short_degrees
 from launch.plan import MESH_DIMS, torchrun_command
@@ -47,6 +49,7 @@ class PlanWidget(widgets.VBox):
         self.dims: ParallelDims | None = None
         self.error: str | None = None
         self.cost: CostEstimate | None = None
+        self.step = None                    # the step-time estimate (cost_model.step_time) of a valid layout
         self.command, self.figure = "", None
         style = {"description_width": "initial"}
         self.model_selector = widgets.Dropdown(options=CLI_MODELS, value=model, description="model", style=style)
@@ -150,12 +153,15 @@ class PlanWidget(widgets.VBox):
             return
         self.fix_button.layout.display = "none"
         gpus = self.gpus_selector.value
-        timed = timed_collectives(self.cost, gpus)
-        self.figure = plan_figure(self.cost, timed, self.memory_gib)
+        hardware = DEFAULT_HARDWARE.replace(memory_gib=self.memory_gib)
+        self.step = estimate_step(self.cost, gpus, hardware)
+        self.figure = plan_figure(self.cost, self.step.timed, self.memory_gib)
         self.bars.value = png_bytes(self.figure, dpi=80)
         self.status.value = (f"<b style='color:#1a7f37'>✔ valid</b>: {html.escape(short_degrees(self.dims))}; "
                              f"{self.cost.parameter_count:.3g} parameters, {len(self.layouts())} valid layouts of "
-                             f"{self.dims.world_size} ranks for {html.escape(self.config.name)}")
+                             f"{self.dims.world_size} ranks for {html.escape(self.config.name)}; step "
+                             f"{self.step.seconds:.3g} s ({self.step.fast.total:.3g}-{self.step.slow.total:.3g}), "
+                             f"MFU {self.step.middle.mfu:.0%} on {html.escape(hardware.describe())}")
         self.groups.value = self._group_table(gpus)
         self.command = torchrun_command(self.config, self.dims, gpus, "$MASTER_ADDR:29500")
         self.command_box.value = f"<b>multi-node command</b><pre>{html.escape(self.command)}</pre>"

@@ -2,7 +2,7 @@
 
 For each cp layout of this world size (all ranks in one cp group; cp groups of 2 with tp=2, whose
 ranks are not contiguous; a cp group of one) and each case (impl, causal, dtype, GQA), it compares
-``unshard(context_parallel_attention(shard(q), shard(k), shard(v)))`` and the unsharded q/k/v
+``unshard(attention(shard(q), shard(k), shard(v)))`` (CP's all-gather and ring, and Ulysses) and the unsharded q/k/v
 gradients with the unsplit float64 ``scaled_dot_product_attention``, and records the attention
 call's collectives. Results go to $HYPER_PARALLEL_RUN_DIR/cp_rank<R>.json; the test asserts on them.
 """
@@ -21,6 +21,7 @@ from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel import ulysses
 from hyper_parallel.parallel.cp import (attention_core, context_parallel_attention, cp_index, shard_sequence,
                                         unshard_sequence)
 
@@ -46,7 +47,18 @@ CASES = [  # impl, causal, dtype, kv_heads, seq_len
     ("ring", True, torch.float32, HEADS, SEQ_LEN),
     ("ring", False, torch.float32, HEADS, SEQ_LEN),
     ("ring", True, torch.float32, HEADS // 2, SEQ_LEN),
+    ("ulysses", True, torch.float32, HEADS, SEQ_LEN),
+    ("ulysses", False, torch.float32, HEADS, SEQ_LEN),
+    ("ulysses", True, torch.float64, HEADS, SEQ_LEN),
+    ("ulysses", True, torch.float32, HEADS // 2, SEQ_LEN),  # GQA: skipped where cp does not divide 2 K/V heads
 ]
+
+
+def attention(impl: str):
+    """The attention under test: CP's ``impl`` or Ulysses; same signature."""
+    if impl == "ulysses":
+        return ulysses.ulysses_attention
+    return lambda *args, **kwargs: context_parallel_attention(*args, impl=impl, **kwargs)
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -65,7 +77,7 @@ def run_case(cp: GroupInfo, impl: str, causal: bool, dtype: torch.dtype, kv_head
     positions = shard_sequence(torch.arange(seq_len), 0, cp)
     with trace.record() as rec:
         with trace.labels(phase="forward", module="attention"):
-            out = context_parallel_attention(*local, cp, positions, causal=causal, impl=impl)
+            out = attention(impl)(*local, cp, positions, causal=causal)
         with trace.labels(phase="other", module="unshard"):
             full = unshard_sequence(out, 2, cp)
         with trace.labels(phase="backward", module="attention"):
@@ -85,7 +97,7 @@ def run_case(cp: GroupInfo, impl: str, causal: bool, dtype: torch.dtype, kv_head
     }
 
 
-def transformer_case(cp: GroupInfo) -> dict:
+def transformer_case(cp: GroupInfo, core=attention_core) -> dict:
     """The model's attention core swapped for CP attention (rotary uses the sharded global positions):
     loss and parameter gradients (summed over cp, each rank's loss being the mean of its tokens'
     losses, so divided by cp) equal the single-process model on the full sequence."""
@@ -94,7 +106,7 @@ def transformer_case(cp: GroupInfo) -> dict:
     reference = Transformer(config)
     model = copy.deepcopy(reference)
     for layer in model.layers:
-        layer.attention.core = attention_core(cp)
+        layer.attention.core = core(cp)
     tokens, targets = token_batch(config, batch=2, seed=1)
     ref_loss = lm_loss(reference(tokens), targets)
     ref_loss.backward()
@@ -117,6 +129,11 @@ def invalid_inputs(cp: GroupInfo) -> dict:
         "shard_bad_seq_len": lambda: shard_sequence(torch.zeros(1, bad_len), 1, cp),
         "wrong_positions": lambda: context_parallel_attention(
             *(torch.zeros(1, 1, SEQ_LEN // cp.size, 4) for _ in range(3)), cp, torch.arange(SEQ_LEN // cp.size)),
+        "ulysses_wrong_positions": lambda: ulysses.ulysses_attention(
+            *(torch.zeros(1, cp.size, SEQ_LEN // cp.size, 4) for _ in range(3)), cp, torch.arange(SEQ_LEN // cp.size)),
+        "ulysses_heads": lambda: ulysses.ulysses_attention(
+            *(torch.zeros(1, cp.size + 1, SEQ_LEN // cp.size, 4) for _ in range(3)), cp,
+            shard_sequence(torch.arange(SEQ_LEN), 0, cp)),
     }
     for name, check in checks.items():
         try:
@@ -138,8 +155,12 @@ def main() -> None:
         entry = {"cp_ranks": list(cp.ranks), "cp_index": cp_index(cp),
                  "positions_16": shard_sequence(torch.arange(16), 0, cp).tolist(), "cases": []}
         for seed, case in enumerate(CASES):
+            impl, kv_heads = case[0], case[3]
+            if impl == "ulysses" and kv_heads % cp.size:
+                continue
             entry["cases"].append(run_case(cp, *case, seed=seed))
         entry["transformer"] = transformer_case(cp)
+        entry["transformer_ulysses"] = transformer_case(cp, ulysses.attention_core)
         if cp.size > 1:
             entry["invalid"] = invalid_inputs(cp)
         result["layouts"][name] = entry

@@ -1,0 +1,178 @@
+"""`python -m launch plan --layouts`: named candidates side by side. The CSV and JSON parse and carry, per
+candidate, exactly what ``estimate`` / ``estimate_step`` give for that layout; ties, the Pareto front, the
+memory budget, the training knobs and the warnings against hand arithmetic; the HTML page is self-contained."""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import re
+
+import pytest
+
+from hyper_parallel import ParallelDims
+from hyper_parallel.cost_model import estimate, get_model
+from hyper_parallel.cost_model.hardware import get_hardware
+from hyper_parallel.cost_model.layouts import GIB
+from hyper_parallel.cost_model.step_time import estimate_step
+from launch import cli
+
+LAYOUTS = "dp_shard=512; dp_replicate=64,dp_shard=8; dp_shard=64,tp=8"
+DIMS = [ParallelDims(world_size=512, dp_shard=512), ParallelDims(world_size=512, dp_replicate=64, dp_shard=8),
+        ParallelDims(world_size=512, dp_shard=64, tp=8)]
+BASE = ["--world", "512", "--model", "llama-8b-like", "--gpus-per-node", "8"]
+
+
+def plan(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["plan", *args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_csv_and_json_equal_estimate_per_candidate():
+    code, text, err = plan(*BASE, "--layouts", LAYOUTS, "--format", "json")
+    assert code == 0, err
+    doc = json.loads(text)
+    code, text, err = plan(*BASE, "--layouts", LAYOUTS, "--format", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(text)))
+    config, h100 = get_model("llama-8b-like"), get_hardware("h100-nvl8-ndr")
+    assert [c["layout"] for c in doc["candidates"]] == [r["layout"] for r in rows] == \
+        ["dp_shard=512", "dp_replicate=64, dp_shard=8", "dp_shard=64, tp=8"]
+    for dims, candidate, row in zip(DIMS, doc["candidates"], rows):
+        cost = estimate(config, dims)
+        step = estimate_step(cost, 8, h100)
+        for part, value in cost.memory.as_dict().items():
+            assert candidate[f"memory_{part}_bytes"] == value == int(row[f"memory_{part}_bytes"]), part
+        assert candidate["comm_bytes"] == sum(c.bytes for c in cost.collectives) == float(row["comm_bytes"])
+        assert [(c["op"], c["group"], c["phase"], c["bytes"]) for c in candidate["collectives"]] == \
+            [(c.op, c.group, c.phase, c.bytes) for c in cost.collectives]
+        expected = {"step_s": step.seconds, "step_fast_s": step.fast.total, "step_slow_s": step.slow.total,
+                    "mfu": step.middle.mfu, "flops_per_rank": step.flops.total, "exposed_comm_s": step.middle.exposed,
+                    "critical_comm_s": step.middle.critical, "inter_node_bytes": step.inter_node_bytes}
+        for key, value in expected.items():
+            assert candidate[key] == pytest.approx(value, rel=1e-12) == float(row[key]), key
+        assert candidate["fits"] == (cost.memory.total <= (79.6 - 8) * GIB) == (row["fits"] == "True")
+    # the reviewer's hand estimate: FSDP 512 is communication-bound at the inter-node bandwidth, HSDP 64x8 hides
+    fsdp, hsdp, tp = doc["candidates"]
+    assert fsdp["exposed_comm_s"] > 0.2 > hsdp["exposed_comm_s"] and hsdp["rank"] == 1 and fsdp["rank"] == 2
+    assert tp["critical_comm_s"] > 0.2 and not tp["fits"] and tp["rank"] == 3
+
+
+def test_ties_within_the_resolution_and_the_pareto_front():
+    """HSDP 64x8 and 64x4 with cp 2 differ by < 5 % in step time: one place, "1=", not an order. Pareto by hand from
+    the JSON's (step, memory): a candidate within budget is on the front iff no other one within budget is
+    no slower and no larger."""
+    code, text, err = plan(*BASE, "--layouts", "dp_replicate=64,dp_shard=8; dp_replicate=64,dp_shard=4,cp=2; "
+                           "dp_shard=512; dp_shard=256,tp=2", "--format", "json")
+    assert code == 0, err
+    candidates = json.loads(text)["candidates"]
+    a, b = candidates[0], candidates[1]
+    assert abs(a["step_s"] - b["step_s"]) < 0.05 * min(a["step_s"], b["step_s"])
+    assert (a["rank"], a["tied"], b["rank"], b["tied"]) == (1, True, 1, True)
+    for c in candidates:
+        dominated = any(o is not c and o["fits"] and o["step_s"] <= c["step_s"] and
+                        o["memory_total_bytes"] <= c["memory_total_bytes"] for o in candidates)
+        assert c["pareto"] == (c["fits"] and not dominated), c["layout"]
+    code, text, _ = plan(*BASE, "--layouts", "dp_replicate=64,dp_shard=8; dp_replicate=64,dp_shard=4,cp=2",
+                         "--format", "md")
+    assert "| 1= | dp_replicate=64, dp_shard=8 |" in text and "| 1= | dp_replicate=64, dp_shard=4, cp=2 |" in text
+    assert "a tie, not an order" in text
+
+
+def test_memory_budget_is_memory_minus_reserve_and_over_budget_is_flagged():
+    """TP 8 with 8 sequences resident: 73.5 GiB. Over 79.6 - 8 = 71.6 GiB; within 80 - 0."""
+    code, text, _ = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--format", "json")
+    candidate = json.loads(text)["candidates"][0]
+    assert candidate["memory_total_bytes"] / GIB == pytest.approx(73.5, abs=0.05) and not candidate["fits"]
+    assert any(w.startswith("over budget: 73.5 GiB per rank > 71.6 GiB") for w in candidate["warnings"])
+    code, text, _ = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--memory-gib", "80", "--memory-reserve-gib", "0",
+                         "--format", "json")
+    assert json.loads(text)["candidates"][0]["fits"]
+
+
+def test_training_knobs_by_hand():
+    """TP 8 (dp 64, 8 rows per rank). --micro-batch 1: 8 micro-batches, activations of one row (1/8),
+    FSDP all-gathers and reduce-scatters 8 times. --loss-parallel: the forward TP all-gather loses the
+    logits, 8 x 8192 x 128256 x 2 bytes = 15.66 GiB, and gains 3 all-reduces of 8 x 8192 float32.
+    --reshard-after-forward false: no backward all-gather."""
+    config = get_model("llama-8b-like")
+    dims = DIMS[2]
+    base = estimate(config, dims)
+    micro = estimate(config.replace(micro_batch=1), dims)
+    assert micro.memory.activations == pytest.approx(base.memory.activations / 8, abs=1)
+    by_key = lambda cost: {(c.op, c.group, c.phase): c for c in cost.collectives}  # noqa: E731
+    for key in [("all_gather", "fsdp", "forward"), ("reduce_scatter", "fsdp", "backward")]:
+        assert by_key(micro)[key].bytes == 8 * by_key(base)[key].bytes
+    assert by_key(micro)[("all_gather", "tp", "forward")].bytes == by_key(base)[("all_gather", "tp", "forward")].bytes
+    loss = by_key(estimate(config.replace(loss_parallel=True), dims))
+    logits = 8 * 8192 * 128256 * 2
+    assert logits / GIB == pytest.approx(15.66, abs=0.01)
+    assert loss[("all_gather", "tp", "forward")].bytes == by_key(base)[("all_gather", "tp", "forward")].bytes - logits
+    assert loss[("all_reduce", "tp", "forward")].bytes == 3 * 8 * 8192 * 4
+    kept = by_key(estimate(config.replace(reshard_after_forward=False), dims))
+    assert ("all_gather", "fsdp", "backward") not in kept
+    code, _, err = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--micro-batch", "3")
+    assert code == 2 and "micro_batch=3 must divide the 8 rows per rank" in err
+
+
+def test_padding_inflation_warning_and_expert_shard_dim():
+    """moe-16e on FSDP 512 (ep 1, experts inside each block). Per layer, local elements: attention
+    2 d^2 + 2 d kv (d 2048, kv 512), norms 2 d, router 16 d, shared expert 3 d 2816, experts 3 x 16 d 1408.
+    Sharding axis 0 over 512 pads: experts and router 16 -> 512 rows (x32), shared w1/w3 2816 -> 3072 rows;
+    root: embedding and output 32000 -> 32256 rows, norm d. Stored / local = 26.0x. Sharding the
+    experts on dim 1 (d = 2048 = 4 x 512) pads nothing there."""
+    d, kv = 2048, 512
+    local_layer = 2 * d * d + 2 * d * kv + 2 * d + 16 * d + 3 * d * 2816 + 3 * 16 * d * 1408
+    padded_layer = 2 * d * d + 2 * d * kv + 2 * d + 512 * d + 2 * 3072 * d + d * 2816 + 3 * 512 * d * 1408
+    local = 24 * local_layer + 2 * 32000 * d + d
+    padded = 24 * padded_layer + 2 * 32256 * d + d
+    ratio = padded / local
+    assert round(ratio, 1) == 26.0
+    code, text, err = plan("--world", "512", "--model", "moe-16e", "--layouts", "dp_shard=512", "--format", "json")
+    assert code == 0, err
+    warning = next(w for w in json.loads(text)["candidates"][0]["warnings"] if w.startswith("padding"))
+    assert f"{ratio:.1f}x the parameters" in warning and "sharded 512 ways on dim 0 (16 rows)" in warning
+    code, text, err = plan("--world", "512", "--model", "moe-16e", "--layouts", "dp_shard=512", "--expert-shard-dim", "1",
+                           "--format", "json")
+    candidate = json.loads(text)["candidates"][0]
+    assert not any(w.startswith("padding") for w in candidate["warnings"])
+    stored = estimate(get_model("moe-16e"), ParallelDims(world_size=512, dp_shard=512)).memory.parameters
+    assert candidate["memory_parameters_bytes"] < stored / 20
+
+
+def test_html_review_is_self_contained(tmp_path):
+    out = tmp_path / "review.html"
+    code, text, err = plan(*BASE, "--layouts", LAYOUTS, "--format", "json", "--out", str(out))
+    assert code == 0, err
+    assert len(json.loads(text)["candidates"]) == 3 and str(out) in err   # stdout stays one JSON document
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<style>" in page
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", page), "the page must not load anything"
+    assert page.count('src="data:image/png;base64,') == 1
+    for label in ("dp_shard=512", "dp_replicate=64, dp_shard=8", "dp_shard=64, tp=8"):
+        assert f"{label}</h3>" in page
+    assert "--layouts" in page   # the command that regenerates it
+
+
+def test_peak_and_bandwidth_overrides():
+    """Half the peak doubles the compute; the custom numbers name the hardware 'custom'."""
+    base = json.loads(plan(*BASE, "--layouts", "dp_shard=512", "--format", "json")[1])
+    half = json.loads(plan(*BASE, "--layouts", "dp_shard=512", "--format", "json", "--peak-tflops", "494.5",
+                           "--inter-node-gbs", "90")[1])
+    assert half["hardware"]["name"] == "custom"
+    assert half["candidates"][0]["compute_s"] == pytest.approx(2 * base["candidates"][0]["compute_s"], rel=1e-12)
+    assert math.isclose(half["hardware"]["inter_node_gbs"], 90)
+
+
+@pytest.mark.parametrize("layouts, message", [
+    ("dp_shard=abc", "'dp_shard=abc' is not NAME=INTEGER"),
+    ("dp_shard=512; tp=64,dp_shard=8", "layout dp_shard=8, tp=64: num_heads=32 must be divisible by tp=64"),
+    ("", "--layouts needs at least one candidate"),
+])
+def test_bad_layouts_exit_2(layouts, message):
+    code, _, err = plan(*BASE, "--layouts", layouts)
+    assert code == 2 and message in err
