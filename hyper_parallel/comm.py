@@ -18,7 +18,7 @@ from hyper_parallel import trace
 class GroupInfo:
     """A communication group: its name (mesh dim names joined by '+'), global ranks and process group.
 
-    RFC 2.2.1: every fully_shard parameter has a ``sharded_group_info`` (reduce-scatter) and an
+    docs/design.md §3: every fully_shard parameter has a ``sharded_group_info`` (reduce-scatter) and an
     ``unsharded_group_info`` (all-reduce); TP, CP and EP use the same type for their groups.
     """
 
@@ -29,6 +29,11 @@ class GroupInfo:
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def index(self) -> int:
+        """This rank's position in the group (its chunk of a scattered tensor)."""
+        return self.ranks.index(dist.get_rank()) if self.size > 1 else 0
 
     @classmethod
     def from_mesh(cls, mesh: DeviceMesh, dims: tuple[str, ...]) -> "GroupInfo":

@@ -2,9 +2,12 @@
 
 The launcher (parent process), the figures and the report read runs; only workers import torch.
 
-    trace_rank{r}.json   {"rank", "world_size", "events": [...]}  one per rank (DESIGN.md §6)
+    trace_rank{r}.json   {"format", "rank", "world_size", "events": [...]}  one per rank (docs/design.md §5)
     metrics.json         rank 0: losses, reference losses, differences, step times
     summary.json         written by the launcher: recipe, degrees, ok, losses, errors
+    chrome_trace.json    every rank's events for Perfetto / chrome://tracing (``to_chrome_trace``)
+
+Trace files carry ``format`` (``TRACE_FORMAT``): readers refuse a newer one they cannot read.
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from typing import Any
 TRACE_FILE = "trace_rank{rank}.json"
 METRICS_FILE = "metrics.json"
 SUMMARY_FILE = "summary.json"
+CHROME_TRACE_FILE = "chrome_trace.json"
+TRACE_FORMAT = 2
+"""1: collectives and placements; 2: + compute spans and asynchronous collectives (t_wait)."""
 PROGRESS_PREFIX = "[progress] "
 """Rank 0 prints one such line (followed by a JSON object) per training step."""
 
@@ -28,6 +34,9 @@ def load_traces(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
     traces = {}
     for path in sorted(Path(run_dir).glob(TRACE_FILE.format(rank="*"))):
         payload = json.loads(path.read_text())
+        if payload.get("format", 1) > TRACE_FORMAT:
+            raise ValueError(f"{path} has trace format {payload['format']}, newer than this version reads "
+                             f"({TRACE_FORMAT}): update hyper-parallel-workbook")
         traces[int(payload["rank"])] = payload["events"]
     return traces
 

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hyper_parallel.run_files import TRACE_FORMAT
+
 PHASES = ("init", "forward", "backward", "optimizer", "other")
 
 _current: contextvars.ContextVar["Recorder | None"] = contextvars.ContextVar("hyper_parallel_recorder", default=None)
@@ -49,7 +51,7 @@ class Recorder:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"rank": self.rank, "world_size": self.world_size, "events": self.events}
+        payload = {"format": TRACE_FORMAT, "rank": self.rank, "world_size": self.world_size, "events": self.events}
         path.write_text(json.dumps(payload))
         return path
 

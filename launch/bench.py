@@ -7,6 +7,7 @@ Torch-free.
 """
 from __future__ import annotations
 
+import html
 import json
 import tempfile
 from collections import Counter
@@ -42,6 +43,20 @@ class BenchResult:
         if self.ok:
             return None
         return self.process.error or f"the workers wrote no {BENCH_FILE} into {self.directory}"
+
+    def __repr__(self) -> str:
+        """Status, one line per configuration, the directory: the big fields (payload, rows) stay out."""
+        if not self.ok:
+            return f"BenchResult(FAILED, {self.directory}: {(self.error or '').splitlines()[-1:]})"
+        lines = [f"  {r['config']}: ratio {r['ratio']['median']:.3f} [{r['ratio']['q1']:.2f}-{r['ratio']['q3']:.2f}], "
+                 f"{r['median_ms']['ours']:.1f} / {r['median_ms']['torch']:.1f} ms" for r in self.rows]
+        return f"BenchResult(ok, {self.payload.get('world_size')} ranks, {self.directory}\n" + "\n".join(lines) + ")"
+
+    def _repr_html_(self) -> str:
+        from launch.widgets.display import table
+        return table(list(TABLE_HEADER), [list(row) for row in table_rows(self.rows)],
+                     caption=f"{self.payload.get('world_size')} ranks, {self.directory}").data if self.ok \
+            else f"<pre>{html.escape(repr(self))}</pre>"
 
 
 def communication(directory: Path, config: str, impl: str) -> dict[str, Any]:

@@ -160,8 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         figures = run_figures(result.run_dir, out_dir=result.run_dir)
         print(f"figures: {', '.join(f'{name}.png/.svg' for name in figures)}")
     if result.traces and args.chrome_trace:
-        from hyper_parallel.run_files import to_chrome_trace
-        print(f"chrome trace: {to_chrome_trace(result.traces, result.run_dir / 'chrome_trace.json')}")
+        from hyper_parallel.run_files import CHROME_TRACE_FILE, to_chrome_trace
+        print(f"chrome trace: {to_chrome_trace(result.traces, result.run_dir / CHROME_TRACE_FILE)}")
     print(f"run directory: {result.run_dir}")
     return 0 if result.ok else 1
 

@@ -1,6 +1,6 @@
 """Fixtures shared by the test modules: every run of the recipe matrix, launched once per session.
 
-A launch costs 20-60 s here (DESIGN §8), so the runs are grouped into one torchrun launch per world
+A launch costs 20-60 s here, so the runs are grouped into one torchrun launch per world
 size and shared: tests/test_recipes.py checks them against the references and hand-derived counts,
 tests/test_cost_model.py against the cost model's bytes and memory.
 """

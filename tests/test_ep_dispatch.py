@@ -16,7 +16,7 @@ import torch
 
 from hyper_parallel.models.moe import MoE, MoEConfig, Router, expert_mlp
 from hyper_parallel.parallel.ep import expert_major_order
-from hyper_parallel.parallel.ep_all_gather import local_rows
+from hyper_parallel.parallel.ep.all_gather import local_rows
 
 WORKER = Path(__file__).parent / "workers" / "ep_cases.py"
 TOLERANCE = 1e-5

@@ -1,4 +1,4 @@
-"""The RFC test matrix for the extended fully_shard (DESIGN.md §4, RFC 5.2, cases 1-10).
+"""The test matrix of the extended fully_shard (docs/design.md §3, cases 1-10).
 
 Every case is checked twice:
 
@@ -366,7 +366,7 @@ def test_case2_hsdp_reduce_scatter_then_all_reduce(run4):
         return hsdp_step(HSDP_FSDP[rank], HSDP_REP[rank], BLOCK_S2)
 
     assert_collectives(results, expected)
-    # RFC 2.2.5 (its example: rank_size 8, shard 4, dp 2); here rank_size 4 = shard 2 x dp 2
+    # the HSDP example of docs/design.md §3 (rank_size 8, shard 4, dp 2); here rank_size 4 = shard 2 x dp 2
     assert_group_facts(results, ALL_NAMES, shard_size=2, dp_size=2, rank_size=4,
                        sharded={r: ("fsdp", HSDP_FSDP[r]) for r in range(4)},
                        unsharded={r: ("dp_replicate", HSDP_REP[r]) for r in range(4)})
@@ -488,7 +488,7 @@ def _pure_tp_expected(fixed: bool, scatter_adjoint_module: str = ANY):
 def test_case5_pure_tp_all_reduce_on_unsharded_dp_group_no_reduce_scatter(run4):
     results = run4.case("c5_pure_tp_fixed")
     assert_collectives(results, _pure_tp_expected(fixed=True))
-    # RFC example "pure-TP compat: rank_size 8, shard 1, dp 8 -> AR(8) only"; here rank 2, shard 1, dp 2
+    # the pure-TP example "rank_size 8, shard 1, dp 8 -> AR(8) only"; here rank 2, shard 1, dp 2
     assert_group_facts(results, ALL_NAMES, shard_size=1, dp_size=2, rank_size=2,
                        sharded={r: ("", [r]) for r in range(4)},
                        unsharded={r: ("dp_replicate+fsdp", PTP_DP[r]) for r in range(4)})

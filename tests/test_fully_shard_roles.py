@@ -1,4 +1,4 @@
-"""fully_shard's reading of a mesh (RFC 2.2.3 / 4.3) and its errors for bad use, in one process.
+"""fully_shard's reading of a mesh (docs/design.md §3) and its errors for bad use, in one process.
 
 torch's "fake" process-group backend lets us build real DeviceMeshes for 8 ranks without workers;
 nothing here communicates (fully_shard's init issues no collective).
@@ -50,10 +50,10 @@ def test_roles(views, dims, enable, replicate, shard):
 
 def test_group_sizes_follow_rfc_examples(views):
     hsdp = ParallelDims(world_size=8, dp_replicate=2, dp_shard=4).build_mesh("cpu")
-    roles = resolve_roles(hsdp["dp_replicate", "fsdp"], None)   # RFC: rank_size 8, shard 4, dp 2
+    roles = resolve_roles(hsdp["dp_replicate", "fsdp"], None)   # rank_size 8, shard 4, dp 2
     assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 4, 2)
     pure = ParallelDims(world_size=8, dp_shard=8).build_mesh("cpu")
-    roles = resolve_roles(pure["dp_replicate", "fsdp"], False)   # RFC: rank_size 8, shard 1, dp 8
+    roles = resolve_roles(pure["dp_replicate", "fsdp"], False)   # rank_size 8, shard 1, dp 8
     assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 1, 8)
 
 

@@ -1,6 +1,6 @@
 """Communication of one training step on one rank, per collective: op, group, phase and bytes.
 
-``bytes`` follows the trace convention (DESIGN.md §6): the full, unsharded buffer of the collective
+``bytes`` follows the trace convention (docs/design.md §5): the full, unsharded buffer of the collective
 (the all-gather output, the reduce-scatter input, the all-reduce tensor, the all-to-all input).
 Notation: a = compute (activation) bytes per element, r = reduce bytes, B = global_batch / dp rows
 per rank, s = seq_len / cp tokens per row in attention, X = B * s * d_model * a (one hidden state of

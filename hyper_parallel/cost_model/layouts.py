@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import log2, prod
 
-from hyper_parallel.cost_model import CostEstimate, ModelConfig, estimate
+from hyper_parallel.cost_model import CostEstimate
 from hyper_parallel.cost_model.communication import wire_factor
 from hyper_parallel.mesh import ParallelDims, valid_choices
 

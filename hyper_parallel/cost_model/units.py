@@ -6,7 +6,7 @@ no sparse mesh and they stay in their block, replicated over tp), and the root (
 norm, head). The root keeps its parameters from forward to backward; the others
 reshard after forward.
 
-Per parameter (RFC 2.1.2, ``hyper_parallel.fsdp.param``):
+Per parameter (docs/design.md §3, ``hyper_parallel.fsdp.param``):
 
     local shape   the global shape with every axis a model-parallel degree splits divided by it
                   (TP: colwise weights axis 0, rowwise axis 1, embedding axis 0, head axis 0;

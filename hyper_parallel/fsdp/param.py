@@ -1,6 +1,6 @@
 """One managed parameter: its single DTensor layout on the combined mesh and its unsharded form.
 
-Layout (RFC 2.1.2). The parameter's model-parallel placements (TP/EP, from its own DTensor) give
+Layout (docs/design.md §3). The parameter's model-parallel placements (TP/EP, from its own DTensor) give
 the *mp-local* tensor each rank computes with. FSDP shards that mp-local tensor along one axis
 (``fsdp_axis``) in torch.chunk pieces over the shard dim: the first axis that no model-parallel dim
 shards, else axis 0 (then the global layout is a strided shard, ``_StridedShard``). The sharded
@@ -27,9 +27,8 @@ from torch.distributed.tensor.placement_types import Partial, Placement, _Stride
 
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp.roles import MeshRoles
+from hyper_parallel.partial_grad import marked_partial_dims
 
-PARTIAL_GRAD_ATTR = "_hp_partial_grad_dims"
-"""Set by a local-tensor TP style on a parameter whose gradient is partial over these mesh dims."""
 
 
 def union_dims(dims: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:
@@ -80,7 +79,7 @@ class ShardedParam:
         self.padded_shape[self.fsdp_axis] = self.chunk
         self.padded_shape = tuple(self.padded_shape)
         self.padded_numel = math.prod(self.padded_shape)
-        index = sharded_group.ranks.index(torch.distributed.get_rank()) if shard_size > 1 else 0
+        index = sharded_group.index if shard_size > 1 else 0
         self.local_len = max(0, min(self.chunk, axis_len - index * self.chunk))
         self.shard_index = index
         self.model_parallel_groups = model_parallel_groups
@@ -136,7 +135,7 @@ class ShardedParam:
         return _StridedShard(self.fsdp_axis, split_factor=split)
 
     def _marked_partial_dims(self, param: nn.Parameter) -> tuple[str, ...]:
-        dims = tuple(getattr(param, PARTIAL_GRAD_ATTR, ()))
+        dims = marked_partial_dims(param)
         unknown = set(dims) - set(self.model_parallel_groups)
         if unknown:
             raise ValueError(f"parameter {self.fqn!r} is marked partial over {sorted(unknown)}, which is not "

@@ -1,7 +1,7 @@
 """The parameters of one fully_shard unit and their bucketed communication.
 
 One flat all-gather per unshard and one flat reduce-scatter (+ one all-reduce) per backward for the
-whole unit, never one per parameter. Gradient routing follows GroupInfo (RFC 2.2.2), not mesh type:
+whole unit, never one per parameter. Gradient routing follows GroupInfo (docs/design.md §3), not mesh type:
 
     shard_size > 1                   reduce-scatter on sharded_group_info, then all-reduce on
                                      unsharded_group_info when dp_size > 1 (HSDP)
@@ -158,7 +158,7 @@ class ParamGroup:
         ranks, m = shard_size / k): the k ranks' rows gathered in their order are the whole buffer again."""
         group = self.post_forward_group
         rows = self.shard_size // group.size
-        first = group.ranks.index(torch.distributed.get_rank()) * rows
+        first = group.index * rows
         kept = torch.empty(rows, self.total, dtype=self.param_dtype, device=self.device)
         for param, offset in zip(self.params, self.offsets):
             pieces = param.unsharded_padded.unflatten(param.fsdp_axis, (self.shard_size, param.chunk))

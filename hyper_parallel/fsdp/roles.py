@@ -44,7 +44,7 @@ class MeshRoles:
 
     @property
     def rank_size(self) -> int:
-        """Size of the data-parallel domain (RFC 2.2.5)."""
+        """Size of the data-parallel domain: shard_size * dp_size."""
         return self.size(self.data_parallel_dims)
 
     @property

@@ -19,10 +19,6 @@ from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
 
 
-def _index(info: GroupInfo) -> int:
-    return info.ranks.index(torch.distributed.get_rank())
-
-
 def gather_along(tensor: torch.Tensor, dim: int, info: GroupInfo) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along ``dim`` (one all-gather)."""
     moved = tensor.movedim(dim, 0).contiguous()
@@ -44,7 +40,7 @@ def reduce_scatter_along(tensor: torch.Tensor, dim: int, info: GroupInfo) -> tor
 def chunk_along(tensor: torch.Tensor, dim: int, info: GroupInfo) -> torch.Tensor:
     if tensor.shape[dim] % info.size:
         raise ValueError(f"dim {dim} of size {tensor.shape[dim]} does not split evenly over {info.size} ranks of {info.name}")
-    return tensor.chunk(info.size, dim=dim)[_index(info)].contiguous()
+    return tensor.chunk(info.size, dim=dim)[info.index].contiguous()
 
 
 class CopyToTensorParallel(torch.autograd.Function):

@@ -24,11 +24,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.parallel.autograd_comm import GatherFromSequenceParallel, gather_along, reduce_scatter_along
+from hyper_parallel.parallel.autograd_comm import GatherFromSequenceParallel
 
 IMPLS = ("all_gather", "ring")
 """The K/V exchanges of this module; Ulysses (head resharding by all-to-all) is ``ulysses.py``."""
@@ -56,7 +55,7 @@ def gathered_positions(seq_len: int, cp_size: int) -> torch.Tensor:
 
 def cp_index(cp: GroupInfo) -> int:
     """This rank's index in the cp group (0 for a group of one, which needs no process group)."""
-    return 0 if cp.size == 1 else cp.ranks.index(dist.get_rank())
+    return cp.index
 
 
 def shard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo) -> torch.Tensor:
@@ -84,23 +83,6 @@ def unshard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo) -> torch.Ten
     order = torch.argsort(gathered_positions(tensor.shape[dim] * cp.size, cp.size)).to(tensor.device)
     gathered = GatherFromSequenceParallel.apply(tensor, dim, cp, False)
     return gathered.index_select(dim, order)
-
-
-class GatherKeyValue(torch.autograd.Function):
-    """Forward: all-gather the stacked K/V shards along the sequence. Backward: reduce-scatter.
-
-    The gathered K/V feed this rank's queries only, so each rank's gradient of them is a partial
-    sum; the true gradient of a rank's own keys is the sum over all ranks of its slice.
-    """
-
-    @staticmethod
-    def forward(ctx, kv: torch.Tensor, dim: int, info: GroupInfo) -> torch.Tensor:
-        ctx.dim, ctx.info = dim, info
-        return gather_along(kv, dim, info)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return reduce_scatter_along(grad, ctx.dim, ctx.info), None, None
 
 
 class RingShift(torch.autograd.Function):
@@ -180,9 +162,12 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return _ring_attention(q, k, v, cp, index, positions, layout.view(cp.size, s_local), causal, scale, dtype)
     same = k.shape == v.shape and k.dtype == v.dtype
     if same:  # one collective for both
-        k_all, v_all = GatherKeyValue.apply(torch.stack((k, v)), 3, cp).unbind(0)
+        # the gathered K/V feed this rank's queries only: each rank's gradient of them is a partial sum,
+        # reduce-scattered back in backward
+        k_all, v_all = GatherFromSequenceParallel.apply(torch.stack((k, v)), 3, cp, True).unbind(0)
     else:  # e.g. a different value head_dim (MLA-like): one each
-        k_all, v_all = GatherKeyValue.apply(k, 2, cp), GatherKeyValue.apply(v, 2, cp)
+        k_all, v_all = (GatherFromSequenceParallel.apply(k, 2, cp, True),
+                        GatherFromSequenceParallel.apply(v, 2, cp, True))
     return attend(q, k_all, v_all, positions, layout, causal, scale, dtype)
 
 

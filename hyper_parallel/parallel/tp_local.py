@@ -1,4 +1,4 @@
-"""Megatron-style tensor + sequence parallelism on local tensors, for the pure-TP fix (RFC requirement 2).
+"""Megatron-style tensor + sequence parallelism on local tensors, for the pure-TP fix (docs/design.md §3).
 
 Parameters are DTensors on the tp mesh (so fully_shard sees their layout: w1 ``Shard(0)``, w2
 ``Shard(1)``, norm weight and w2 bias ``Replicate()``), but forward computes on ``to_local()``
@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.fsdp.param import PARTIAL_GRAD_ATTR
+from hyper_parallel.partial_grad import mark_partial
 from hyper_parallel.models.layers import rms_norm
 from hyper_parallel.models.mlp import MLP, MLPBlock
 from hyper_parallel.parallel.autograd_comm import (GatherFromSequenceParallel, ReduceScatterToSequenceParallel,
@@ -38,7 +38,7 @@ def _distribute(module: nn.Module, name: str, mesh: DeviceMesh, placement, parti
     dtensor = nn.Parameter(distribute_tensor(param.detach(), mesh, [placement], src_data_rank=None),
                            requires_grad=param.requires_grad)
     if partial:
-        setattr(dtensor, PARTIAL_GRAD_ATTR, (mesh.mesh_dim_names[0],))
+        mark_partial(dtensor, mesh.mesh_dim_names[0])
     module._parameters[name] = dtensor
 
 
@@ -74,7 +74,7 @@ class LocalTensorParallelMLP(nn.Module):
 def parallelize_mlp_local(model: MLP, tp_mesh: DeviceMesh, mark_partial_grads: bool = True) -> LocalTensorParallelMLP:
     """Shard ``model``'s blocks over ``tp_mesh`` (1-D) in the local-tensor style; returns the new model.
 
-    ``mark_partial_grads=False`` reproduces the bug the RFC fixes: the norm weight and w2 bias
+    ``mark_partial_grads=False`` reproduces the bug the fix removes: the norm weight and w2 bias
     gradients stay partial over tp.
     """
     if tp_mesh.ndim != 1:

@@ -12,7 +12,8 @@ import copy
 
 import torch
 
-from hyper_parallel.fsdp import PARTIAL_GRAD_ATTR, fully_shard
+from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.partial_grad import mark_partial
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.moe import MoE
@@ -38,7 +39,7 @@ def apply_expert_parallel(model: Transformer, dims: ParallelDims, views: MeshVie
         if dims.tp > 1 and dims.etp == 1:
             replicated = [layer.feed_forward.router, layer.feed_forward.shared]
             for param in (p for module in replicated if module is not None for p in module.parameters()):
-                setattr(param, PARTIAL_GRAD_ATTR, ("tp",))
+                mark_partial(param, "tp")
 
 
 def apply_dual_stack_fully_shard(model: Transformer, dims: ParallelDims, views: MeshViews) -> None:

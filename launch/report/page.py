@@ -128,7 +128,7 @@ def _run_section(run: RunData) -> str:
     if recipe is not None:
         cells = "".join(f"<td>{esc(cell.strip())}</td>" for cell in recipe.matrix_row.split("|"))
         rows += [("recipe", f"<b>{esc(recipe.name)}</b> — {esc(recipe.title)}"), ("what", esc(recipe.description)),
-                 ("matrix row (seed 002 §5)", f"<table class='matrix'><tr>{cells}</tr></table>"),
+                 ("matrix row (docs/design.md §4)", f"<table class='matrix'><tr>{cells}</tr></table>"),
                  ("recipe constraints", esc(recipe.constraints() or "none beyond the mesh rules")),
                  ("CI tier", esc(recipe.tier or "-"))]
     else:

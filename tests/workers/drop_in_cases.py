@@ -17,7 +17,6 @@ its traceback; the ranks meet at a barrier before the next case.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import os

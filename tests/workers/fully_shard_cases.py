@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_fully_shard.py: the RFC test matrix (DESIGN.md §4, cases 1-10).
+"""torchrun worker for tests/test_fully_shard.py: the test matrix of docs/design.md §3 (cases 1-10).
 
 One launch runs many cases in one gloo process group (a torchrun start costs 10-19 s here). Every
 case builds its own ``ParallelDims(world_size=W, ...).build_mesh("cpu")`` views, trains a tiny model

@@ -1,4 +1,4 @@
-"""Expert parallelism (EP) and expert tensor parallelism (ETP) for ``hyper_parallel.models.moe.MoE``.
+"""Expert parallelism (EP) and expert tensor parallelism (ETP) by all-to-all, for ``hyper_parallel.models.moe.MoE``.
 
 ``parallelize_moe(moe, mesh)`` keeps the MoE's routing, sorting and combining and replaces its
 ``experts(routed, counts)`` step (tokens sorted by global expert id, ``counts [num_experts]``), with the
@@ -15,7 +15,7 @@ default ``dispatch="all_to_all"``, by:
       -> CombineTokens: the reverse all_to_all over ep               (backward: the forward all_to_all)
     rows back in the caller's order; the MoE weights and sums them per token as in the reference.
 
-``dispatch="all_gather"`` (``hyper_parallel.parallel.ep_all_gather``, Megatron's allgather token
+``dispatch="all_gather"`` (``hyper_parallel.parallel.ep.all_gather``, Megatron's allgather token
 dispatcher) exchanges the same rows differently: every rank all-gathers the (padded) routed rows of its
 ep group, runs its local experts on the rows routed to them, writes zeros for the others, and a
 reduce-scatter returns each source rank its rows. Same parameters, same rows per expert in the same
@@ -57,7 +57,7 @@ Preconditions (not checkable cheaply at run time, so documented):
   all-gathered after the combine (``ScatterToSequenceParallel`` / ``GatherFromSequenceParallel``:
   backward keeps this rank's chunk of the output gradient and all-gathers the input gradient). The
   router and shared expert then see only this rank's chunk, so their gradients are partial sums over
-  that group: they are marked with ``PARTIAL_GRAD_ATTR`` and ``fully_shard`` sums them over it.
+  that group: they are marked (``hyper_parallel.partial_grad``) and ``fully_shard`` sums them over it.
 * with ETP (etp == tp) every rank of an etp group holds the same tokens (and routes them identically):
   each computes its hidden-dim shard of the same rows and the partial outputs are summed.
 """
@@ -70,13 +70,10 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.fsdp.param import PARTIAL_GRAD_ATTR
-from hyper_parallel.models.moe import GroupedExperts, MoE, grouped_mlp
-from hyper_parallel.parallel.autograd_comm import (CopyToTensorParallel, GatherFromSequenceParallel,
-                                                   ReduceFromTensorParallel, ScatterToSequenceParallel)
+from hyper_parallel.models.moe import GroupedExperts, grouped_mlp
+from hyper_parallel.parallel.autograd_comm import CopyToTensorParallel, ReduceFromTensorParallel
 
 SEQ_DIM = 1
-DISPATCH_CHOICES = ("all_to_all", "all_gather")
 
 
 class _TokenAllToAll(torch.autograd.Function):
@@ -128,7 +125,8 @@ def _inverse(permutation: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor weight (experts compute on local tensors)."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
@@ -164,7 +162,7 @@ class ExpertParallelExperts(nn.Module):
         rows = received[order]
         if self.etp is not None:
             rows = CopyToTensorParallel.apply(rows, self.etp)
-        out = grouped_mlp(rows, received_counts.sum(0).tolist(), _local(self.w1), _local(self.w2))
+        out = grouped_mlp(rows, received_counts.sum(0).tolist(), local_tensor(self.w1), local_tensor(self.w2))
         if self.etp is not None:
             out = ReduceFromTensorParallel.apply(out, self.etp)
         out = out[_inverse(order)]
@@ -174,86 +172,3 @@ class ExpertParallelExperts(nn.Module):
         etp = f", etp={list(self.etp.ranks)}" if self.etp is not None else ""
         return (f"num_experts={self.num_experts}, local={self.num_local_experts}, ep={list(self.ep.ranks)}{etp}, "
                 f"dispatch={self.dispatch}")
-
-
-def _expert_mesh(mesh: DeviceMesh, etp_mesh: DeviceMesh | None) -> DeviceMesh:
-    if etp_mesh is not None:
-        if mesh.ndim != 1 or etp_mesh.ndim != 1:
-            raise ValueError(f"with a separate etp_mesh both meshes must be 1-D; got {mesh.mesh_dim_names} "
-                             f"and {etp_mesh.mesh_dim_names}")
-        mesh = DeviceMesh._concatenate([mesh, etp_mesh])
-    names = tuple(mesh.mesh_dim_names or ())
-    if names not in (("ep",), ("ep", "etp")):
-        raise ValueError(f"parallelize_moe needs a mesh with dims ('ep',) or ('ep', 'etp') (e.g. views['ep'] or "
-                         f"views['ep', 'etp']); got {names or 'an unnamed mesh'}")
-    return mesh
-
-
-def parallelize_moe(moe: MoE, mesh: DeviceMesh, etp_mesh: DeviceMesh | None = None, *,
-                    token_split_mesh: DeviceMesh | None = None, dispatch: str = "all_to_all") -> MoE:
-    """Expert-parallelise ``moe`` in place and return it.
-
-    ``mesh``: ``views["ep"]`` or ``views["ep", "etp"]`` (or ``views["ep"]`` plus ``etp_mesh=views["etp"]``).
-    ``token_split_mesh``: a 1-D mesh whose ranks hold the same tokens inside the ep group (``views["tp"]``
-    when etp == 1 and tp > 1 without sequence parallelism); only with etp == 1.
-    ``dispatch``: how tokens reach the experts, ``"all_to_all"`` or ``"all_gather"`` (module docstring);
-    both give the same parameters and, up to float reordering, the same outputs and gradients.
-    Raises ``ValueError`` when num_experts % ep or hidden % etp is not 0, or for an unknown dispatch.
-    """
-    if not isinstance(moe, MoE):
-        raise TypeError(f"parallelize_moe expects a hyper_parallel.models.moe.MoE, got {type(moe).__name__}")
-    if not isinstance(moe.experts, GroupedExperts):
-        raise ValueError(f"moe.experts must be a GroupedExperts, got {type(moe.experts).__name__}: "
-                         "was parallelize_moe already applied to this MoE?")
-    if dispatch not in DISPATCH_CHOICES:
-        raise ValueError(f"unknown dispatch={dispatch!r}; choose one of {', '.join(map(repr, DISPATCH_CHOICES))}")
-    mesh = _expert_mesh(mesh, etp_mesh)
-    ep = GroupInfo.from_mesh(mesh, ("ep",))
-    etp = GroupInfo.from_mesh(mesh, ("etp",)) if mesh.ndim == 2 else None
-    config = moe.config
-    if config.num_experts % ep.size:
-        raise ValueError(f"num_experts={config.num_experts} must be divisible by ep={ep.size} "
-                         "(each EP rank holds num_experts/ep experts)")
-    if etp is not None and config.hidden % etp.size:
-        raise ValueError(f"the expert hidden size {config.hidden} must be divisible by etp={etp.size} "
-                         "(ETP splits each expert's hidden dim)")
-    moe.experts = _experts_class(dispatch)(moe.experts, mesh, ep, etp)
-    if token_split_mesh is not None:
-        _split_tokens(moe, token_split_mesh, etp)
-    return moe
-
-
-def _experts_class(dispatch: str) -> type[ExpertParallelExperts]:
-    if dispatch == "all_gather":
-        from hyper_parallel.parallel.ep_all_gather import AllGatherExpertParallelExperts  # imports this module
-        return AllGatherExpertParallelExperts
-    return ExpertParallelExperts
-
-
-def _split_tokens(moe: MoE, split_mesh: DeviceMesh, etp: GroupInfo | None) -> None:
-    if split_mesh.ndim != 1 or not split_mesh.mesh_dim_names:
-        raise ValueError(f"token_split_mesh must be a named 1-D mesh (e.g. views['tp']), got {split_mesh}")
-    if etp is not None and etp.size > 1:
-        raise ValueError("token_split_mesh is for etp == 1: with ETP every rank of an etp group must "
-                         "hold the same tokens")
-    name = split_mesh.mesh_dim_names[0]
-    split = GroupInfo.from_mesh(split_mesh, (name,))
-    if split.size == 1:
-        return
-
-    def scatter(module, args):
-        x, *rest = args
-        if x.shape[SEQ_DIM] % split.size:
-            raise ValueError(f"seq_len={x.shape[SEQ_DIM]} must be divisible by the token-split group "
-                             f"{name}={split.size} (each of its ranks routes 1/{split.size} of the sequence)")
-        return (ScatterToSequenceParallel.apply(x, SEQ_DIM, split), *rest)
-
-    def gather(module, args, output):
-        return GatherFromSequenceParallel.apply(output, SEQ_DIM, split, False)
-
-    moe.token_split = split
-    moe._token_split_hooks = (moe.register_forward_pre_hook(scatter), moe.register_forward_hook(gather))
-    replicated = [moe.router] + ([moe.shared] if moe.shared is not None else [])
-    for module in replicated:
-        for param in module.parameters():
-            setattr(param, PARTIAL_GRAD_ATTR, tuple(getattr(param, PARTIAL_GRAD_ATTR, ())) + (name,))

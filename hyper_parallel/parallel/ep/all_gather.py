@@ -1,7 +1,7 @@
 """The all-gather token dispatcher for expert parallelism (``parallelize_moe(..., dispatch="all_gather")``).
 
 Megatron-LM's "allgather token dispatcher": instead of sending each routed row only to the ep rank that
-owns its expert (``hyper_parallel.parallel.ep``, all-to-all), every rank of the ep group gets ALL the
+owns its expert (``hyper_parallel.parallel.ep.all_to_all``), every rank of the ep group gets ALL the
 routed rows of the group, runs its local experts on the rows routed to them and writes zeros for the
 rest; a reduce-scatter then sums the (disjoint) contributions and hands every source rank its rows:
 
@@ -9,14 +9,14 @@ rest; a reduce-scatter then sums the (disjoint) contributions and hands every so
       -> all_gather(counts) over ep               [ep, E]: what every rank routes to every expert;
                                                   capacity C = max_j N_j (the padded row count)
       -> pad routed to [C, d] with zero rows
-      -> AllGatherDispatch: all_gather(rows) over ep -> [ep * C, d]   (backward: reduce_scatter)
+      -> GatherFromSequenceParallel along rows: all_gather over ep -> [ep * C, d]   (backward: reduce_scatter)
       -> select the rows of this rank's experts, expert-major (source rank order inside an expert,
          each source's row order kept: the same rows in the same order as the all-to-all path)
       [-> CopyToTensorParallel over etp           forward identity, backward all-reduce of the input grad]
       -> local experts on ``to_local()`` weights (ETP: w1 colwise / w2 rowwise hidden shard)
       [-> ReduceFromTensorParallel over etp      forward all-reduce of the partial outputs, backward identity]
       -> scatter the outputs into zeros [ep * C, d] at the selected positions
-      -> ReduceScatterCombine: reduce_scatter over ep -> [C, d]      (backward: all_gather)
+      -> ReduceScatterToSequenceParallel along rows: reduce_scatter over ep -> [C, d]   (backward: all_gather)
       -> drop the padding: [N_i, d], rows in the caller's order
 
 Every row is computed by exactly one rank of the ep group (its expert's owner) and the others add
@@ -41,44 +41,14 @@ default for ep * tp small) or tiny token counts; not at scale.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.models.moe import grouped_mlp
-from hyper_parallel.parallel.autograd_comm import (CopyToTensorParallel, ReduceFromTensorParallel, gather_along,
-                                                   reduce_scatter_along)
-from hyper_parallel.parallel.ep import ExpertParallelExperts, _local
-
-
-class AllGatherDispatch(torch.autograd.Function):
-    """Forward: every rank's (padded, equally long) routed rows to every rank of ep, in group rank order.
-    Backward: reduce-scatter: each source rank gets the sum of the gradients all ranks computed for
-    its rows (non-zero only on the rank owning each row's expert)."""
-
-    @staticmethod
-    def forward(ctx, rows, info):
-        ctx.info = info
-        return gather_along(rows, 0, info)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_along(grad, 0, ctx.info), None
-
-
-class ReduceScatterCombine(torch.autograd.Function):
-    """Forward: sum the ranks' (disjoint, zero elsewhere) expert outputs and keep this rank's rows.
-    Backward: all-gather the output gradients so every rank sees those of the rows it computed."""
-
-    @staticmethod
-    def forward(ctx, rows, info):
-        ctx.info = info
-        return reduce_scatter_along(rows, 0, info)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return gather_along(grad, 0, ctx.info), None
+from hyper_parallel.parallel.autograd_comm import (CopyToTensorParallel, GatherFromSequenceParallel,
+                                                   ReduceFromTensorParallel, ReduceScatterToSequenceParallel)
+from hyper_parallel.parallel.ep.all_to_all import ExpertParallelExperts, local_tensor
 
 
 def gather_counts(counts: torch.Tensor, ep: GroupInfo) -> torch.Tensor:
@@ -113,17 +83,18 @@ class AllGatherExpertParallelExperts(ExpertParallelExperts):
         ep, local = self.ep, self.num_local_experts
         all_counts = gather_counts(counts, ep)                                     # [ep, E]
         capacity = int(all_counts.sum(1).max())                                    # host sync (as .tolist())
-        first = ep.ranks.index(dist.get_rank()) * local
+        first = ep.index * local
         num_rows = routed.shape[0]
         padded = F.pad(routed, (0, 0, 0, capacity - num_rows))                     # [C, d]
-        gathered = AllGatherDispatch.apply(padded, ep)                             # [ep * C, d]
+        # each rank computes only its experts' rows of the gathered ones: its gradient of them is partial
+        gathered = GatherFromSequenceParallel.apply(padded, 0, ep, True)          # [ep * C, d]
         index = local_rows(all_counts, first, local, capacity)
         rows = gathered[index]
         if self.etp is not None:
             rows = CopyToTensorParallel.apply(rows, self.etp)
         local_counts = all_counts[:, first:first + local].sum(0).tolist()
-        out = grouped_mlp(rows, local_counts, _local(self.w1), _local(self.w2))
+        out = grouped_mlp(rows, local_counts, local_tensor(self.w1), local_tensor(self.w2))
         if self.etp is not None:
             out = ReduceFromTensorParallel.apply(out, self.etp)
         full = out.new_zeros((ep.size * capacity,) + tuple(out.shape[1:])).index_copy(0, index, out)
-        return ReduceScatterCombine.apply(full, ep)[:num_rows]                     # [N_i, d]
+        return ReduceScatterToSequenceParallel.apply(full, 0, ep)[:num_rows]      # [N_i, d]
