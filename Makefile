@@ -9,18 +9,20 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 RUNS ?= runs
 
-.PHONY: install workbook test lab clean
+.PHONY: install workbook test test-fast lab clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	@# torch first, so the package's range is already satisfied and pip never picks a CUDA build by itself.
 	$(VPY) -c "import torch" 2>/dev/null \
-	  || $(VPY) -m pip install --no-index torch==$(TORCH_VERSION) 2>/dev/null \
+	  || { $(VPY) -m pip install --no-index --no-deps torch==$(TORCH_VERSION) 2>/dev/null \
+	       && $(VPY) -m pip install torch==$(TORCH_VERSION); } \
 	  || { if command -v nvidia-smi >/dev/null 2>&1; then $(VPY) -m pip install torch==$(TORCH_VERSION); \
 	       else $(VPY) -m pip install torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX); fi; }
-	$(VPY) -m pip install -e ".[dev]"
+	@# The versions verified with the suite (constraints.txt) within the ranges of pyproject.toml.
+	$(VPY) -m pip install -c constraints.txt -e ".[dev]"
 	touch $@
 
 workbook: install
@@ -28,6 +30,10 @@ workbook: install
 
 test: install
 	$(VPY) -m pytest
+
+# The tests that start no workers (about 3 minutes here): for quick loops while editing.
+test-fast: install
+	$(VPY) -m pytest -m "not distributed"
 
 lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) notebooks

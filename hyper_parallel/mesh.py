@@ -1,6 +1,6 @@
 """ParallelDims: the one source of truth for the parallel degrees and the device meshes.
 
-The algebra (DESIGN.md §3, after TorchTitan's ParallelDims):
+The algebra (docs/design.md §2, after TorchTitan's ParallelDims):
 
     dp_replicate * dp_shard * cp * tp * pp == world_size      (EP is not a factor: it borrows ranks)
 
@@ -9,6 +9,7 @@ views share a root mesh and compose (``DeviceMesh._concatenate``). TP is always 
 (contiguous) dim.
 
     dense   (dp_replicate, dp_shard, cp, tp)      every dim present, size 1 allowed
+    (with pp > 1 every view gets ``pp`` as its outermost dim: one stage = a contiguous block of ranks)
     fsdp    (dp_replicate, fsdp, tp)              fsdp   = dp_shard * cp   parameter sharding
     batch   (dp, cp, tp)                          dp     = dp_replicate * dp_shard   data loading
     loss    (dp_cp, tp)                           dp_cp  = dp_replicate * dp_shard * cp
@@ -72,10 +73,6 @@ class ParallelDims:
             if value < 1 and not (name == "dp_shard" and value == -1):
                 hint = " (or -1 to infer it)" if name == "dp_shard" else ""
                 raise ValueError(f"{name} must be >= 1{hint}, got {name}={value}")
-        if self.pp > 1:
-            raise ValueError(
-                f"pipeline parallelism is out of scope for this workbook: pp={self.pp}; use pp=1 and give "
-                "its ranks to another degree (dp_shard=-1 takes whatever is left)")
         others = self.dp_replicate * self.cp * self.tp * self.pp
         if self.dp_shard == -1:
             if self.world_size % others:
@@ -162,14 +159,17 @@ class ParallelDims:
     # ----- views -----
     def views(self) -> dict[str, tuple[tuple[str, int], ...]]:
         """Every named view as ((dim name, size), ...), outermost first; each multiplies to world_size."""
+        # pp is the outermost dim of every view (TorchTitan): each pipeline stage is a contiguous block of
+        # world_size/pp ranks holding one whole (dp_replicate, dp_shard, cp, tp) mesh of its own
+        pp = (("pp", self.pp),) if self.pp > 1 else ()
         views = {
-            "dense": (("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("cp", self.cp), ("tp", self.tp)),
-            "fsdp": (("dp_replicate", self.dp_replicate), ("fsdp", self.fsdp), ("tp", self.tp)),
-            "batch": (("dp", self.dp), ("cp", self.cp), ("tp", self.tp)),
-            "loss": (("dp_cp", self.dp_cp), ("tp", self.tp)),
+            "dense": pp + (("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("cp", self.cp), ("tp", self.tp)),
+            "fsdp": pp + (("dp_replicate", self.dp_replicate), ("fsdp", self.fsdp), ("tp", self.tp)),
+            "batch": pp + (("dp", self.dp), ("cp", self.cp), ("tp", self.tp)),
+            "loss": pp + (("dp_cp", self.dp_cp), ("tp", self.tp)),
         }
         if self.ep > 1:
-            sparse = [("dp_replicate", self.dp_replicate), ("efsdp", self.efsdp), ("ep", self.ep)]
+            sparse = [*pp, ("dp_replicate", self.dp_replicate), ("efsdp", self.efsdp), ("ep", self.ep)]
             if self.etp > 1:
                 sparse.append(("etp", self.etp))
             views["sparse"] = tuple(sparse)
@@ -225,8 +225,13 @@ class ParallelDims:
     def check_model(self, *, seq_len: int | None = None, global_batch: int | None = None,
                     sequence_parallel: bool = False, num_experts: int | None = None,
                     num_heads: int | None = None, hidden_sizes: Iterable[int] = (),
-                    expert_hidden_sizes: Iterable[int] = (), ulysses: bool = False) -> None:
+                    expert_hidden_sizes: Iterable[int] = (), ulysses: bool = False, n_layers: int | None = None,
+                    microbatches: int | None = None, stages_per_rank: int = 1) -> None:
         """Check a model config against the degrees; raise ``ValueError`` naming the broken rule.
+
+        Pipeline (pp > 1): the layers split evenly into pp * stages_per_rank stages, and each data-parallel
+        rank's rows split evenly into ``microbatches``, at least one per stage (a schedule with fewer
+        microbatches than stages leaves whole stages idle: 1F1B refuses it).
 
         ``ulysses``: the cp ranks run Ulysses attention (an all-to-all hands each cp rank whole heads),
         so the heads of a tp rank must also split over cp: ``num_heads % (tp * cp) == 0``.
@@ -261,6 +266,30 @@ class ParallelDims:
                 f"tp={self.tp}: {valid_cp}, or use K/V all-gather / ring CP")
         self._check_divisible(hidden_sizes, self.tp, "tp")
         self._check_divisible(expert_hidden_sizes, self.etp, "etp")
+        if self.pp > 1:
+            self._check_pipeline(n_layers, microbatches, stages_per_rank, global_batch)
+
+    def _check_pipeline(self, n_layers: int | None, microbatches: int | None, stages_per_rank: int,
+                        global_batch: int | None) -> None:
+        stages = self.pp * stages_per_rank
+        if n_layers is not None and n_layers % stages:
+            valid = [p for p in _divisors(n_layers) if p > 1 and n_layers % (p * stages_per_rank) == 0]
+            raise ValueError(
+                f"n_layers={n_layers} must be divisible by pp*stages_per_rank = {self.pp}*{stages_per_rank} = {stages} "
+                f"(each pipeline stage holds n_layers/{stages} whole layers); valid pp for {n_layers} layers: {valid}, "
+                f"or nearest valid n_layers: {_nearest_multiple(n_layers, stages)}")
+        if microbatches is None:
+            return
+        if microbatches < stages:
+            raise ValueError(
+                f"microbatches={microbatches} must be >= the number of stages pp*stages_per_rank = {stages} "
+                f"(otherwise some stages never run at once: the pipeline never fills); use microbatches >= {stages}")
+        if global_batch is not None and (global_batch // self.dp) % microbatches:
+            rows = global_batch // self.dp
+            raise ValueError(
+                f"each data-parallel rank's {rows} rows (global_batch={global_batch} / dp={self.dp}) must split "
+                f"into microbatches={microbatches} equal microbatches; valid microbatches: "
+                f"{[m for m in _divisors(rows) if m >= stages]}")
 
     @staticmethod
     def _check_divisible(sizes: Iterable[int], degree: int, name: str) -> None:
@@ -284,20 +313,32 @@ class ParallelDims:
 
 
 def valid_choices(world_size: int, fixed: dict[str, int] | None = None,
-                  names: Sequence[str] = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")) -> list[ParallelDims]:
-    """Every valid ParallelDims for ``world_size`` (pp=1) that agrees with ``fixed``; for widgets and plans."""
+                  names: Sequence[str] = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp"),
+                  pipeline: bool = False) -> list[ParallelDims]:
+    """Every valid ParallelDims for ``world_size`` that agrees with ``fixed``; for widgets and plans.
+
+    pp=1 only, unless ``pipeline``: then every pp dividing world_size too (pp is then fixable)."""
     fixed = dict(fixed or {})
+    names = (*names, "pp") if pipeline else tuple(names)
     unknown = set(fixed) - set(names)
     if unknown:
         raise ValueError(f"valid_choices can fix {list(names)}, not {sorted(unknown)}")
     result = []
-    for dp_replicate in _divisors(world_size):
-        for cp in _divisors(world_size // dp_replicate):
-            for tp in _divisors(world_size // (dp_replicate * cp)):
-                for ep in _divisors(world_size):
+    for pp in (_divisors(world_size) if pipeline else (1,)):
+        result += _choices_at_pp(world_size, pp, fixed, names)
+    return result
+
+
+def _choices_at_pp(world_size: int, pp: int, fixed: dict[str, int], names: Sequence[str]) -> list[ParallelDims]:
+    result = []
+    stage = world_size // pp  # ranks of one pipeline stage: the other degrees split these
+    for dp_replicate in _divisors(stage):
+        for cp in _divisors(stage // dp_replicate):
+            for tp in _divisors(stage // (dp_replicate * cp)):
+                for ep in _divisors(stage):
                     for etp in sorted({1, tp}):
-                        degrees = dict(dp_replicate=dp_replicate, cp=cp, tp=tp, ep=ep, etp=etp,
-                                       dp_shard=world_size // (dp_replicate * cp * tp))
+                        degrees = dict(dp_replicate=dp_replicate, cp=cp, tp=tp, ep=ep, etp=etp, pp=pp,
+                                       dp_shard=stage // (dp_replicate * cp * tp))
                         if any(degrees[k] != v for k, v in fixed.items() if k in names):
                             continue
                         try:

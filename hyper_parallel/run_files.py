@@ -60,12 +60,12 @@ def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -
                     "ts": event["t_start"] * 1e6, "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
                     "args": {k: event[k] for k in ("bytes", "dtype", "ranks", "module", "step", "phase")},
                 })
-            elif event["kind"] == "compute":
+            elif event["kind"] in ("compute", "pipeline"):
                 events.append({
-                    "ph": "X", "pid": rank, "tid": "compute", "cat": event["phase"],
-                    "name": f"compute {event['module'] or 'model'}",
+                    "ph": "X", "pid": rank, "tid": event["kind"], "cat": event.get("phase", ""),
+                    "name": _span_name(event),
                     "ts": event["t_start"] * 1e6, "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
-                    "args": {k: event[k] for k in ("module", "step", "phase")},
+                    "args": {k: v for k, v in event.items() if k not in ("kind", "t_start", "t_end")},
                 })
             else:
                 events.append({
@@ -76,3 +76,10 @@ def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -
     path = Path(path)
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return path
+
+
+def _span_name(event: dict[str, Any]) -> str:
+    """A compute span's unit, or a pipeline event's action (forward/backward of a microbatch on a stage)."""
+    if event["kind"] == "compute":
+        return f"compute {event['module'] or 'model'}"
+    return " ".join(f"{key} {event[key]}" for key in ("action", "microbatch", "stage") if key in event) or "pipeline"

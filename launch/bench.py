@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import json
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from hyper_parallel.viz.overlap import exposure
 from hyper_parallel.viz.style import OP_SHORT
 from hyper_parallel.viz.timeline import collectives
 from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
+from launch.run_dirs import new_scratch_dir
 from launch.supervisor import TorchrunResult, torchrun
 
 WORKER_MODULE = "hyper_parallel.benchmark.worker"
@@ -53,7 +53,7 @@ class BenchResult:
         return f"BenchResult(ok, {self.payload.get('world_size')} ranks, {self.directory}\n" + "\n".join(lines) + ")"
 
     def _repr_html_(self) -> str:
-        from launch.widgets.display import table
+        from launch.html_table import table
         return table(list(TABLE_HEADER), [list(row) for row in table_rows(self.rows)],
                      caption=f"{self.payload.get('world_size')} ranks, {self.directory}").data if self.ok \
             else f"<pre>{html.escape(repr(self))}</pre>"
@@ -123,7 +123,7 @@ def run_bench(world_size: int = 4, steps: int = 20, warmup: int = 3, out: str | 
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
     BenchModel(**(model or {}))  # unknown fields raise TypeError here, not on every rank
-    directory = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="hp-bench-"))
+    directory = Path(out) if out is not None else new_scratch_dir("hp-bench-")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / BENCH_FILE).unlink(missing_ok=True)
     args = ["--steps", str(steps), "--warmup", str(warmup), "--configs", ",".join(configs or ()),
@@ -165,7 +165,7 @@ TABLE_HEADER = ("config", "ours ms", "torch ms", "ratio [quartiles]", "fwd+bwd r
 
 def bench_table(result: BenchResult):
     """The printed table as a notebook table."""
-    from launch.widgets import table
+    from launch.html_table import table
     return table(list(TABLE_HEADER), [list(row) for row in table_rows(result.rows)],
                  caption="ratio: median of ours/torch over adjacent step pairs (below 1: ours faster); "
                          "bytes/min: bytes on FSDP groups per step over fully_shard's minimum; "
@@ -190,7 +190,7 @@ def bench_figures(result: BenchResult, figures_dir: str | Path | None = None,
 
 def print_bench(result: BenchResult) -> None:
     """What ``python -m launch bench`` prints after a run, and the figures it writes next to bench.json."""
-    from launch.cli import print_table
+    from launch.text_table import print_table
     payload = result.payload
     print(f"\n{payload['world_size']} ranks, {payload['backend']}, torch {payload['torch']}, {payload['steps']} "
           f"alternated pairs per configuration after {payload['warmup']} warm-up steps; model {payload['model']}; "

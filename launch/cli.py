@@ -15,12 +15,12 @@ Invalid degrees exit with status 2 and the rule's message before any worker star
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes import registry
+from launch.text_table import multinode_command, print_table
 
 DEGREE_FLAGS = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "pp")
 EXIT_INVALID = 2
@@ -86,14 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
                         help="two runs side by side (default --out: compare.html next to RUN_A)")
     return parser
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    for index, row in enumerate([header, *rows]):
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
-        if index == 0:
-            print("  ".join("-" * width for width in widths))
 
 
 def cmd_list() -> int:
@@ -178,14 +170,6 @@ def cmd_command(args: argparse.Namespace) -> int:
               "--steps", str(args.steps or spec.steps)]
     print(multinode_command(args.nnodes, args.nproc_per_node, args.rdzv_endpoint, worker))
     return 0
-
-
-def multinode_command(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, worker: list[str]) -> str:
-    """The torchrun line (c10d rendezvous) starting ``worker`` on every node; ``command`` and ``plan`` print it."""
-    argv = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=hyper-parallel", *worker]
-    return ("# run on every node (NCCL is chosen automatically when CUDA devices are present):\n" +
-            " ".join(a if a.startswith("$") or "$" in a.split("=")[-1] else shlex.quote(a) for a in argv))
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:

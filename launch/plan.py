@@ -155,7 +155,7 @@ def make_plan(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rank:
 def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rdzv_endpoint: str) -> str:
     """The multi-node command of ``launch command`` for this layout: the recipe worker when a recipe trains
     this model on these degrees, otherwise the same torchrun line in front of your own training module."""
-    from launch.cli import multinode_command
+    from launch.text_table import multinode_command
     nnodes, per_node = max(1, dims.world_size // gpus_per_node), min(gpus_per_node, dims.world_size)
     explicit = json.dumps({k: v for k, v in dims.degrees().items() if k != "world_size"})
     recipe = _recipe_training(config, dims)
@@ -256,6 +256,9 @@ def print_plan(plan: Plan, command: str) -> None:
           f"{step.middle.compute:.2f} s, critical comm {step.middle.critical:.2f} s, exposed FSDP/HSDP "
           f"{step.middle.exposed:.2f} s, hidden {step.middle.hidden:.2f} s; {step.inter_node_bytes / GIB:.1f} GiB "
           f"per rank cross nodes")
+    if dims.pp > 1:
+        from hyper_parallel.cost_model.pipeline import plan_lines
+        print("\n" + "\n".join(plan_lines(cost.config, dims)))
     for warning in warnings_of(cost, plan.hardware, plan.gpus_per_node):
         print(f"WARNING: {warning}")
     print("\nassumptions:\n" + "\n".join(f"  - {line}" for line in assumptions(cost.config, plan.bandwidth,
@@ -307,7 +310,7 @@ def print_compare(ranked: list[RankedLayout], dims: ParallelDims, top: int, budg
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    from launch.cli import print_table
+    from launch.text_table import print_table
     print_table(header, rows)
 
 

@@ -6,8 +6,8 @@ per rank into the run directory; the result object carries both.
 """
 from __future__ import annotations
 
+import html
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +15,7 @@ from typing import Any, Callable
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, SUMMARY_FILE, TRACE_FILE, load_json, load_traces
+from launch.run_dirs import new_scratch_dir
 from launch.supervisor import TorchrunResult, torchrun
 
 WORKER_MODULE = "hyper_parallel.recipes.worker"
@@ -67,20 +68,50 @@ class RunResult:
         path.write_text(json.dumps(self.summary(), indent=1))
         return path
 
+    def __repr__(self) -> str:
+        """Status, recipe, degrees, numerics, run directory: what a notebook cell should show (the metrics,
+        traces and logs are fields to read, not to print)."""
+        degrees = ", ".join(f"{k}={v}" for k, v in self.dims.degrees().items() if k == "world_size" or v != 1)
+        if self.ok:
+            numbers = (f"max |loss - ref| {self.metrics.get('max_abs_diff'):.3g}, "
+                       f"max |param - ref| {self.metrics.get('max_param_diff'):.3g}")
+        else:
+            numbers = "FAILED: " + ((self.error or "").strip().splitlines() or [""])[-1][:200]
+        return (f"RunResult({self.recipe}, {degrees}, {len(self.metrics.get('losses', []))} steps, {numbers}, "
+                f"{self.process.duration:.1f} s, {self.run_dir})")
+
+    def _repr_html_(self) -> str:
+        summary = self.summary()
+        color = "#2e7d32" if self.ok else "#c62828"
+        rows = [("status", "matches the single-process reference" if self.ok else "FAILED"),
+                ("degrees", ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k == "world_size" or v != 1)),
+                ("losses", ", ".join(f"{x:.6f}" for x in summary["losses"])),
+                ("reference", ", ".join(f"{x:.6f}" for x in summary["reference_losses"])),
+                ("max |loss - ref| / |param - ref|", f"{summary['max_abs_diff']} / {summary['max_param_diff']}"),
+                ("wall time", f"{summary['duration']:.1f} s"), ("run directory", str(self.run_dir))]
+        if not self.ok:
+            rows.append(("error", summary["error"] or ""))
+        body = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left;white-space:pre-wrap'>{html.escape(str(v))}</td></tr>" for k, v in rows)
+        return (f"<div><b style='color:{color}'>{'PASSED' if self.ok else 'FAILED'}</b> "
+                f"<b>{html.escape(self.recipe)}</b><table>{body}</table></div>")
+
 
 def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> dict[str, int]:
     """The degrees of a run: the recipe's defaults when none are given; otherwise the given ones, with
-    world_size the product of the dense degrees when dp_shard is given, else the recipe's world_size."""
+    world_size (when not given) the product of the dense degrees given (``--tp 4`` alone: 4 ranks,
+    dp_shard 1). ep and etp borrow ranks and do not count; given alone they keep the recipe's world."""
     degrees = {k: v for k, v in given.items() if v is not None}
     if not degrees:
         return dict(recipe.default)
+    dense = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
     if "world_size" not in degrees:
-        if degrees.get("dp_shard", -1) != -1:
+        if any(name in degrees for name in dense):
             world = 1
-            for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp"):
-                world *= degrees.get(name, 1)
+            for name in dense:
+                world *= max(degrees.get(name, 1), 1)  # dp_shard -1 (infer) counts as 1
             degrees["world_size"] = world
-        else:
+        else:  # only ep / etp given: they borrow ranks of the recipe's default world
             degrees["world_size"] = recipe.default["world_size"]
     return degrees
 
@@ -92,14 +123,17 @@ def validate(recipe: str, **degrees: int | None) -> tuple[registry.Recipe, Paral
 
 
 def run(recipe: str, *, steps: int | None = None, timeout: float = 300.0, out: str | Path | None = None,
-        seed: int = 0, on_line: Callable[[int, str], None] | None = None,
+        seed: int = 0, overlap: bool | None = None, on_line: Callable[[int, str], None] | None = None,
         on_progress: Callable[[dict], None] | None = None, **degrees: int | None) -> RunResult:
     """Run ``recipe`` on ``torchrun`` workers and compare with its single-process reference.
 
-    ``degrees``: world_size, dp_replicate, dp_shard, cp, tp, ep, etp (pp must stay 1). Raises
+    ``overlap=False`` issues every fully_shard collective synchronously (no prefetch, no reduce-scatter
+    in flight): the same numbers, a timeline without overlap; None follows ``HYPER_PARALLEL_OVERLAP``
+    (on unless it is 0). ``degrees``: world_size, dp_replicate,
+    dp_shard, cp, tp, pp (pipeline recipes only), ep, etp. Raises
     ``ValueError`` before any worker starts when they are invalid.
     """
-    spec = {"recipe": recipe, "steps": steps, "seed": seed, **degrees}
+    spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **degrees}
     run_dir = Path(out) if out is not None else None
     return run_many([spec], timeout=timeout, out=run_dir, on_line=on_line, on_progress=on_progress,
                     run_dirs=[run_dir] if run_dir is not None else None)[0]
@@ -110,7 +144,7 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
              run_dirs: list[Path] | None = None) -> list[RunResult]:
     """Several recipe runs of the same world size in ONE torchrun launch (one process group).
 
-    Each run is ``{"recipe": ..., "steps": ..., "seed": ..., **degrees}`` and gets its own directory
+    Each run is ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees}`` and gets its own directory
     (``out/NN-RECIPE`` unless ``run_dirs`` says otherwise). All runs are validated before anything
     starts. Saves the start-up of a launch per run (importing torch on every rank, rendezvous).
     """
@@ -120,24 +154,28 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
     for spec in runs:
         spec = dict(spec)
         name, steps, seed = spec.pop("recipe"), spec.pop("steps", None), spec.pop("seed", 0)
+        overlap = spec.pop("overlap", None)
+        if overlap not in (None, True, False):
+            raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
         recipe, dims = validate(name, **spec)
         steps = recipe.steps if steps is None else steps
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        prepared.append((recipe, dims, steps, seed))
-    worlds = {dims.world_size for _, dims, _, _ in prepared}
+        prepared.append((recipe, dims, steps, seed, overlap))
+    worlds = {dims.world_size for _, dims, *_ in prepared}
     if len(worlds) != 1:
         raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
-    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="hp-run-"))
+    root = Path(out) if out is not None else new_scratch_dir("hp-run-")
     root.mkdir(parents=True, exist_ok=True)
     dirs = run_dirs or [root / f"{index:02d}-{recipe.name}" for index, (recipe, *_) in enumerate(prepared)]
     batch = []
-    for (recipe, dims, steps, seed), run_dir in zip(prepared, dirs):
+    for (recipe, dims, steps, seed, overlap), run_dir in zip(prepared, dirs):
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
             stale.unlink(missing_ok=True)
         explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
-        batch.append({"recipe": recipe.name, "degrees": explicit, "steps": steps, "seed": seed, "out": str(run_dir)})
+        batch.append({"recipe": recipe.name, "degrees": explicit, "steps": steps, "seed": seed, "overlap": overlap,
+                      "out": str(run_dir)})
     batch_file = root / "batch.json"
     batch_file.write_text(json.dumps(batch, indent=1))
 
@@ -150,7 +188,7 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
     args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, timeout))]
     process = torchrun(WORKER_MODULE, worlds.pop(), args=args, timeout=timeout, on_line=forward_line, run_dir=root)
     results = []
-    for (recipe, dims, _, _), run_dir in zip(prepared, dirs):
+    for (recipe, dims, *_), run_dir in zip(prepared, dirs):
         result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir),
                            run_dir)
         result.save_summary()

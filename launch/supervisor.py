@@ -1,17 +1,22 @@
 """Run a script or module under ``torchrun`` on this machine and always clean up after it.
 
-Why it works the way it does (measured with torch 2.13, see DESIGN.md section 8):
+Why it works the way it does (measured with torch 2.13):
 
 * Per-rank output: torchrun runs with ``--redirects 3 --log-dir ...`` and this module follows
   the per-rank ``stdout.log``/``stderr.log`` files itself: the file gives the rank, so nothing
   parses a prefix.  ``--tee`` instead re-prints with a ``[default0]:`` prefix and splits a line
   written in two parts, so one console line can mix ranks (``[default0]:a[default1]:b``).
-* Loopback: ``--standalone`` picks a free port without races, ``--local-addr 127.0.0.1`` hands
-  workers a loopback ``MASTER_ADDR`` and gloo is pinned to the loopback interface.  torch
-  2.13's TCPStore servers still listen on all interfaces, whatever endpoint is given.
+* Loopback: torchrun runs through ``launch.local_agent``, whose rendezvous store listens on a
+  socket bound to 127.0.0.1 (plain torchrun's listens on all interfaces); gloo is pinned to the
+  loopback interface.  Ports are the kernel's choice for sockets held open, so concurrent
+  launches cannot collide; each launch claims its run directory (``launch.run_dirs``).
 * Cleanup: torchrun starts every worker in its own session, so ending torchrun's process group
   leaves workers alive.  Each descendant seen during the run is remembered (psutil) and ended
-  explicitly: SIGTERM, a short grace, then SIGKILL.
+  explicitly: SIGTERM, a short grace, then SIGKILL.  If this process dies instead (SIGKILL, a
+  kernel restart), the kernel ends the agent and every rank (``PR_SET_PDEATHSIG`` in
+  ``launch.local_agent`` and ``hyper_parallel.rank_lifetime``).
+* Exits: every rank runs through ``hyper_parallel.rank_lifetime``, which records when its work
+  has finished; a rank killed by a signal after that is reported as a crash at exit.
 * Hangs: at the deadline workers first get SIGABRT; with ``PYTHONFAULTHANDLER=1`` each writes
   its Python stack to its log before dying, which shows where it was stuck.
 """
@@ -19,18 +24,22 @@ Why it works the way it does (measured with torch 2.13, see DESIGN.md section 8)
 from __future__ import annotations
 
 import os
-import re
 import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Mapping, Sequence
 
 import psutil
+
+from hyper_parallel.rank_lifetime import STATUS_DIR_ENV
+from launch.failure_report import failure, timeout_error
+from launch.run_dirs import claimed, new_scratch_dir
 
 POLL_SECONDS = 0.1
 PID_REFRESH_SECONDS = 0.25
@@ -39,11 +48,10 @@ TERM_GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 2.0
 PIPE_DRAIN_SECONDS = 1.0
 TORCHRUN_SHUTDOWN_SECONDS = 3  # torchrun's own SIGTERM-to-SIGKILL grace for workers (default 30)
-MAX_ERROR_LINES = 60
-TRACEBACK_HEADER = "Traceback (most recent call last):"
-CHAINED_TRACEBACK = ("During handling of the above exception", "The above exception was the direct cause")
-ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
-ROOT_FIELD_RE = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
+
+LAUNCHER_PID_ENV = "HYPER_PARALLEL_LAUNCHER_PID"  # launch.local_agent dies with this process
+RENDEZVOUS_BACKEND = "hyper-parallel-loopback"  # registered by launch.local_agent
+LOOPBACK = "127.0.0.1"
 
 LineCallback = Callable[[int, str], None]
 
@@ -62,6 +70,13 @@ class TorchrunResult:
     timed_out: bool
     duration: float
     command: list[str]
+
+    def __repr__(self) -> str:
+        """Status, duration, run directory and the error's last line; ``logs`` hold the rest."""
+        status = "ok" if self.ok else ("timed out" if self.timed_out else f"failed (exit {self.returncode})")
+        blame = f", rank {self.failed_rank}" if self.failed_rank is not None else ""
+        last = ((self.error or "").strip().splitlines() or [""])[-1][:200]
+        return f"TorchrunResult({status}{blame}, {self.duration:.1f} s, {self.run_dir}" + (f": {last})" if last else ")")
 
 
 class _LineSplitter:
@@ -85,6 +100,7 @@ class _Output:
         self._pipe, self._log_dir, self._nproc, self._emit = pipe, log_dir, nproc, emit
         self._pipe_lines = _LineSplitter()
         self._files: dict[Path, tuple[int, BinaryIO, _LineSplitter]] = {}
+        self.stderr: dict[int, list[str]] = {}  # each rank's stderr.log alone (logs mix both streams)
         self._selector = selectors.DefaultSelector()
         self._selector.register(pipe, selectors.EVENT_READ)
 
@@ -106,19 +122,24 @@ class _Output:
                     self._files[path] = (int(path.parent.name), open(path, "rb"), _LineSplitter())
             by_rank_stdout_first = sorted(self._files.items(), key=lambda kv: (kv[1][0], kv[0].name != "stdout.log"))
             self._files = dict(by_rank_stdout_first)
-        for rank, handle, lines in self._files.values():
+        for path, (rank, handle, lines) in self._files.items():
             for line in lines.feed(handle.read()):
-                self._emit(rank, line)
+                self._forward(rank, path, line)
         return pipe_open
+
+    def _forward(self, rank: int, path: Path | None, line: str) -> None:
+        if path is not None and path.name == "stderr.log":
+            self.stderr.setdefault(rank, []).append(line)
+        self._emit(rank, line)
 
     def drain(self, budget: float) -> None:
         """Read what is left once the processes are gone; bounded in case a stray holds the pipe."""
         deadline = time.monotonic() + budget
         while self.pump(0.05) and time.monotonic() < deadline:
             pass
-        for rank, lines in [(-1, self._pipe_lines)] + [(rank, lines) for rank, _, lines in self._files.values()]:
+        for path, (rank, _, lines) in [(None, (-1, None, self._pipe_lines)), *self._files.items()]:
             for line in lines.flush():
-                self._emit(rank, line)
+                self._forward(rank, path, line)
 
     def close(self) -> None:
         self._selector.close()
@@ -197,7 +218,8 @@ class _ProcessTree:
             pass
 
 
-def _build_command(target: str, nproc: int, args: Sequence[str], log_dir: Path) -> list[str]:
+def _target_entry(target: str) -> list[str]:
+    """``[SCRIPT]`` or ``["-m", MODULE]``; ``ValueError`` for a target that is neither."""
     if target.endswith(".py") or os.path.isfile(target):
         script = Path(target).expanduser().resolve()
         if not script.is_file():
@@ -207,76 +229,29 @@ def _build_command(target: str, nproc: int, args: Sequence[str], log_dir: Path) 
         entry = ["-m", target]
     else:
         raise ValueError(f"target {target!r} is neither an existing file nor a dotted module name such as 'pkg.train'")
+    return entry
+
+
+def _build_command(entry: list[str], nproc: int, args: Sequence[str], log_dir: Path) -> list[str]:
+    """``launch.local_agent`` (torchrun on loopback) running the entry through ``rank_lifetime``."""
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+        sys.executable, "-m", "launch.local_agent", "--nnodes", "1", "--rdzv-backend", RENDEZVOUS_BACKEND,
+        "--rdzv-endpoint", f"{LOOPBACK}:0", "--rdzv-id", uuid.uuid4().hex, "--local-addr", LOOPBACK,
         "--nproc-per-node", str(nproc), "--log-dir", str(log_dir), "--redirects", "3",
-        "--shutdown-timeout", str(TORCHRUN_SHUTDOWN_SECONDS), *entry, *args,
+        "--shutdown-timeout", str(TORCHRUN_SHUTDOWN_SECONDS), "-m", "hyper_parallel.rank_lifetime", *entry, *args,
     ]  # fmt: skip
 
 
-def _child_env(run_dir: Path, overrides: Mapping[str, str] | None) -> dict[str, str]:
+def _child_env(run_dir: Path, log_dir: Path, overrides: Mapping[str, str] | None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     env["HYPER_PARALLEL_RUN_DIR"] = str(run_dir)
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # the agent dies with this process
+    env[STATUS_DIR_ENV] = str(log_dir)  # where each rank records that its work finished
     loopback = [name for name, addrs in psutil.net_if_addrs().items() if any(a.address == "127.0.0.1" for a in addrs)]
     if loopback and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = loopback[0]
     env.update({key: str(value) for key, value in (overrides or {}).items()})
     return env
-
-
-def _error_lines(lines: list[str]) -> list[str]:
-    """The last (possibly chained) Python traceback in ``lines``, else a faulthandler stack dump."""
-    starts = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEADER]
-    if starts:
-        begin = starts[-1]
-        for previous in reversed(starts[:-1]):
-            if not any(line.startswith(CHAINED_TRACEBACK) for line in lines[previous:begin]):
-                break
-            begin = previous
-        return lines[begin:][-MAX_ERROR_LINES:]
-    dumps = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
-    stack = []
-    for line in lines[dumps[-1] :] if dumps else []:
-        if line.startswith("Extension modules:"):
-            break
-        if "<frozen importlib." not in line:
-            stack.append(line)
-    return stack[:MAX_ERROR_LINES]
-
-
-def _describe_exit(code: int) -> str:
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name} (exit code {code})"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-def _failure(logs: dict[int, list[str]], returncode: int) -> tuple[int, str]:
-    """Blame the rank torchrun names as root cause, else the first rank with a traceback."""
-    torchrun_lines = logs[-1]
-    markers = [i for i, line in enumerate(torchrun_lines) if ROOT_CAUSE_MARKER in line]
-    fields: dict[str, int] = {}
-    for match in map(ROOT_FIELD_RE.match, torchrun_lines[markers[-1] :] if markers else []):
-        if match:
-            fields.setdefault(match[1], int(match[2]))
-    if "rank" not in fields:
-        with_traceback = [rank for rank in sorted(logs) if rank >= 0 and _error_lines(logs[rank])]
-        if not with_traceback:
-            tail = "\n".join(torchrun_lines[-20:]) or "(none)"
-            return -1, f"torchrun failed, {_describe_exit(returncode)}, without naming a rank; its last output:\n{tail}"
-        fields["rank"] = with_traceback[0]
-    rank, lines = fields["rank"], logs.get(fields["rank"], [])
-    detail = _error_lines(lines) or ["no Python traceback; last output lines:", *lines[-10:]]
-    return rank, "\n".join([f"rank {rank} failed: {_describe_exit(fields.get('exitcode', returncode))}", *detail])
-
-
-def _timeout_error(logs: dict[int, list[str]], ranks: list[int], timeout: float) -> str:
-    parts = [f"timed out after {timeout:g} s; ranks still running: {ranks} (their stacks at the deadline follow)"]
-    for rank in ranks:
-        parts += [f"--- rank {rank} ---", *(_error_lines(logs.get(rank, [])) or ["(no stack dump)"])]
-    return "\n".join(parts)
 
 
 def _watch(proc: subprocess.Popen, tree: _ProcessTree, output: _Output, start: float, timeout: float) -> list[int] | None:
@@ -311,8 +286,11 @@ def torchrun(
     Every output line goes to ``on_line(rank, line)`` as it arrives (rank -1: torchrun).  On a
     failing or killed rank, a run longer than ``timeout`` seconds, or an exception in the
     caller (KeyboardInterrupt, or one raised by ``on_line``), torchrun and all its workers are
-    ended before this returns or re-raises, at most about 8 s after the deadline.  Workers get
-    ``OMP_NUM_THREADS=1`` and ``HYPER_PARALLEL_RUN_DIR=run_dir``; ``env`` overrides anything.
+    ended before this returns or re-raises, at most about 8 s after the deadline; if this
+    process dies, the kernel ends them.  Workers get ``OMP_NUM_THREADS=1`` and
+    ``HYPER_PARALLEL_RUN_DIR=run_dir``; ``env`` overrides anything.  Without ``run_dir`` the run
+    gets a fresh scratch directory (``launch.run_dirs``); with one, no other launch may be
+    using it at the same time (``RuntimeError``).
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int (number of worker processes), got {nproc!r}")
@@ -320,10 +298,17 @@ def torchrun(
         raise ValueError(f"args must be a sequence of strings such as ['--steps', '5'], got the string {args!r}")
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="hyper_parallel_run_")).resolve()
+    entry = _target_entry(target)
+    run_dir = Path(run_dir or new_scratch_dir("run-")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    with claimed(run_dir):
+        return _launch(entry, nproc, [str(arg) for arg in args], timeout, on_line, env, run_dir)
+
+
+def _launch(entry: list[str], nproc: int, args: list[str], timeout: float, on_line: LineCallback | None,
+            env: Mapping[str, str] | None, run_dir: Path) -> TorchrunResult:
     log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=run_dir))  # fresh: never tail an old run
-    command = _build_command(target, nproc, [str(arg) for arg in args], log_dir)
+    command = _build_command(entry, nproc, args, log_dir)
     logs: dict[int, list[str]] = {rank: [] for rank in range(-1, nproc)}
 
     def emit(rank: int, line: str) -> None:
@@ -337,7 +322,7 @@ def torchrun(
     start = time.monotonic()
     proc = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=_child_env(run_dir, env), start_new_session=True,  # Ctrl-C reaches us, not torchrun
+        env=_child_env(run_dir, log_dir, env), start_new_session=True,  # Ctrl-C reaches us, not torchrun
     )  # fmt: skip
     tree, output = _ProcessTree(proc), _Output(proc.stdout, log_dir, nproc, emit)
     try:
@@ -354,9 +339,9 @@ def torchrun(
     failed_rank, error = None, None
     if timed_out:
         failed_rank = running_ranks[0] if running_ranks else -1
-        error = _timeout_error(logs, running_ranks, timeout)
+        error = timeout_error(logs, running_ranks, timeout)
     elif returncode != 0:
-        failed_rank, error = _failure(logs, returncode)
+        failed_rank, error = failure(logs, output.stderr, returncode, log_dir)
     return TorchrunResult(
         ok=returncode == 0 and not timed_out, returncode=returncode, logs=logs, run_dir=run_dir,
         failed_rank=failed_rank, error=error, timed_out=timed_out,

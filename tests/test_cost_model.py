@@ -32,11 +32,17 @@ def _label(recipe: str, degrees: dict) -> str:
                                                             if k != "world_size" and v != 1)
 
 
+def _is_pipeline(recipe: str) -> bool:
+    """Pipeline recipes (P1, P2, ...): the cost model has their P2P bytes and bubble (cost_model.pipeline,
+    tested below), not yet their per-stage fully_shard units and schedule-dependent gather counts."""
+    return RECIPES[recipe].implementation.startswith("hyper_parallel.recipes.pipeline:")
+
+
 def _runs():
     """Every run of the session: the matrix (M4, M6, M7, S1, S2 and the rest) and EXTRA_RUNS (but the runs
     without overlap: the same collectives as their overlapping twins, which tests/test_overlap.py checks)."""
     for recipe, _, degrees in [*matrix(), *((name, -1, degrees) for name, degrees in EXTRA_RUNS)]:
-        if "overlap" in degrees:
+        if "overlap" in degrees or _is_pipeline(recipe):
             continue
         yield pytest.param(recipe, degrees, marks=pytest.mark.distributed, id=_label(recipe, degrees))
 
@@ -181,7 +187,38 @@ def test_ulysses_head_rule_in_the_cost_model():
         get_model("small").replace(sequence_scheme="zigzag")
 
 
-@pytest.mark.parametrize("recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix()])
+@pytest.mark.distributed
+@pytest.mark.parametrize("recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix()
+                                             if _is_pipeline(r)])
+def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_results):
+    """Every rank's send/recv bytes of one step, by phase, equal cost_model.pipeline.p2p_bytes.
+
+    By hand for P1 on (pp=2, dp_shard=2): each data-parallel rank has 8/2 = 4 rows, 4 microbatches of 1
+    row; the hidden states crossing the boundary are 1 x 16 x 32 fp32 = 2048 B. Stage 0 sends 4 x 2048 =
+    8192 B forward and receives as much backward; stage 1 the mirror image. Interleaved (P1-I): each
+    rank's two stages both cross a boundary each way but stage 0 / stage 3 on one side only, so rank 0
+    sends 16384 B forward and 8192 B backward. TP (P2) changes nothing: every tp rank sends its replica.
+    """
+    from hyper_parallel.cost_model.pipeline import boundary_bytes, p2p_bytes
+    result = result_of(recipe, degrees, recipe_results)
+    assert result.ok, result.error
+    dims = ParallelDims(**degrees)
+    notes = result.metrics["notes"]
+    message = boundary_bytes(rows=8 // dims.dp // notes["microbatches"], seq_len=16, d_model=32)
+    assert message == notes["boundary_bytes"]
+    for rank, events in result.traces.items():
+        traced = {key: 0 for key in (("send", "forward"), ("recv", "forward"), ("send", "backward"),
+                                     ("recv", "backward"))}
+        for event in events:
+            if event["kind"] == "collective" and event["group"] == "pp" and event["step"] == 1:
+                traced[(event["op"], event["phase"])] += event["bytes"]
+        expected = p2p_bytes(dims.pp, dims.coordinates(rank)["pp"], notes["microbatches"], message,
+                             notes["stages_per_rank"])
+        assert traced == expected, (rank, traced, expected)
+
+
+@pytest.mark.parametrize("recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix()
+                                             if not _is_pipeline(r)])
 def test_counts_equal_the_hand_derived_counts(recipe, degrees):
     counts = estimate(recipe_model(recipe), ParallelDims(**degrees)).counts()
     assert counts == dict(+expected_collectives(recipe, degrees))  # unary + drops zero counts

@@ -79,7 +79,7 @@ def test_success_streams_lines_attributed_to_their_rank(tmp_path):
         assert f"rank {rank} sum 2" in result.logs[rank]  # a rank's last line is not lost
         assert not [line for line in result.logs[rank] if f"rank {other}" in line]
     assert {rank for rank, _ in seen} >= {0, 1}
-    assert result.command[1:3] == ["-m", "torch.distributed.run"]
+    assert result.command[1:3] == ["-m", "launch.local_agent"]
     assert result.run_dir == tmp_path.resolve()
 
 
@@ -97,9 +97,19 @@ def test_raising_rank_reports_its_traceback(tmp_path):
 def test_sigkilled_rank_is_reported(tmp_path):
     result = _launch("sigkill", tmp_path)
     assert not result.ok and not result.timed_out
-    assert result.failed_rank == 1
-    assert "SIGKILL" in result.error
+    assert result.failed_rank == 1  # not rank 0, which fails after it with gloo's "Connection reset by peer"
+    assert "SIGKILL" in result.error and "while running" in result.error and "crashed at exit" not in result.error
     _assert_both_ranks_started(tmp_path)
+
+
+@pytest.mark.distributed
+def test_abort_after_the_work_finished_is_reported_as_a_crash_at_exit(tmp_path):
+    """Rank 1 completes the all_reduce (sum 2 = 1 + 1, as on rank 0), then aborts in an exit handler."""
+    result = _launch("abort_at_exit", tmp_path)
+    assert not result.ok and result.failed_rank == 1
+    assert "rank 1 sum 2" in result.logs[1]
+    assert result.error.startswith("rank 1 crashed at exit: killed by SIGABRT")
+    assert "rank 1 registers an abort at exit" in result.error  # the rank's last stderr lines are shown
 
 
 @pytest.mark.distributed

@@ -1,4 +1,4 @@
-"""Mesh algebra (DESIGN.md §3): ParallelDims validation, derived degrees, group rank lists,
+"""Mesh algebra (docs/design.md §2): ParallelDims validation, derived degrees, group rank lists,
 check_model shape rules, valid_choices, and the DeviceMeshes built by MeshViews.
 
 Every expected number below is written literally or derived by the simple arithmetic stated next
@@ -71,13 +71,11 @@ INVALID = [
                  id="infer-tp4-ws10"),
     pytest.param(dict(world_size=7, dp_replicate=2),
                  ["cannot infer dp_shard", "2*1*1*1 = 2", "nearest valid world_size: 8"], id="infer-ws7"),
-    # --- pipeline parallelism is out of scope ---
-    pytest.param(dict(world_size=8, pp=2),
-                 ["pipeline parallelism is out of scope", "pp=2", "use pp=1"], id="pp2"),
-    pytest.param(dict(world_size=16, dp_shard=4, pp=4),
-                 ["pipeline parallelism is out of scope", "pp=4"], id="pp4-equation-holds"),
+    # --- pp is a factor of the world-size equation like the others ---
     pytest.param(dict(world_size=8, pp=3),
-                 ["pipeline parallelism is out of scope", "pp=3"], id="pp3-checked-before-equation"),
+                 ["cannot infer dp_shard", "1*1*1*3 = 3", "nearest valid world_size: 9"], id="infer-pp3"),
+    pytest.param(dict(world_size=16, dp_shard=4, pp=2, tp=4),
+                 ["world-size equation violated", "1*4*1*4*2 = 32 != world_size=16"], id="ws-pp2"),
     # --- etp > 1 requires ep > 1 ---
     pytest.param(dict(world_size=8, tp=2, etp=2),
                  ["etp=2 requires ep > 1", "set etp=1", "etp in {1, tp=2}"], id="etp2-ep1"),
@@ -184,8 +182,6 @@ def _check_hints(kwargs: dict, message: str) -> None:
             ParallelDims(**{**kwargs, "ep": ep, "etp": etp})
     if "requires ep > 1" in message and "set etp=1" in message:
         ParallelDims(**{**kwargs, "etp": 1})
-    if "pipeline parallelism" in message and kwargs.get("dp_shard", -1) == -1:
-        ParallelDims(**{**kwargs, "pp": 1})
 
 
 @pytest.mark.parametrize("kwargs, fragments", INVALID)
@@ -200,7 +196,7 @@ def test_invalid_degrees_raise_with_their_own_message(kwargs, fragments):
 
 def test_invalid_case_count_and_rule_coverage():
     assert len(INVALID) >= 30
-    rules = ["world-size equation violated", "cannot infer dp_shard", "pipeline parallelism",
+    rules = ["world-size equation violated", "cannot infer dp_shard",
              "requires ep > 1", "must be 1 or equal to tp", "etp == tp", "etp == 1",
              "must be an integer", "must be >= 1"]
     for rule in rules:
@@ -213,11 +209,43 @@ def test_minus_one_hint_only_for_dp_shard():
     assert "(or -1" not in str(info.value)
 
 
-def test_pp_is_rejected_before_the_world_size_equation():
+def test_pp_is_the_outermost_dim_of_every_view():
+    """pp=2, dp_shard=2, tp=2 on 8 ranks, by hand: stage s holds the contiguous ranks 4s..4s+3, so the pp
+    groups pair rank r with r+4; inside a stage the mesh is the pp=1 mesh of 4 ranks shifted by 4s."""
+    dims = ParallelDims(world_size=8, pp=2, dp_shard=2, tp=2)
+    assert all(view[0] == ("pp", 2) for view in dims.views().values())
+    assert dims.group_ranks("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert dims.group_ranks("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert dims.group_ranks("fsdp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert dims.coordinates(6)["pp"] == 1 and dims.coordinates(6)["dp"] == 1
+    sparse = ParallelDims(world_size=8, pp=2, dp_shard=4, ep=2).views()["sparse"]
+    assert sparse == (("pp", 2), ("dp_replicate", 1), ("efsdp", 2), ("ep", 2))
+    assert "pp" not in dict(ParallelDims(world_size=8).views()["dense"])  # pp=1 views unchanged
+
+
+@pytest.mark.parametrize("dims_kwargs, model, fragments", [
+    (dict(world_size=4, pp=2), dict(n_layers=3),
+     ["n_layers=3 must be divisible by pp*stages_per_rank = 2*1 = 2", "valid pp for 3 layers: [3]",
+      "nearest valid n_layers: 4"]),
+    (dict(world_size=4, pp=2), dict(n_layers=4, stages_per_rank=4),
+     ["n_layers=4 must be divisible by pp*stages_per_rank = 2*4 = 8", "nearest valid n_layers: 8"]),
+    (dict(world_size=8, pp=4), dict(n_layers=8, microbatches=2),
+     ["microbatches=2 must be >= the number of stages pp*stages_per_rank = 4"]),
+    (dict(world_size=4, pp=2, dp_shard=2), dict(n_layers=4, microbatches=3, global_batch=8),
+     ["each data-parallel rank's 4 rows (global_batch=8 / dp=2) must split into microbatches=3",
+      "valid microbatches: [2, 4]"]),
+])
+def test_pipeline_model_rules(dims_kwargs, model, fragments):
+    """Each pipeline rule raises with its numbers; the suggested fix (first valid value) passes."""
+    dims = ParallelDims(**dims_kwargs)
     with pytest.raises(ValueError) as info:
-        ParallelDims(world_size=8, pp=3)
-    assert "world-size equation violated" not in str(info.value)
-    assert "cannot infer" not in str(info.value)
+        dims.check_model(**model)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+    if "nearest valid n_layers" in str(info.value):
+        dims.check_model(**{**model, "n_layers": int(str(info.value).rsplit(": ", 1)[1])})
+    if "valid microbatches" in str(info.value):
+        dims.check_model(**{**model, "microbatches": 4})
 
 
 def test_etp_requires_ep_is_checked_before_etp_in_1_tp():
@@ -314,7 +342,7 @@ def test_check_model(dims_kwargs, model, fragments, hinted):
 
 
 # --------------------------------------------------------------------------------------------
-# 3. valid combinations and their derived degrees (computed by hand from DESIGN §3)
+# 3. valid combinations and their derived degrees (computed by hand from the rules of docs/design.md §2)
 #    fsdp = dp_shard*cp, dp = dp_replicate*dp_shard, dp_cp = dp_replicate*dp_shard*cp,
 #    efsdp = dp_shard*cp*tp // (ep*etp); dp_shard=-1 -> world_size // (dp_replicate*cp*tp*pp)
 # --------------------------------------------------------------------------------------------
@@ -503,7 +531,7 @@ def test_group_ranks_match_hand_derivation(kwargs, expected):
     dims = ParallelDims(**kwargs)
     for dim in ALL_DIMS:
         if dim not in expected:
-            # etp == 1: the sparse view has no etp dim (DESIGN §3: (dp_replicate, efsdp, ep[, etp]));
+            # etp == 1: the sparse view has no etp dim (docs/design.md §2: (dp_replicate, efsdp, ep[, etp]));
             # ep == 1: there is no sparse view at all
             assert dims.etp == 1 and (dim == "etp" or dims.ep == 1)
             with pytest.raises(ValueError, match=rf"there is no '{dim}' dim"):
@@ -530,7 +558,7 @@ def test_group_of_and_unknown_dim():
         dims.group_of("tp", 8)
     with pytest.raises(ValueError, match=r"rank -1 is outside world_size=8"):
         dims.group_of("tp", -1)
-    with pytest.raises(ValueError, match=r"unknown mesh dim 'pp'"):
+    with pytest.raises(ValueError, match=r"unknown mesh dim 'pp'"):  # pp=1: no pp dim
         dims.group_ranks("pp")
     with pytest.raises(ValueError, match=r"unknown mesh dim 'foo'"):
         dims.group_ranks("foo")
@@ -683,3 +711,20 @@ def test_valid_choices_fixed():
     assert ParallelDims(**LAYOUT_A) in choices and ParallelDims(**LAYOUT_B3) in choices
     assert ParallelDims(**LAYOUT_B2) not in choices
     assert valid_choices(8, fixed={"tp": 3}) == []
+
+
+@pytest.mark.parametrize("rank", [0, 6])
+def test_device_mesh_with_pp(rank):
+    """pp=2 x dp_shard=2 x tp=2: the real DeviceMeshes give the pp groups (r, r+4) and, inside rank's stage,
+    the same (fsdp, tp) submeshes as a 4-rank run shifted by 4 * stage; a stage's fully_shard mesh
+    views["dp_replicate", "fsdp"] stays inside its stage."""
+    dims = ParallelDims(world_size=8, pp=2, dp_shard=2, tp=2)
+    with fake_process_group(8, rank) as dist:
+        views = dims.build_mesh("cpu")
+        assert views.dense.mesh_dim_names == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+        assert views.all_group_ranks("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+        assert dist.get_process_group_ranks(views["pp"].get_group()) == [rank % 4, rank % 4 + 4]
+        stage = rank // 4
+        fsdp = views["dp_replicate", "fsdp"]
+        assert fsdp.mesh_dim_names == ("dp_replicate", "fsdp")
+        assert sorted(fsdp.mesh.flatten().tolist()) == [4 * stage + rank % 2, 4 * stage + rank % 2 + 2]

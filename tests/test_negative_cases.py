@@ -1,4 +1,4 @@
-"""Negative cases (seed 002 §2.4, §9): each illegal configuration exits non-zero with its rule's message,
+"""Negative cases: each illegal configuration exits non-zero with its rule's message,
 fast, before any worker starts (no run directory appears). The same list is in the README."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ NEGATIVE_CASES = [
     pytest.param(["run", "S1", "--world", "8", "--dp-shard", "8", "--ep", "8"],
                  "num_experts=4 must be divisible by ep=8", id="experts-not-divisible"),
     pytest.param(["run", "M4", "--world", "4", "--dp-shard", "2", "--pp", "2"],
-                 "pipeline parallelism is out of scope for this workbook: pp=2", id="pp-greater-than-1"),
+                 "recipe M4 (FSDP only) does not pipeline: it needs pp=1, got pp=2", id="pp-on-a-recipe-without-stages"),
     pytest.param(["run", "M99"], "unknown recipe 'M99'", id="unknown-recipe"),
     pytest.param(["run", "M4", "--dp-shard", "2", "--tp", "2"], "recipe M4 (FSDP only) needs tp=1",
                  id="recipe-constraint"),

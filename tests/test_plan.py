@@ -101,7 +101,7 @@ def test_8192_ranks():
     ["--world", "8", "--dp-replicate", "2", "--dp-shard", "2"],           # world-size equation
     ["--world", "8", "--dp-shard", "4", "--tp", "2", "--ep", "2", "--etp", "4"],  # illegal etp
     ["--world", "8", "--tp", "4", "--ep", "2"],                            # ep does not fit
-    ["--world", "4", "--dp-shard", "2", "--pp", "2"],                      # pp > 1
+    ["--world", "4", "--dp-shard", "2", "--pp", "3"],                      # pp in the world-size equation
     ["--world", "4096", "--dp-replicate", "3"],                            # dp_shard cannot be inferred
 ])
 def test_invalid_degrees_exit_2_with_the_message_of_launch_check(degrees, capsys):

@@ -61,6 +61,8 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     dims = ParallelDims(**d)  # only to infer dp_shard
     tp, cp, dp_replicate, fsdp = dims.tp, dims.cp, dims.dp_replicate, dims.dp_shard * dims.cp
     workload = RECIPES[recipe].implementation.split(".")[-1]
+    if workload.startswith("pipeline:"):
+        return expected_pipeline_collectives(workload.split(":")[1], dims)
     moe = workload.startswith("moe:")
     moe_layers = 1 if moe else 0                     # MOE_CONFIG.moe_layers == (1,)
     dense_layers = LAYERS - moe_layers
@@ -114,6 +116,59 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
             expected[("reduce_scatter", "efsdp", "backward")] = moe_layers
         if dp_replicate > 1:
             expected[("all_reduce", "dp_replicate", "backward")] += moe_layers
+    return expected
+
+
+MICROBATCHES = 4     # hyper_parallel.recipes.pipeline.MICROBATCHES
+PP_LAYERS = 4        # PIPELINE_CONFIG.n_layers
+
+
+def expected_pipeline_collectives(schedule: str, dims: ParallelDims) -> Counter:
+    """Hand-derived collectives of one step on rank 0 of a pipeline recipe (pp=2, m=4 microbatches).
+
+    Rank 0 holds stage 0 (the embedding and the first layers; interleaved: stage 0 = embedding + layer 0,
+    and stage 2 = layer 2). P2P per microbatch: a stage that is not the last sends its output forward
+    and receives its gradient backward; one that is not the first receives its input and sends the
+    input's gradient.
+    fully_shard (fsdp > 1): a layer unit all-gathers in every forward and every backward and reduce-
+    scatters in every backward (m each: our fully_shard is not torch's FSDPModule, so the schedule
+    cannot defer the reduction to the last microbatch). A root unit (the stage module; a lone layer
+    stage is its own root) stays gathered from its forward until a backward reshards it, so it gathers
+    only when it finds itself resharded. Rank 0's orders: GPipe F0 F1 F2 F3 B0 B1 B2 B3 -> 1 forward
+    and 3 backward gathers; 1F1B F0 F1 B0 F2 B1 F3 B2 B3 -> F0, F2, F3 and B3: 3 forward, 1 backward;
+    interleaved (microbatches in rounds of pp=2): stage 0 runs F0-F3 before B0 (1 + 3), stage 2
+    F0 F1 B0 B1 F2 F3 B2 B3 (F0, F2; B1, B3: 2 + 2).
+    P3 adds S1's all-to-alls of the MoE layer per microbatch (efsdp = 1 on its mesh: no expert gathers).
+    TP without SP on stage 0 per microbatch: forward all-reduces after the embedding and wo, w2 of each
+    layer (1 + 2 L_s), backward the input gradients of wq, wk, wv, w1 (4 L_s).
+    """
+    moe = schedule == "expert_parallel"  # P3: 1F1B, layer 1 of stage 0 a MoE with experts over ep
+    schedule = "one_f_one_b" if moe else schedule
+    m, stages_per_rank = MICROBATCHES, 2 if schedule == "interleaved" else 1
+    layers_per_stage = PP_LAYERS // (dims.pp * stages_per_rank)
+    expected: Counter = Counter()
+    stages = [0, 2] if schedule == "interleaved" else [0]
+    last = dims.pp * stages_per_rank - 1
+    for stage in stages:
+        if stage != last:
+            expected[("send", "pp", "forward")] += m
+            expected[("recv", "pp", "backward")] += m
+        if stage != 0:
+            expected[("recv", "pp", "forward")] += m
+            expected[("send", "pp", "backward")] += m
+    if dims.fsdp > 1:
+        root_gathers = {"gpipe": (1, m - 1), "one_f_one_b": (m - 1, 1), "interleaved": (1 + 2, 3 + 2)}[schedule]
+        layer_units = layers_per_stage * len(stages) - (1 if schedule == "interleaved" else 0)  # layer 2 is a root
+        roots = len(stages)
+        expected[("all_gather", "fsdp", "forward")] = m * layer_units + root_gathers[0]
+        expected[("all_gather", "fsdp", "backward")] = m * layer_units + root_gathers[1]
+        expected[("reduce_scatter", "fsdp", "backward")] = m * (layer_units + roots)
+    if dims.tp > 1:
+        expected[("all_reduce", "tp", "forward")] = m * (1 + 2 * layers_per_stage)
+        expected[("all_reduce", "tp", "backward")] = m * 4 * layers_per_stage
+    if moe:  # per microbatch as in S1: counts + dispatch + combine forward, two backward; efsdp = 1 here
+        expected[("all_to_all", "ep", "forward")] = 3 * m
+        expected[("all_to_all", "ep", "backward")] = 2 * m
     return expected
 
 

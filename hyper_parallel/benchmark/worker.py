@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from hyper_parallel import trace
+from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchConfig, BenchModel, configurations
 from hyper_parallel.benchmark.measure import (resident_bytes, synchronize, timed_step, trace_torch_fsdp,
                                               transient_peak_bytes)
@@ -41,7 +42,7 @@ from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.recipes.batches import data_parallel_rows
-from hyper_parallel.run_files import trace_path
+from hyper_parallel.run_files import TRACE_FORMAT, trace_path
 
 LEARNING_RATE = 1e-3
 MEMORY_STEPS = 3
@@ -78,7 +79,7 @@ class Trainer:
         return forward_backward
 
 
-def build_model(impl: str, base: Transformer, dims: ParallelDims, views: MeshViews) -> torch.nn.Module:
+def build_model(impl: str, base: Transformer, dims: ParallelDims, views: MeshViews, overlap: bool) -> torch.nn.Module:
     """A copy of ``base`` with TP (if tp > 1) and then one fully_shard unit per block + the root.
 
     Both implementations get the same data-parallel mesh: (dp_replicate, fsdp) for HSDP, the 1-D fsdp
@@ -91,6 +92,8 @@ def build_model(impl: str, base: Transformer, dims: ParallelDims, views: MeshVie
     for layer in model.layers:
         shard(layer, mesh=mesh)
     shard(model, mesh=mesh)
+    if impl == "ours":
+        model.set_overlap(overlap)
     return model
 
 
@@ -121,7 +124,7 @@ def _profile(trainer: Trainer, path: Path, steps: int = 3) -> None:
 
 
 def run_config(config: BenchConfig, shape: BenchModel, steps: int, warmup: int, out: Path,
-               device: torch.device, profile: bool = False) -> dict:
+               device: torch.device, profile: bool = False, overlap: bool = True) -> dict:
     dims = ParallelDims(**config.degrees)
     views = dims.build_mesh(device.type)
     model_config = TransformerConfig(vocab_size=shape.vocab_size, d_model=shape.d_model, n_heads=shape.n_heads,
@@ -130,7 +133,8 @@ def run_config(config: BenchConfig, shape: BenchModel, steps: int, warmup: int, 
     base = Transformer(model_config).to(device)
     tokens, targets = token_batch(model_config, shape.global_batch, seed=0)
     tokens, targets = data_parallel_rows(tokens, dims).to(device), data_parallel_rows(targets, dims).to(device)
-    trainers = {impl: Trainer(impl, build_model(impl, base, dims, views), tokens, targets) for impl in IMPLEMENTATIONS}
+    trainers = {impl: Trainer(impl, build_model(impl, base, dims, views, overlap), tokens, targets)
+                for impl in IMPLEMENTATIONS}
     del base
     for _ in range(warmup):
         for trainer in trainers.values():
@@ -143,7 +147,7 @@ def run_config(config: BenchConfig, shape: BenchModel, steps: int, warmup: int, 
         events = _traced(trainer, views)
         trace_dir = out / config.name / impl
         trace_dir.mkdir(parents=True, exist_ok=True)
-        payload = {"rank": rank, "world_size": dims.world_size, "events": events}
+        payload = {"format": TRACE_FORMAT, "rank": rank, "world_size": dims.world_size, "events": events}
         trace_path(trace_dir, rank).write_text(json.dumps(payload))
     transients: dict[str, list[int]] = {impl: [] for impl in IMPLEMENTATIONS}
     for _ in range(MEMORY_STEPS):
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
     parser.add_argument("--collective-timeout", type=float, default=300.0)
     parser.add_argument("--profile", action="store_true", help="write DIR/<config>/profile_<impl>.txt (rank 0)")
+    parser.add_argument("--no-overlap", action="store_true", help="ours issues every collective synchronously")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     use_cuda = torch.cuda.is_available()
     if use_cuda:
@@ -200,13 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = []
         for config in configs:
-            results.append(run_config(config, shape, args.steps, args.warmup, out, device, args.profile))
+            results.append(run_config(config, shape, args.steps, args.warmup, out, device, args.profile,
+                                      overlap=not args.no_overlap))
             if dist.get_rank() == 0:
                 times = results[-1]["step_times"]
                 print(f"{config.name}: {len(times['ours'])} pairs timed", flush=True)
         if dist.get_rank() == 0:
             payload = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "device": device.type,
                        "model": shape.as_dict(), "steps": args.steps, "warmup": args.warmup,
+                       "overlap": not args.no_overlap,
                        "torch": torch.__version__, "configs": results}
             (out / BENCH_FILE).write_text(json.dumps(payload, indent=1))
     finally:
@@ -215,4 +222,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_rank(main)  # tied to its torchrun agent; leaves without an interpreter teardown that could abort

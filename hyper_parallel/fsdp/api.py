@@ -27,6 +27,9 @@ from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.roles import MeshRoles, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
 
+SHARDED_BY_ATTR = "_hp_sharded_by"
+"""Set on the sharded DTensor parameter a unit registers: applying fully_shard to a module inside an
+already sharded one (top-down) finds it and says to go bottom-up."""
 MANAGED_BY_ATTR = "_hp_managed_by"
 """Set on a user's original parameter once a unit manages it: the unit's module, for the error when a
 second unit finds the same parameter (shared across units)."""
@@ -159,6 +162,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh | None 
             exposed.sharded_group_info = param.sharded_group_info
             exposed.unsharded_group_info = param.unsharded_group_info
             exposed.shard_size, exposed.dp_size, exposed.rank_size = param.shard_size, param.dp_size, param.rank_size
+            setattr(exposed, SHARDED_BY_ATTR, prefix)
     reshard_after_forward, post_forward_group = _post_forward(mesh, roles, reshard_after_forward)
     if group is not None:
         group.post_forward_group = post_forward_group
@@ -255,6 +259,11 @@ def _unmanaged_params(modules: list[nn.Module],
             if id(param) in found:
                 found[id(param)][1].append((mod, name))
                 continue
+            owner_unit = getattr(param, SHARDED_BY_ATTR, None)
+            if owner_unit is not None:
+                raise ValueError(
+                    f"parameter {prefix}{name} is already sharded by the fully_shard unit {owner_unit}, which "
+                    "encloses this module: apply fully_shard bottom-up (each block first, then the root)")
             elsewhere = getattr(param, MANAGED_BY_ATTR, None)
             if elsewhere is not None:
                 raise ValueError(

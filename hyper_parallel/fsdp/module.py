@@ -24,7 +24,6 @@ UNSUPPORTED_FSDP2_METHODS = {
     "set_unshard_in_backward": "skipping the backward all-gather",
     "set_allocate_memory_from_process_group_for_comm": "process-group memory allocation",
     "set_symm_mem_for_comm": "symmetric memory",
-    "reset_iter_state": "recovery from a failed iteration",
 }
 
 
@@ -73,6 +72,12 @@ class FullyShardModule:
         """Free the unsharded parameters; the module holds its sharded DTensors again."""
         self._hp_state.reshard()
 
+    def reset_iter_state(self) -> None:
+        """On the root, after a forward or backward that raised: discard the failed step's gradients and
+        collectives in flight and make every unit ready for the next step (FSDP2's method of that name).
+        The next forward does this by itself when a backward did not finish."""
+        (self._hp_state.root or self._hp_state).reset_iteration()
+
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """False: skip reduce-scatter and all-reduce, accumulate unsharded gradients locally (gradient
         accumulation); the next backward with True reduces the accumulated sum."""
@@ -92,6 +97,8 @@ class FullyShardModule:
             raise ValueError(f"set_reshard_after_forward takes a bool, got {reshard_after_forward!r}")
         for state in self._states(recurse):
             state.reshard_after_forward = reshard_after_forward
+            if state.group is not None:  # a bool replaces an int given to fully_shard: no smaller group any more
+                state.group.post_forward_group, state.group.post_forward_shard = None, None
 
     def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
         """False: keep the unsharded parameters after backward, so the next forward gathers nothing

@@ -89,9 +89,13 @@ class ParamGroup:
     def is_unsharded(self) -> bool:
         return self.sharded_state is ShardedState.UNSHARDED
 
-    def unshard(self, async_op: bool = False) -> None:
+    def unshard(self, async_op: bool = False, for_backward: bool = False) -> None:
         """All-gather the FSDP dim only: (Shard(a), <mp>) -> (Replicate(), <mp>). ``async_op`` issues the
-        all-gather and returns (a prefetch); ``wait_for_unshard`` or a later ``unshard()`` completes it."""
+        all-gather and returns (a prefetch); ``wait_for_unshard`` or a later ``unshard()`` completes it.
+        Only a backward gathers from the shard kept after forward (reshard_after_forward=k): any other
+        unshard reads the sharded parameters, which may have changed since (a load, an optimizer step)."""
+        if not for_backward:
+            self.post_forward_shard = None
         if self.sharded_state is ShardedState.SHARDED:
             self._issue_all_gather(async_op)
         if not async_op:
@@ -233,6 +237,17 @@ class ParamGroup:
     def finish_reduction(self) -> None:
         while not self.advance_reduction():
             pass
+
+    def discard_gradients(self) -> None:
+        """Drop this step's gradients (a failed iteration): land the reduction in flight without using it,
+        and forget accumulated and partially reduced sums."""
+        if self.reduction is not None:
+            self.reduction.discard()
+            self.reduction = None
+        self.partial_reduce, self.partial_reduce_params, self.partial_reduce_layout = None, [], None
+        for param in self.params:
+            param.accumulated_grad, param.accumulated_partial = None, ()
+            param.unsharded_param.grad = None
 
     def accumulate_partial(self, reduced: torch.Tensor, reduced_params: list, offsets: dict[int, int]) -> tuple:
         """HSDP accumulation: add the earlier micro-steps' partial reduction; with ``requires_all_reduce``

@@ -63,3 +63,10 @@ class GradientReduction:
             self._pending = None
         group.write_grads(self.reduced, self.reduced_params, self.offsets)
         return True
+
+    def discard(self) -> None:
+        """Wait for the collective in flight (every rank issued it) and drop the result."""
+        if self._pending is not None:
+            pending = self._pending[0] if isinstance(self._pending, tuple) else self._pending
+            pending.wait()
+            self._pending = None

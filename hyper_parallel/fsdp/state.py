@@ -91,6 +91,7 @@ class FullyShardState:
         self._has_frozen = False
         self._grads_reduced = False
         self._inputs_done = False
+        self._input_hooks_pending = 0  # forward calls whose input gradients backward has not reached yet
         self._hooked: set[int] = set()
         self._callback_queued = False
         for module in modules:
@@ -135,9 +136,10 @@ class FullyShardState:
                 state.parent_name = max(enclosing, key=lambda other: len(names[other])).name
 
     def _begin_step(self) -> None:
-        """Read which parameters are trainable now (they may be frozen or unfrozen between steps)."""
+        """Read which parameters are trainable now (they may be frozen or unfrozen between steps). The
+        counters of backward are reset when a backward ends, not here: a unit may run several forwards
+        (a shared encoder) before one backward goes through all of them."""
         group = self.group
-        self._grads_seen, self._grads_reduced, self._inputs_done = 0, False, False
         if group is None:
             return
         for param in group.params:
@@ -148,12 +150,17 @@ class FullyShardState:
         self._expected_grads = sum(param.trainable for param in group.params)
         self._has_frozen = self._expected_grads < len(group.params)
 
+    def _reset_backward_counters(self) -> None:
+        self._grads_seen, self._grads_reduced, self._inputs_done, self._input_hooks_pending = 0, False, False, 0
+
     def _pre_forward(self, module: nn.Module, args, kwargs):
         if self.training_state == TrainingState.PRE_BACKWARD:
             return args, kwargs  # recomputation inside backward: the parameters are already unsharded
         self._lazy_init()
         with trace.outside_compute(start_after=True if self.is_root else None):
             if self.is_root:
+                if self._callback_queued:  # the previous backward raised before its end: recover first
+                    self.reset_iteration()
                 trace.set_phase("forward")
             if self.training_state != TrainingState.FORWARD:
                 self._begin_step()
@@ -175,8 +182,10 @@ class FullyShardState:
 
     # ----- prefetch: at most one unit gathered ahead -----
     def _record_order(self, order: list["FullyShardState"] | None) -> None:
-        """Orders are recorded during the first training step and used from the second on (as FSDP2)."""
-        if torch.is_grad_enabled() and order is not None and not self.root.order_recorded and self not in order:
+        """Orders are recorded during the first training step and used from the second on (as FSDP2); not
+        from a forward recomputed inside backward (reentrant checkpointing), whose order is backward's."""
+        if (torch.is_grad_enabled() and order is not None and not self.root.order_recorded and self not in order
+                and torch._C._current_graph_task_id() == -1):
             order.append(self)
 
     def _neighbour(self, order: list["FullyShardState"], step: int) -> list["FullyShardState"]:
@@ -200,15 +209,16 @@ class FullyShardState:
             return self.backward_prefetch
         return self._neighbour(self.root.post_forward_order, -1) if self.overlap and self.root is not None else []
 
-    def prefetch(self) -> None:
+    def prefetch(self, for_backward: bool = False) -> None:
         """Issue this unit's all-gather ahead of its use (asynchronous with overlap on)."""
         if self.group is not None:
-            self.group.unshard(async_op=self.overlap)
+            self.group.unshard(async_op=self.overlap, for_backward=for_backward)
 
     def _hook_input_gradients(self, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
         positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if positions:
+            self._input_hooks_pending += 1
             hooked = RunAfterInputGradients.apply(self, *(flat[i] for i in positions))
             for position, tensor in zip(positions, hooked):
                 flat[position] = tensor
@@ -242,15 +252,16 @@ class FullyShardState:
             return grad
         self.training_state = TrainingState.PRE_BACKWARD
         with trace.outside_compute():
-            if self.is_root and not self._callback_queued:
-                self._callback_queued = True
+            root = self.root if self.root is not None else self
+            if not root._callback_queued:  # from any unit: the loss may not use the root's output
+                root._callback_queued = True
                 trace.set_phase("backward")
-                Variable._execution_engine.queue_callback(self._end_of_backward)
+                Variable._execution_engine.queue_callback(root._end_of_backward)
             trace.set_module(self.name)
             if self.group is not None:
-                self.group.unshard()
+                self.group.unshard(for_backward=True)
             for state in self._backward_targets():
-                state.prefetch()
+                state.prefetch(for_backward=True)
         return grad
 
     def _on_grad_accumulated(self, _param) -> None:
@@ -263,8 +274,11 @@ class FullyShardState:
                     self._reshard_after_backward()
 
     def _after_input_gradients(self) -> None:
-        self._inputs_done = True
-        if self._grads_reduced or self._expected_grads == 0:
+        """Backward reached the inputs of one forward call; once it reached those of every call, no
+        backward node of this unit (frozen weights included) is left to run."""
+        self._input_hooks_pending = max(0, self._input_hooks_pending - 1)
+        self._inputs_done = self._input_hooks_pending == 0
+        if self._inputs_done and (self._grads_reduced or self._expected_grads == 0):
             with trace.outside_compute():
                 self._reshard_after_backward()
 
@@ -295,14 +309,31 @@ class FullyShardState:
                 group.finish_reduction()
             self.reductions_in_flight = []
             for state in self.subtree:
-                if state.group is not None and state.reshard_after_backward:
-                    state.group.reshard()
-                state._grads_seen = 0
+                if state.group is not None:
+                    state.group.wait_for_unshard()  # a prefetch in flight must land before the optimizer
+                    if state.reshard_after_backward:
+                        state.group.reshard()
+                state._reset_backward_counters()
                 state.training_state = TrainingState.IDLE
             self._callback_queued = False
             self.order_recorded = True
             trace.set_phase("other")
             trace.set_module("")
+
+    def reset_iteration(self) -> None:
+        """After a forward or backward that raised (FSDP2's ``reset_iter_state``): land every collective in
+        flight (every rank issued them, so every rank waits for them), drop the step's gradients still being
+        reduced, reshard, and reset every unit for the next step."""
+        self.reductions_in_flight = []
+        for state in self.subtree or [self]:
+            if state.group is not None:
+                state.group.discard_gradients()
+                state.group.reshard()
+            state._reset_backward_counters()
+            state.training_state = TrainingState.IDLE
+        self._callback_queued = False
+        trace.set_phase("other")
+        trace.set_module("")
 
     # ----- explicit control -----
     def unshard(self) -> None:

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel import trace
+from hyper_parallel.rank_lifetime import run_rank
+from hyper_parallel.fsdp import FullyShardModule
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, trace_path
@@ -61,11 +63,17 @@ def run_one(spec: dict, device_type: str) -> None:
 
     with trace.record() as recorder:
         workload = build(dims, views, spec["seed"])
+        if spec.get("overlap") is not None:
+            for module in workload.model.modules():
+                if isinstance(module, FullyShardModule):
+                    module.set_overlap(spec["overlap"], recurse=False)
         metrics = train_and_compare(workload, spec["steps"], on_step=report,
                                     trace_torch_collectives=lambda: trace.TorchCollectiveTracer(views.group_names()))
     recorder.save(trace_path(out, rank))
     if rank == 0:
         metrics = {"recipe": recipe.name, "degrees": dims.degrees(), "steps": spec["steps"], "seed": spec["seed"],
+                   "overlap": next((m._hp_state.overlap for m in workload.model.modules()
+                                    if isinstance(m, FullyShardModule)), None),
                    "backend": dist.get_backend(), "units": describe_units(workload.model), **metrics}
         (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
         print(f"{recipe.name}: max |loss - reference| = {metrics['max_abs_diff']:.3g}, "
@@ -94,4 +102,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_rank(main)  # tied to its torchrun agent; leaves without an interpreter teardown that could abort

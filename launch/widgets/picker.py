@@ -17,6 +17,8 @@ from hyper_parallel.recipes import registry
 from launch.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command, degrees_text, png_bytes
 
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+PICKER_DEGREES = ("pp", *DEGREES)
+"""The picker's selectors: pp first (outermost); recipes that do not pipeline only offer pp=1."""
 HELP = {
     "world_size": "number of ranks (worker processes)",
     "dp_replicate": "replica groups: gradients all-reduced across them (HSDP's outer dim)",
@@ -25,6 +27,7 @@ HELP = {
     "tp": "tensor parallel: weights are split over these ranks (innermost, contiguous)",
     "ep": "expert parallel: experts spread over these ranks (borrowed, not a factor of world_size)",
     "etp": "expert tensor parallel: each expert's hidden dim split (1 or tp)",
+    "pp": "pipeline parallel: the layers split into stages (outermost: each stage is a block of ranks)",
 }
 
 
@@ -32,9 +35,9 @@ def valid_meshes(recipe: str, world_size: int) -> list[ParallelDims]:
     """Every mesh of ``world_size`` ranks that ``recipe`` accepts (its constraints and shapes included)."""
     spec = registry.get(recipe)
     meshes = []
-    for dims in valid_choices(world_size):
+    for dims in valid_choices(world_size, pipeline="pp" in spec.must_exceed_one):
         try:
-            meshes.append(spec.validate(**{k: v for k, v in dims.degrees().items() if k != "pp"}))
+            meshes.append(spec.validate(**dims.degrees()))
         except ValueError:
             continue
     return meshes
@@ -79,7 +82,7 @@ class DegreePicker(widgets.VBox):
         self.steps_selector = widgets.BoundedIntText(value=steps or spec.steps, min=1, max=50, description="steps",
                                                      layout=widgets.Layout(width="130px"))
         self.selectors = {name: widgets.Dropdown(description=name, style=style, tooltip=HELP[name],
-                                                 layout=widgets.Layout(width="150px")) for name in DEGREES}
+                                                 layout=widgets.Layout(width="150px")) for name in PICKER_DEGREES}
         self.status = widgets.HTML()
         self.fix_button = widgets.Button(description="use the nearest valid choice", icon="wrench",
                                          layout=widgets.Layout(width="fit-content", display="none"))
@@ -101,8 +104,8 @@ class DegreePicker(widgets.VBox):
         return [
             self.header,
             widgets.HBox([self.recipe_selector, self.world_selector, self.steps_selector]),
-            widgets.HBox([self.selectors[name] for name in DEGREES[:3]]),
-            widgets.HBox([self.selectors[name] for name in DEGREES[3:]]),
+            widgets.HBox([self.selectors[name] for name in PICKER_DEGREES[:3]]),
+            widgets.HBox([self.selectors[name] for name in PICKER_DEGREES[3:]]),
             self.status, self.fix_button,
             self.preview_caption, self.preview,
         ]
@@ -122,8 +125,11 @@ class DegreePicker(widgets.VBox):
 
     @property
     def degrees(self) -> dict[str, int]:
-        """The current selection, ``world_size`` first: pass it to ``launch.run(recipe, **degrees)``."""
-        return {"world_size": self.world_size, **{name: self.selectors[name].value for name in DEGREES}}
+        """The current selection, ``world_size`` first: pass it to ``launch.run(recipe, **degrees)``
+        (``pp`` only when a pipeline recipe selects pp > 1)."""
+        pp = self.selectors["pp"].value
+        return {"world_size": self.world_size, **({"pp": pp} if pp != 1 else {}),
+                **{name: self.selectors[name].value for name in DEGREES}}
 
     @property
     def steps(self) -> int:
@@ -142,11 +148,11 @@ class DegreePicker(widgets.VBox):
 
     def set(self, **degrees: int) -> None:
         """Select ``world_size`` and/or degrees at once (values no valid mesh uses are allowed and explained)."""
-        unknown = set(degrees) - {"world_size", *DEGREES}
+        unknown = set(degrees) - {"world_size", *PICKER_DEGREES}
         if unknown:
-            raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {['world_size', *DEGREES]}")
+            raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {['world_size', *PICKER_DEGREES]}")
         merged = {**self.degrees, **degrees}
-        self._last_changed = next((name for name in DEGREES if name in degrees), None)
+        self._last_changed = next((name for name in PICKER_DEGREES if name in degrees), None)
         self._load(self.recipe, merged)
 
     def apply_suggestion(self) -> None:
@@ -177,12 +183,12 @@ class DegreePicker(widgets.VBox):
             world = wanted.get("world_size") or spec.default["world_size"]
             self.world_selector.options = sorted(set(worlds) | {world})
             self.world_selector.value = world
-            values = {name: wanted.get(name, 1) for name in DEGREES}
+            values = {name: wanted.get(name, 1) for name in PICKER_DEGREES}
             if values["dp_shard"] in (None, -1):  # "infer", as ParallelDims does
-                others = values["dp_replicate"] * values["cp"] * values["tp"]
+                others = values["dp_replicate"] * values["cp"] * values["tp"] * values["pp"]
                 values["dp_shard"] = world // others if others and world % others == 0 else 1
             offered = self._offered(world)
-            for name in DEGREES:
+            for name in PICKER_DEGREES:
                 selector = self.selectors[name]
                 options = sorted(offered[name] | {values[name]})
                 selector.options = [(str(v) if v in offered[name] else f"{v} (no valid mesh)", v) for v in options]
@@ -193,21 +199,21 @@ class DegreePicker(widgets.VBox):
 
     def _offered(self, world: int) -> dict[str, set[int]]:
         valid = self.choices(world)
-        return {name: {getattr(dims, name) for dims in valid} for name in DEGREES}
+        return {name: {getattr(dims, name) for dims in valid} for name in PICKER_DEGREES}
 
     def _nearest(self, wanted: dict[str, int], world: int, keep: str | None = None) -> ParallelDims | None:
         """The valid mesh of ``world`` ranks differing from ``wanted`` in the fewest degrees
         (keeping ``keep`` at its value when some valid mesh allows it)."""
         valid = self.choices(world)
-        if keep is not None and any(getattr(d, keep) == wanted[keep] for d in valid):
-            valid = [d for d in valid if getattr(d, keep) == wanted[keep]]
+        if keep is not None and any(getattr(d, keep) == wanted.get(keep, 1) for d in valid):
+            valid = [d for d in valid if getattr(d, keep) == wanted.get(keep, 1)]
         if not valid:
             return None
         default = self.spec.default
         # fewest changed degrees; then prefer not to switch off a parallelism that is on; then the recipe default
-        return min(valid, key=lambda d: (_differences(d, wanted),
-                                         sum(getattr(d, k) == 1 < wanted[k] for k in DEGREES),
-                                         _differences(d, {k: default.get(k, 1) for k in DEGREES})))
+        return min(valid, key=lambda d: (_differences(d, {k: wanted.get(k, 1) for k in PICKER_DEGREES}),
+                                         sum(getattr(d, k) == 1 < wanted.get(k, 1) for k in PICKER_DEGREES),
+                                         _differences(d, {k: default.get(k, 1) for k in PICKER_DEGREES})))
 
     def _on_recipe(self, change) -> None:
         if self._updating:
@@ -220,7 +226,7 @@ class DegreePicker(widgets.VBox):
         if self._updating:
             return
         world = change["new"]
-        current = {name: self.selectors[name].value for name in DEGREES}
+        current = {name: self.selectors[name].value for name in PICKER_DEGREES}
         nearest = self._nearest(current, world)
         self._last_changed = None
         self._load(self.recipe, {"world_size": world, **(nearest.degrees() if nearest else current)})
@@ -265,7 +271,7 @@ class DegreePicker(widgets.VBox):
         nearest = self._nearest(degrees, degrees["world_size"], keep=self._last_changed)
         hint = ""
         if nearest is not None:
-            changes = {k: getattr(nearest, k) for k in DEGREES if getattr(nearest, k) != degrees[k]}
+            changes = {k: getattr(nearest, k) for k in PICKER_DEGREES if getattr(nearest, k) != degrees.get(k, 1)}
             self._suggestion = changes
             hint = ("<br>nearest valid choice: <b>" + html.escape(", ".join(f"{k}={v}" for k, v in changes.items()))
                     + "</b>")

@@ -2,12 +2,15 @@
 
 Mode (argv[1]): ``ok``; ``raise`` (rank 1 raises); ``sigkill`` (rank 1 SIGKILLs itself);
 ``exit`` (rank 1 exits with code 3, no traceback); ``hang`` (rank 1 never enters the
-all_reduce, so rank 0 waits in it until the launcher's timeout ends the run).
+all_reduce, so rank 0 waits in it until the launcher's timeout ends the run); ``abort_at_exit``
+(rank 1 finishes like ``ok``, then an exit handler aborts it, as a C++ thread still joinable at
+interpreter exit would).
 
 Each rank first writes "<pid> <torchrun pid>" to $HYPER_PARALLEL_RUN_DIR/pid_rank<R>, before
 the slow torch import, so the test can check that no process outlives the launcher.
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -38,3 +41,6 @@ total = torch.ones(1)
 dist.all_reduce(total)
 print(f"rank {rank} sum {total.item():g}")
 dist.destroy_process_group()
+if rank == 1 and mode == "abort_at_exit":
+    print("rank 1 registers an abort at exit", file=sys.stderr, flush=True)
+    atexit.register(os.abort)

@@ -1,0 +1,136 @@
+"""Pipeline parallelism on torch.distributed.pipelining: the transformer cut into stages by layers, and a
+PipelineStage that records each microbatch's forward/backward and every P2P send/receive in the trace.
+
+Stage s of ``pp * stages_per_rank`` holds layers [s*L/S, (s+1)*L/S); the first also the embedding, the last
+the final norm and the head. Stage modules keep the full model's parameter names (``layers.3.attention.wq
+.weight``) so a stage compares with the single-process reference by name. Rank r's stages are
+``r_pp, r_pp + pp, ...`` (the "loop" placement of interleaved 1F1B).
+
+Our fully_shard is not torch's ``FSDPModule``, so the schedules treat the stage module as a plain module:
+each microbatch's backward reduces its gradients at once (FSDP2 under torch would defer that to the last
+microbatch), and the gradients accumulate in the sharded ``.grad``; the numbers are the same.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from hyper_parallel import trace
+from hyper_parallel.models.transformer import Transformer
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+class TransformerStage(nn.Module):
+    """Consecutive layers of a Transformer (and the embedding / the head when first / last)."""
+
+    def __init__(self, model: Transformer, layer_ids: range, first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.tok_embeddings = model.tok_embeddings if first else None
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layer_ids})
+        self.norm = model.norm if last else None
+        self.output = model.output if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: tokens [batch, seq] on the first stage, hidden states [batch, seq, d_model] elsewhere."""
+        h = self.tok_embeddings(x) if self.first else x
+        positions = torch.arange(h.shape[1], device=h.device)
+        for layer in self.layers.values():
+            h = layer(h, positions)
+        return self.output(self.norm(h)) if self.last else h
+
+
+def stage_indices(pp: int, pp_rank: int, stages_per_rank: int) -> list[int]:
+    """The stages of pipeline rank ``pp_rank``: one per round of pp stages ("loop" placement)."""
+    return [pp_rank + round_ * pp for round_ in range(stages_per_rank)]
+
+
+def split_transformer(model: Transformer, pp: int, pp_rank: int, stages_per_rank: int = 1
+                      ) -> list[tuple[int, TransformerStage]]:
+    """(stage index, stage module) for each stage of ``pp_rank``."""
+    n_stages = pp * stages_per_rank
+    n_layers = model.config.n_layers
+    if n_layers % n_stages:
+        raise ValueError(f"n_layers={n_layers} must be divisible by the {n_stages} pipeline stages")
+    per_stage = n_layers // n_stages
+    return [(s, TransformerStage(model, range(s * per_stage, (s + 1) * per_stage), s == 0, s == n_stages - 1))
+            for s in stage_indices(pp, pp_rank, stages_per_rank)]
+
+
+def _nbytes(ops: list[dist.P2POp]) -> int:
+    return sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+
+
+class TracedPipelineStage(PipelineStage):
+    """A PipelineStage whose schedule actions appear in the trace.
+
+    Events (besides those fully_shard records): ``{"kind": "pipeline", "action": "forward"|"backward",
+    "stage", "microbatch", "t_start", "t_end"}`` around each microbatch's computation, and one
+    ``{"kind": "collective", "op": "send"|"recv", "group": "pp", "bytes", "peer", "microbatch"}`` per P2P
+    batch this stage posts (activations forward, their gradients backward). A P2P is recorded when it
+    is posted (zero duration): the schedule waits for it later, and the wait shows as the gap before the
+    next action.
+    """
+
+    def _span(self, action: str, microbatch: int, start: float) -> None:
+        recorder = trace.current()
+        if recorder is not None:
+            recorder.events.append({
+                "kind": "pipeline", "action": action, "phase": action, "stage": self.stage_index, "microbatch": microbatch,
+                "step": recorder.step, "t_start": start - recorder.epoch, "t_end": time.time() - recorder.epoch})
+
+    def _p2p(self, op: str, phase: str, microbatch: int, ops: list[dist.P2POp]) -> list[dist.P2POp]:
+        recorder = trace.current()
+        if recorder is not None and ops:
+            now = recorder.now()
+            peer_ranks = sorted({op_.peer for op_ in ops})  # P2POp.peer is the global rank
+            recorder.events.append({
+                "kind": "collective", "op": op, "group": "pp", "ranks": sorted({recorder.rank, *peer_ranks}),
+                "bytes": _nbytes(ops), "dtype": str(ops[0].tensor.dtype).removeprefix("torch."), "phase": phase,
+                "module": f"stage{self.stage_index}", "step": recorder.step, "microbatch": microbatch,
+                "peer": peer_ranks[0], "t_start": now, "t_end": now})
+        return ops
+
+    def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
+        start = time.time()
+        with trace.labels(phase="forward", module=f"stage{self.stage_index}"):
+            out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+        self._span("forward", fwd_chunk_id, start)
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+        start = time.time()
+        with trace.labels(phase="backward", module=f"stage{self.stage_index}"):
+            out = super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                             last_backward=last_backward)
+        self._span("backward", bwd_chunk_id, start)
+        return out
+
+    def get_fwd_send_ops(self, fwd_chunk_id):
+        return self._p2p("send", "forward", fwd_chunk_id, super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_fwd_recv_ops(self, fwd_chunk_id):
+        return self._p2p("recv", "forward", fwd_chunk_id, super().get_fwd_recv_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id):
+        return self._p2p("send", "backward", bwd_chunk_id, super().get_bwd_send_ops(bwd_chunk_id))
+
+    def get_bwd_recv_ops(self, bwd_chunk_id):
+        return self._p2p("recv", "backward", bwd_chunk_id, super().get_bwd_recv_ops(bwd_chunk_id))
+
+
+def build_schedule(schedule: str, stages: list[PipelineStage], microbatches: int, loss_fn):
+    """The torch schedule named ``schedule`` over this rank's stages (interleaved needs 2+ per rank)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; one of {sorted(SCHEDULES)}")
+    if schedule == "interleaved_1f1b":
+        return ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn)
+    if len(stages) != 1:
+        raise ValueError(f"schedule {schedule!r} runs one stage per rank, got {len(stages)}; "
+                         "use interleaved_1f1b for several stages per rank")
+    return SCHEDULES[schedule](stages[0], n_microbatches=microbatches, loss_fn=loss_fn)

@@ -1,0 +1,193 @@
+"""Pipeline recipes (P1, P2): the transformer cut into pp stages, TP and our fully_shard applied per stage,
+trained by a torch.distributed.pipelining schedule next to the single-process reference.
+
+A schedule's ``step`` is forward and backward of every microbatch at once, so the workload's model is a
+``PipelineStep`` module: calling it runs one whole training step (schedule, then SGD on this rank's
+stages) and returns the loss of this rank's pipeline; the generic trainer's ``backward`` and optimizer
+then have nothing left to do (no parameter has a gradient). The parameters of the stages other ranks
+hold are mirrored on rank 0 after every step, so the trainer compares every parameter with the
+reference by name; that copy, like the loss broadcast, is bookkeeping outside the trace.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import _disable_current_modes
+
+from hyper_parallel import trace
+from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_views import MeshViews
+from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel.pipeline import TracedPipelineStage, build_schedule, split_transformer
+from hyper_parallel.parallel.tp import parallelize_transformer_tp
+from hyper_parallel.recipes.batches import data_parallel_rows
+from hyper_parallel.recipes.training import Workload
+
+GLOBAL_BATCH = 8
+MICROBATCHES = 4
+MICROBATCHES_ENV = "HYPER_PARALLEL_MICROBATCHES"
+"""Environment variable overriding MICROBATCHES for one run (the schedule figures of notebook 15 compare
+2 and 4); the tests and the registry's shapes use the default."""
+PIPELINE_CONFIG = TransformerConfig(n_layers=4)  # 4 layers: 2 stages of 2, or 4 stages of 1 (interleaved)
+PIPELINE_MOE_CONFIG = TransformerConfig(n_layers=4, moe_layers=(1, 3), num_experts=4, top_k=2, moe_hidden=32,
+                                        shared_expert=True)  # one MoE layer in each of 2 stages
+LR = 0.5
+
+
+class PipelineStep(nn.Module):
+    """One pipeline training step per call; the parameters keep the full model's names.
+
+    Submodules are registered under the Transformer's own names (``tok_embeddings``, ``layers.<i>``,
+    ``norm``, ``output``): this rank's stages, and on rank 0 frozen mirrors of the other stages.
+    """
+
+    def __init__(self, stages, schedule, dims: ParallelDims, views: MeshViews, mirror_of: Transformer | None,
+                 owners: dict[str, int], lr: float) -> None:
+        """``mirror_of`` (rank 0 only): a copy of the unparallelized model, ``owners``: full parameter name ->
+        the rank of rank 0's data slice that holds it (``_owners``)."""
+        super().__init__()
+        self.owners = owners
+        self.layers = nn.ModuleDict()
+        for _, module in stages:
+            for name in ("tok_embeddings", "norm", "output"):
+                if getattr(module, name) is not None:
+                    self.add_module(name, getattr(module, name))
+            self.layers.update(module.layers)
+        self.owned = {name for name, _ in self.named_parameters()}
+        self.stage_modules = nn.ModuleList(module for _, module in stages)  # fully_shard roots, for summaries
+        self.schedule = schedule
+        self.is_last = any(module.last for _, module in stages)
+        self.is_first = any(module.first for _, module in stages)
+        self.optimizer = torch.optim.SGD([p for p in self.parameters()], lr=lr)
+        self.pp_group = views["pp"].get_group()
+        self.pp_ranks = dims.group_of("pp", dist.get_rank())
+        self.rank0_partners = dims.group_of("pp", 0)  # rank 0 and the ranks of its data slice in later stages
+        if mirror_of is not None:  # rank 0: frozen copies of every parameter it does not hold
+            for name, module in mirror_of.named_children():
+                if name == "layers":
+                    for index, layer in enumerate(module):
+                        if str(index) not in self.layers:
+                            self.layers[str(index)] = layer.requires_grad_(False)
+                elif not hasattr(self, name) or getattr(self, name) is None:
+                    self.add_module(name, module.requires_grad_(False))
+        self.full_names = sorted(name for name, _ in mirror_of.named_parameters()) if mirror_of is not None else []
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        self.schedule.step(*((tokens,) if self.is_first else ()),
+                           **({"target": targets, "losses": losses} if self.is_last else {}))
+        with trace.labels(phase="optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        with _disable_current_modes():  # bookkeeping: not the training's communication
+            loss = torch.stack(losses).mean().detach() if self.is_last else torch.zeros(())
+            dist.broadcast(loss, src=self.pp_ranks[-1], group=self.pp_group)
+            self._refresh_mirrors()
+        return loss.requires_grad_()
+
+    def _refresh_mirrors(self) -> None:
+        """Rank 0 receives the updated full parameters of the stages it does not hold."""
+        rank = dist.get_rank()
+        params = dict(self.named_parameters())
+        # every rank gathers its own stages' parameters in the same order (full_tensor is a collective of
+        # the stage's fsdp/tp groups); the ranks of rank 0's data slice in later stages send theirs to it
+        fulls = {name: params[name].full_tensor() if isinstance(params[name], DTensor) else params[name].detach()
+                 for name in sorted(self.owned)}
+        if rank == 0:
+            for name in self.full_names:
+                if name not in self.owned:
+                    dist.recv(params[name].data, src=self.owners[name])
+        elif rank in self.rank0_partners:
+            for name in sorted(self.owned):
+                dist.send(fulls[name].contiguous(), dst=0)
+
+
+def step_or_lm_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The loss the trainer asks for: a PipelineStep already returns it (a scalar), the reference's
+    logits go through the language-model loss."""
+    return output if output.dim() == 0 else lm_loss(output, targets)
+
+
+def _owners(config: TransformerConfig, dims: ParallelDims, stages_per_rank: int) -> dict[str, int]:
+    """Full parameter name -> the rank of rank 0's data slice whose stage holds it."""
+    model = Transformer(config)
+    owners = {}
+    partners = dims.group_of("pp", 0)
+    for pp_rank, rank in enumerate(partners):
+        for _, stage in split_transformer(model, dims.pp, pp_rank, stages_per_rank):
+            for name, _ in stage.named_parameters():
+                owners[name] = rank
+    return owners
+
+
+def pipeline_workload(dims: ParallelDims, views: MeshViews, seed: int, schedule: str,
+                      stages_per_rank: int = 1, config: TransformerConfig = PIPELINE_CONFIG) -> Workload:
+    """TP (without SP) on the whole model, EP on its MoE layers, then the cut into this rank's stages and
+    fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage
+    module the root when it holds the embedding or the head."""
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    reference = copy.deepcopy(model)
+    rank = dist.get_rank()
+    parallelize_transformer_tp(model, views["tp"], sequence_parallel=False)
+    if dims.ep > 1:
+        from hyper_parallel.recipes.moe import apply_expert_parallel
+        apply_expert_parallel(model, dims, views, dispatch="all_to_all")
+    pp_rank = dims.coordinates(rank)["pp"]
+    stages = split_transformer(model, dims.pp, pp_rank, stages_per_rank)
+    fsdp_mesh = views["dp_replicate", "fsdp"]
+    for _, stage in stages:
+        for layer in stage.layers.values():
+            if dims.ep > 1 and hasattr(layer.feed_forward, "experts"):
+                experts = fully_shard(layer.feed_forward.experts, mesh=views["dp_replicate", "efsdp"])
+                experts.set_gradient_divide_factor(dims.dp_cp)
+            fully_shard(layer, mesh=fsdp_mesh)
+        if stage.first or stage.last:
+            fully_shard(stage, mesh=fsdp_mesh)
+    microbatches = int(os.environ.get(MICROBATCHES_ENV, MICROBATCHES))
+    dims.check_model(global_batch=GLOBAL_BATCH, n_layers=config.n_layers, microbatches=microbatches,
+                     stages_per_rank=stages_per_rank)
+    tokens, targets = token_batch(config, GLOBAL_BATCH, seed)
+    local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
+    rows = local_tokens.shape[0] // microbatches
+    hidden = torch.zeros(rows, config.seq_len, config.d_model, requires_grad=True)  # its gradient goes back
+    pp_group = views["pp"].get_group()
+    pipeline_stages = [
+        TracedPipelineStage(stage, index, dims.pp * stages_per_rank, torch.device("cpu"),
+                            input_args=local_tokens[:rows] if stage.first else hidden,
+                            output_args=torch.zeros(rows, config.seq_len, config.vocab_size) if stage.last else hidden,
+                            group=pp_group)
+        for index, stage in stages]
+    step = PipelineStep(stages, build_schedule(schedule, pipeline_stages, microbatches, lm_loss), dims, views,
+                        mirror_of=copy.deepcopy(reference) if rank == 0 else None,
+                        owners=_owners(config, dims, stages_per_rank) if rank == 0 else {}, lr=LR)
+    return Workload(step, reference, (local_tokens, local_targets), local_targets, (tokens,), targets,
+                    loss_fn=step_or_lm_loss, lr=LR,
+                    notes={"schedule": schedule, "microbatches": microbatches, "stages_per_rank": stages_per_rank,
+                           "boundary_bytes": hidden.numel() * hidden.element_size()})
+
+
+def gpipe(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """P1-G: all forwards, then all backwards (fill-drain)."""
+    return pipeline_workload(dims, views, seed, "gpipe")
+
+
+def one_f_one_b(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """P1, P2: one forward, one backward in the steady state (fewer activations alive than GPipe)."""
+    return pipeline_workload(dims, views, seed, "1f1b")
+
+
+def interleaved(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """P1-I: 2 stages per rank (looped placement), interleaved 1F1B."""
+    return pipeline_workload(dims, views, seed, "interleaved_1f1b", stages_per_rank=2)
+
+
+def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+    """P3: 1F1B over stages that each hold one MoE layer with its experts spread over ep."""
+    return pipeline_workload(dims, views, seed, "1f1b", config=PIPELINE_MOE_CONFIG)

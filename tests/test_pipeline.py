@@ -1,0 +1,133 @@
+"""Pipeline parallelism: the bubble and activation formulas by hand, the measured bubble on a schedule
+built by hand, and the session's pipeline runs (tests/conftest.py) against the formulas: the schedule
+torch ran (order of forwards/backwards per rank) and the microbatches alive at once.
+
+No launch of its own: the runs are the recipe matrix's (P1, P1-G, P1-I, P2), checked against the
+reference and the hand-derived collectives in tests/test_recipes.py.
+"""
+from __future__ import annotations
+
+import pytest
+from conftest import result_of
+
+from hyper_parallel import viz
+from hyper_parallel.cost_model.pipeline import alive_microbatches, bubble_fraction, p2p_bytes
+from hyper_parallel.recipes import RECIPES
+
+
+def test_bubble_fraction_by_hand():
+    """(p-1)/(m+p-1): p=2, m=2 -> 1/3; p=2, m=4 -> 1/5; p=4, m=4 -> 3/7. Interleaved v=2 stages per rank:
+    (p-1)/(v m + p-1): p=2, m=4 -> 1/9."""
+    assert bubble_fraction("gpipe", 2, 2) == pytest.approx(1 / 3)
+    assert bubble_fraction("1f1b", 2, 4) == pytest.approx(1 / 5)
+    assert bubble_fraction("gpipe", 4, 4) == pytest.approx(3 / 7)
+    assert bubble_fraction("interleaved_1f1b", 2, 4, stages_per_rank=2) == pytest.approx(1 / 9)
+    with pytest.raises(ValueError, match="only interleaved_1f1b runs several stages per rank"):
+        bubble_fraction("1f1b", 2, 4, stages_per_rank=2)
+    with pytest.raises(ValueError, match="unknown schedule 'zb'"):
+        bubble_fraction("zb", 2, 4)
+
+
+def test_p2p_bytes_by_hand():
+    """pp=2, 4 microbatches of a 2048-B message: stage 0 sends 8192 B forward, receives 8192 B backward;
+    stage 1 the reverse. Interleaved (stages 0, 2 on rank 0; 1, 3 on rank 1): rank 0 sends forward from
+    both stages (16384 B) and backward only from stage 2 (8192 B)."""
+    assert p2p_bytes(2, 0, 4, 2048) == {("send", "forward"): 8192, ("recv", "forward"): 0,
+                                        ("send", "backward"): 0, ("recv", "backward"): 8192}
+    assert p2p_bytes(2, 1, 4, 2048) == {("send", "forward"): 0, ("recv", "forward"): 8192,
+                                        ("send", "backward"): 8192, ("recv", "backward"): 0}
+    assert p2p_bytes(2, 0, 4, 2048, stages_per_rank=2) == {("send", "forward"): 16384, ("recv", "forward"): 8192,
+                                                           ("send", "backward"): 8192, ("recv", "backward"): 16384}
+
+
+def test_plan_lines_at_8192_ranks_by_hand():
+    """llama-8b-like (32 layers, d_model 4096, seq 8192, global batch 512, bf16 activations) on 8192 ranks,
+    tp=8, pp=4: dp = 8192 / 32 = 256, 2 rows per rank. One microbatch of 2 rows: the boundary tensor is
+    2 x 8192 x 4096 x 2 B = 128 MiB; a middle stage sends and receives it once each way: 512 MiB; the
+    bubble (4-1)/(1+4-1) = 75% and a warning. --micro-batch 1: m=2, bubble 3/5 = 60%, stage 0 of 1F1B
+    holds min(2, 4) = 2 microbatches, and still fewer microbatches than stages: the warning stays."""
+    from hyper_parallel import ParallelDims
+    from hyper_parallel.cost_model import get_model
+    from hyper_parallel.cost_model.pipeline import plan_lines
+    dims = ParallelDims(world_size=8192, tp=8, pp=4)
+    text = "\n".join(plan_lines(get_model("llama-8b-like"), dims))
+    assert "pp=4 stages of 8 layers, 1 microbatch(es) of 2 rows" in text
+    assert "WARNING: 1 microbatch(es) < pp=4" in text and "bubble (p-1)/(m+p-1) = 75%" in text
+    assert "512.0 MiB sent + received (128.00 MiB per microbatch each way)" in text
+    text = "\n".join(plan_lines(get_model("llama-8b-like").replace(micro_batch=1), dims))
+    assert "WARNING: 2 microbatch(es) < pp=4" in text and "gpipe  bubble (p-1)/(m+p-1) = 60%; stage 0 holds 2 microbatch" in text
+    assert "1f1b   bubble (p-1)/(m+p-1) = 60%; stage 0 holds 2 microbatch" in text
+
+
+def _synthetic_gpipe() -> dict[int, list[dict]]:
+    """GPipe, p=2, m=2, every forward and backward 1 s: rank 0 F0 [0,1] F1 [1,2] B0 [4,5] B1 [5,6];
+    rank 1 F0 [1,2] F1 [2,3] B0 [3,4] B1 [4,5]. Span 6 s, each rank busy 4 s: idle 1/3 = the formula."""
+    def action(kind, mb, start, stage):
+        return {"kind": "pipeline", "action": kind, "phase": kind, "stage": stage, "microbatch": mb, "step": 1,
+                "t_start": float(start), "t_end": float(start + 1)}
+    return {0: [action("forward", 0, 0, 0), action("forward", 1, 1, 0), action("backward", 0, 4, 0),
+                action("backward", 1, 5, 0)],
+            1: [action("forward", 0, 1, 1), action("forward", 1, 2, 1), action("backward", 0, 3, 1),
+                action("backward", 1, 4, 1)]}
+
+
+def test_measured_bubble_of_an_ideal_schedule_is_the_formula():
+    traces = _synthetic_gpipe()
+    assert viz.measured_bubble(traces, 1) == pytest.approx({0: 1 / 3, 1: 1 / 3})
+    fig = viz.pipeline_schedule(traces, step=1, schedule="gpipe")
+    ax = fig.axes[0]
+    assert len(ax.patches) == 8  # one bar per action
+    assert sorted(t.get_text() for t in ax.texts if t.get_text().isdigit()) == ["0", "0", "0", "0", "1", "1", "1", "1"]
+    assert "measured bubble 33%" in ax.get_title() and "1/3 = 33%" in ax.get_title()
+    with pytest.raises(ValueError, match="no pipeline actions in step 2"):
+        viz.pipeline_schedule(traces, step=2)
+
+
+def _order(events: list[dict]) -> list[str]:
+    return [f"{e['action'][0].upper()}{e['microbatch']}"
+            for e in sorted((e for e in events if e.get("kind") == "pipeline" and e["step"] == 1),
+                            key=lambda e: e["t_start"])]
+
+
+def _peak_alive(order: list[str]) -> int:
+    alive = peak = 0
+    for action in order:
+        alive += 1 if action[0] == "F" else -1
+        peak = max(peak, alive)
+    return peak
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("recipe, schedule", [("P1", "1f1b"), ("P1-G", "gpipe")])
+def test_runs_follow_the_schedule_and_its_activation_bound(recipe, schedule, recipe_results):
+    """The order each rank ran (pp=2, m=4), by hand: GPipe F0 F1 F2 F3 B0 B1 B2 B3 on both stages;
+    1F1B stage 0 F0 F1 B0 F2 B1 F3 B2 B3 (warm-up of p - s = 2 forwards), stage 1 F0 B0 F1 B1 F2 B2 F3 B3.
+    The microbatches alive at once (forwarded, not yet backwarded) equal cost_model's
+    alive_microbatches: GPipe 4 on both stages, 1F1B 2 on stage 0 and 1 on stage 1."""
+    degrees = RECIPES[recipe].default
+    result = result_of(recipe, degrees, recipe_results)
+    assert result.ok, result.error
+    expected = {"gpipe": ["F0 F1 F2 F3 B0 B1 B2 B3"] * 2,
+                "1f1b": ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"]}[schedule]
+    for rank, events in result.traces.items():
+        stage = rank // (degrees["world_size"] // degrees["pp"])
+        order = _order(events)
+        assert " ".join(order) == expected[stage], rank
+        assert _peak_alive(order) == alive_microbatches(schedule, degrees["pp"], 4, stage)
+    fig = viz.pipeline_schedule(result.traces, step=1, schedule=schedule)
+    assert len(fig.axes[0].patches) == 8 * degrees["world_size"]  # m forwards + m backwards per rank
+    bubble = viz.measured_bubble(result.traces, 1)
+    assert all(0.0 < b < 1.0 for b in bubble.values())  # every rank waited some of the step (the fill)
+
+
+@pytest.mark.distributed
+def test_the_three_schedules_give_the_same_losses(recipe_results):
+    """GPipe, 1F1B and interleaved 1F1B run the same microbatches through the same weights, only in
+    another order: on P1's mesh their losses agree to float32 rounding (each also equals the reference,
+    tests/test_recipes.py). The schedules' variants run on one mesh only, to keep the suite short."""
+    degrees = RECIPES["P1"].default
+    results = [result_of(name, degrees, recipe_results) for name in ("P1", "P1-G", "P1-I")]
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert [r.metrics["notes"]["schedule"] for r in results] == ["1f1b", "gpipe", "interleaved_1f1b"]
+    for other in results[1:]:
+        assert other.metrics["losses"] == pytest.approx(results[0].metrics["losses"], rel=1e-5)
