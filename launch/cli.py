@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(plan)
     workbook = sub.add_parser("workbook", help="run the workbook headless")
     workbook.add_argument("--out", default="runs")
+    latency = sub.add_parser("bench-latency", help="wall time of a run: fresh launch, first and warm pool run")
+    latency.add_argument("--repeats", type=int, default=5, help="runs per column (medians are printed)")
     bench = sub.add_parser("bench", help="our fully_shard against torch FSDP2, steps alternated in one run")
     bench.add_argument("--world", dest="world_size", type=int, default=4, choices=(2, 4),
                        help="ranks: 2 runs FSDP; 4 runs FSDP, HSDP and FSDP+TP")
@@ -223,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
             from launch.plan import cmd_plan
             args.argv = sys.argv[2:] if argv is None else list(argv[1:])   # the review page quotes its command
             return cmd_plan(args)
+        if args.command == "bench-latency":
+            from launch.latency import measure, print_latency
+            print_latency(measure(args.repeats), args.repeats)
+            return 0
         if args.command == "bench":
             return cmd_bench(args)
         if args.command == "report":

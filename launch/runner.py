@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html
 import json
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -124,7 +126,7 @@ def validate(recipe: str, **degrees: int | None) -> tuple[registry.Recipe, Paral
 
 def run(recipe: str, *, steps: int | None = None, timeout: float = 300.0, out: str | Path | None = None,
         seed: int = 0, overlap: bool | None = None, on_line: Callable[[int, str], None] | None = None,
-        on_progress: Callable[[dict], None] | None = None, **degrees: int | None) -> RunResult:
+        on_progress: Callable[[dict], None] | None = None, pool: bool = True, **degrees: int | None) -> RunResult:
     """Run ``recipe`` on ``torchrun`` workers and compare with its single-process reference.
 
     ``overlap=False`` issues every fully_shard collective synchronously (no prefetch, no reduce-scatter
@@ -136,17 +138,19 @@ def run(recipe: str, *, steps: int | None = None, timeout: float = 300.0, out: s
     spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **degrees}
     run_dir = Path(out) if out is not None else None
     return run_many([spec], timeout=timeout, out=run_dir, on_line=on_line, on_progress=on_progress,
-                    run_dirs=[run_dir] if run_dir is not None else None)[0]
+                    run_dirs=[run_dir] if run_dir is not None else None, pool=pool)[0]
 
 
 def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None = None,
              on_line: Callable[[int, str], None] | None = None, on_progress: Callable[[dict], None] | None = None,
-             run_dirs: list[Path] | None = None) -> list[RunResult]:
-    """Several recipe runs of the same world size in ONE torchrun launch (one process group).
+             run_dirs: list[Path] | None = None, pool: bool = True) -> list[RunResult]:
+    """Several recipe runs of the same world size in ONE process group, one after another.
 
     Each run is ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees}`` and gets its own directory
     (``out/NN-RECIPE`` unless ``run_dirs`` says otherwise). All runs are validated before anything
-    starts. Saves the start-up of a launch per run (importing torch on every rank, rendezvous).
+    starts. ``pool=True`` (default) runs them on this process's warm workers (``launch.pool``: started
+    on first use, grown to the largest world size asked for; a fresh process group, reseeded RNGs and a
+    fresh trace per run); ``pool=False`` starts a torchrun launch for them and ends it after.
     """
     if not runs:
         raise ValueError("run_many needs at least one run")
@@ -185,8 +189,11 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
         if on_line is not None:
             on_line(rank, line)
 
-    args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, timeout))]
-    process = torchrun(WORKER_MODULE, worlds.pop(), args=args, timeout=timeout, on_line=forward_line, run_dir=root)
+    if pool:
+        process = _run_on_pool(worlds.pop(), batch, timeout, forward_line, root)
+    else:
+        args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, timeout))]
+        process = torchrun(WORKER_MODULE, worlds.pop(), args=args, timeout=timeout, on_line=forward_line, run_dir=root)
     results = []
     for (recipe, dims, *_), run_dir in zip(prepared, dirs):
         result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir),
@@ -194,3 +201,29 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
         result.save_summary()
         results.append(result)
     return results
+
+
+def _run_on_pool(world_size: int, batch: list[dict], timeout: float, on_line: Callable[[int, str], None],
+                 run_dir: Path) -> TorchrunResult:
+    """The batch on the warm pool, reported like a launch (a failure ends the pool, as it would a launch)."""
+    from launch.pool import PoolError, current
+    start = time.monotonic()
+    try:
+        _, logs, seconds = current().run(world_size, {"kind": "recipes", "specs": batch}, timeout, on_line)
+    except PoolError as error:
+        _write_logs(run_dir, error.logs, world_size)
+        return TorchrunResult(ok=False, returncode=1, logs=error.logs, run_dir=run_dir, failed_rank=error.rank,
+                              error=str(error), timed_out=str(error).startswith("timed out after"),
+                              duration=time.monotonic() - start, command=["warm pool"])
+    _write_logs(run_dir, logs, world_size)
+    return TorchrunResult(ok=True, returncode=0, logs=logs, run_dir=run_dir, failed_rank=None, error=None,
+                          timed_out=False, duration=seconds, command=["warm pool"])
+
+
+def _write_logs(run_dir: Path, logs: dict[int, list[str]], world_size: int) -> None:
+    """This run's lines of every rank, laid out as a launch's torchrun log directory (what the report reads)."""
+    log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=run_dir))
+    for rank in range(world_size):
+        folder = log_dir / "pool" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text("".join(f"{line}\n" for line in logs.get(rank, [])))

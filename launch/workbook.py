@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,9 +31,20 @@ FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 
 # ====================================================================== running the workbook
 
+READING_ORDER = ("00_start_here", "10_ddp_fsdp", "11_tensor_sequence_parallel", "13_hsdp", "12_context_parallel",
+                 "14_moe_expert_parallel", "01_mesh_algebra", "15_pipeline_parallel", "02_fully_shard_groupinfo",
+                 "03_pure_tp_fix",
+                 "04_planning_at_scale", "05_your_own_model", "90_negative_cases", "95_performance", "91_recipe_matrix")
+"""The learning path: concepts before mechanics (each style in 10-14 before 01-04 combine them;
+pipelines, 15, once the mesh of 01 is known), the appendix last. File names keep their numbers (tests and links use them); 00 and every notebook's
+"Next:" link give this order."""
+
+
 def notebooks(folder: str | Path = NOTEBOOKS_DIR) -> list[Path]:
-    """The workbook's notebooks in reading order (their names start with a number)."""
-    return sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
+    """The workbook's notebooks in reading order (``READING_ORDER``; any other notebook after them, by name)."""
+    found = sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
+    rank = {name: i for i, name in enumerate(READING_ORDER)}
+    return sorted(found, key=lambda p: (rank.get(p.stem, len(rank)), p.name))
 
 
 def execute_notebook(path: str | Path, output: str | Path, parameters: Mapping[str, Any] | None = None,
@@ -71,6 +81,11 @@ def run_workbook(out: str | Path, only: Iterable[str] | None = None, parameters:
     root = (Path(out) / stamp).resolve()
     root.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in notebooks(notebooks_dir) if only is None or any(p.stem.startswith(prefix) for prefix in only)]
+    if not chosen:
+        print(f"found no notebooks in {Path(notebooks_dir).resolve()}" + (f" starting with {only}" if only else "")
+              + ": the notebooks live in the repository's notebooks/ folder, not in the installed package; "
+              "run this from a clone of the repository", file=sys.stderr)
+        return 1
     print(f"running {len(chosen)} notebooks into {root}", flush=True)
     from launch.report import write_reports
     start, failed, reports = time.monotonic(), [], []
@@ -108,28 +123,30 @@ def run_recipes(runs: Mapping[str, Mapping[str, int]], *, steps: int | None = No
     """Run recipes against their single-process references, one torchrun launch per world size.
 
     ``runs`` maps a label to degrees (``{"M4": {"world_size": 2, "dp_shard": 2}}``); the label is the
-    recipe unless the degrees hold ``"recipe"``. Every run is validated before anything starts (a bad
+    recipe unless the degrees hold ``"recipe"``; ``"overlap": False`` runs it with every collective
+    synchronous. Every run is validated before anything starts (a bad
     mesh raises ``ValueError`` at once). Prints a line per step and per run; returns label -> RunResult.
     Run directories: ``out/<label>`` (default: a temporary folder), each with a Chrome trace
-    ``trace_chrome.json`` (open it in Perfetto).
+    ``chrome_trace.json`` (open it in Perfetto).
     """
-    from hyper_parallel.run_files import to_chrome_trace
+    from hyper_parallel.run_files import CHROME_TRACE_FILE, to_chrome_trace
+    from launch.run_dirs import new_scratch_dir
     from launch.runner import run_many, validate
+    from launch.widgets.display import step_text
     prepared: dict[int, list[tuple[str, dict]]] = {}
     for label, given in runs.items():
         given = dict(given)
-        recipe = given.pop("recipe", label)
+        recipe, overlap = given.pop("recipe", label), given.pop("overlap", None)
         _, dims = validate(recipe, **given)
-        spec = {"recipe": recipe, "steps": steps, "seed": seed,
-                **{k: v for k, v in dims.degrees().items() if k != "pp"}}
+        spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap,
+                **dims.degrees()}
         prepared.setdefault(dims.world_size, []).append((label, spec))
-    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="hp-notebook-"))
+    root = Path(out) if out is not None else new_scratch_dir("hp-notebook-")
     results: dict[str, Any] = {}
 
     def progress(update: dict) -> None:
         if verbose:
-            print(f"  {update.get('recipe', '')} step {update['step']}/{update['steps']}: loss {update['loss']:.6f}, "
-                  f"reference {update['reference']:.6f}", flush=True)
+            print(f"  {update.get('recipe', '')} {step_text(update)}", flush=True)
 
     for world, group in prepared.items():
         labels = [label for label, _ in group]
@@ -141,7 +158,7 @@ def run_recipes(runs: Mapping[str, Mapping[str, int]], *, steps: int | None = No
         for label, result in zip(labels, outcome):
             results[label] = result
             if result.traces:
-                to_chrome_trace(result.traces, Path(result.run_dir) / "trace_chrome.json")
+                to_chrome_trace(result.traces, Path(result.run_dir) / CHROME_TRACE_FILE)
             if verbose:
                 print(status_line(label, result), flush=True)
     return {label: results[label] for label in runs}
@@ -178,8 +195,12 @@ def show_figures(result, figures_dir: str | Path | None = None, label: str | Non
 
 
 def _decision(unit: Mapping[str, Any]) -> str:
-    """RFC 2.2.2: how a unit's gradients are reduced, from its GroupInfo sizes."""
-    shard, dp = unit["shard_size"], unit["dp_size"]
+    return gradient_reduction(unit["shard_size"], unit["dp_size"])
+
+
+def gradient_reduction(shard: int, dp: int) -> str:
+    """How a unit's gradients are reduced, from its GroupInfo sizes (the decision table of 02):
+    ``RS(shard) + AR(dp)``, ``RS(shard)``, ``AR(dp)`` or ``no communication``."""
     if shard > 1:
         return f"RS({shard})" + (f" + AR({dp})" if dp > 1 else "")
     return f"AR({dp})" if dp > 1 else "no communication"
@@ -187,7 +208,7 @@ def _decision(unit: Mapping[str, Any]) -> str:
 
 def groupinfo_table(results: Mapping[str, Any]):
     """One row per fully_shard unit of each run: GroupInfo sizes, groups and the RS/AR decision."""
-    from launch.widgets import table
+    from launch.html_table import table
     rows = []
     for label, result in results.items():
         for unit in result.metrics.get("units", []):
@@ -213,7 +234,7 @@ def collective_counts(result, step: int | None = None, rank: int = 0) -> Counter
 
 def collective_table(results: Mapping[str, Any], step: int | None = None):
     """Collectives of rank 0 in one step (default: the last) per run, phase, op and group."""
-    from launch.widgets import table
+    from launch.html_table import table
     rows = []
     for label, result in results.items():
         counts = collective_counts(result, step)
@@ -224,9 +245,24 @@ def collective_table(results: Mapping[str, Any], step: int | None = None):
     return table(["run", "phase", "op", "group", "count"], rows, caption="collectives of rank 0 in the last step")
 
 
+def exposure_table(results: Mapping[str, Any], step: int | None = None):
+    """Per run and rank: ms of the step with a collective in flight, of those with no compute running
+    (exposed), and hidden behind compute (``hyper_parallel.viz.overlap``)."""
+    from hyper_parallel.viz.overlap import exposure
+    from hyper_parallel.viz.timeline import steps_of
+    from launch.html_table import table
+    rows = []
+    for label, result in results.items():
+        chosen = steps_of(result.traces)[-1] if step is None else step
+        for rank, numbers in exposure(result.traces, chosen).items():
+            rows.append([label, rank, f"{numbers['compute'] * 1e3:.1f}", f"{numbers['in_flight'] * 1e3:.1f}",
+                         f"{numbers['exposed'] * 1e3:.1f}", f"{numbers['hidden'] * 1e3:.1f}"])
+    return table(["run", "rank", "compute ms", "communication in flight ms", "exposed ms", "hidden ms"], rows)
+
+
 def numbers_table(results: Mapping[str, Any]):
     """Loss per step of each run next to its single-process reference."""
-    from launch.widgets import table
+    from launch.html_table import table
     rows = []
     for label, result in results.items():
         losses, reference = result.metrics.get("losses", []), result.metrics.get("reference_losses", [])

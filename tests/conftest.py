@@ -55,3 +55,11 @@ def recipe_results(tmp_path_factory) -> dict[tuple, launch.RunResult]:
 
 def result_of(recipe: str, degrees: dict, recipe_results) -> launch.RunResult:
     return recipe_results[run_key(recipe, degrees)]
+
+
+@pytest.fixture
+def no_warm_pool():
+    """End the warm pool (launch.pool) other tests left running: for tests that watch every process this
+    one starts."""
+    launch.shutdown_pool()
+    yield

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+
 from launch.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "fault_worker.py"
@@ -39,6 +40,10 @@ def _descendants_recorded():
     finally:
         stop.set()
         thread.join()
+
+
+pytestmark = pytest.mark.usefixtures("no_warm_pool")  # these tests watch every process this one starts
+
 
 
 def _alive(pid: int) -> bool:

@@ -35,6 +35,10 @@ torchrun(sys.argv[1], 2, args=["hang"], timeout=900, run_dir=sys.argv[2],
 """
 
 
+pytestmark = pytest.mark.usefixtures("no_warm_pool")  # these tests watch every process this one starts
+
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -103,7 +107,7 @@ def test_two_launches_at_once_both_succeed(tmp_path, monkeypatch):
     results = {}
 
     def run(recipe: str) -> None:
-        results[recipe] = launch.run(recipe, steps=1, timeout=600)
+        results[recipe] = launch.run(recipe, steps=1, timeout=600, pool=False)  # two launches, not one pool
 
     threads = [threading.Thread(target=run, args=(recipe,)) for recipe in ("M1", "M4")]
     for thread in threads:

@@ -14,22 +14,25 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from launch.workbook import NOTEBOOKS_DIR, execute_notebook, notebooks, run_workbook
+from launch.workbook import NOTEBOOKS_DIR, READING_ORDER, execute_notebook, notebooks, run_workbook
 
 NOTEBOOKS = {path.stem: path for path in notebooks()}
-EXPECTED = [  # name: (text the closing cell prints, minimum image/png outputs)
-    ("00_start_here", "numerics check passed", 2),
+EXPECTED = [  # in reading order: name: (text the closing cell prints, minimum image/png outputs)
+    ("00_start_here", "numerics check passed", 3),
+    ("10_ddp_fsdp", "numerics check passed", 15),
+    ("11_tensor_sequence_parallel", "numerics check passed", 14),
+    ("13_hsdp", "numerics check passed", 10),
+    ("12_context_parallel", "numerics check passed", 11),
+    ("14_moe_expert_parallel", "numerics check passed", 14),
     ("01_mesh_algebra", "mesh algebra checks passed", 2),
+    ("15_pipeline_parallel", "numerics check passed", 2),
     ("02_fully_shard_groupinfo", "numerics check passed", 6),
     ("03_pure_tp_fix", "numerics check passed", 3),
     ("04_planning_at_scale", "planning checks passed", 2),
-    ("10_ddp_fsdp", "numerics check passed", 11),
-    ("11_tensor_sequence_parallel", "numerics check passed", 9),
-    ("12_context_parallel", "numerics check passed", 11),
-    ("13_hsdp", "numerics check passed", 8),
-    ("14_moe_expert_parallel", "numerics check passed", 11),
+    ("05_your_own_model", "numerics check passed", 3),
     ("90_negative_cases", "negative cases passed", 0),
     ("95_performance", "numerics check passed", 3),
+    ("91_recipe_matrix", "recipe matrix checks passed", 0),
 ]
 
 
@@ -46,6 +49,39 @@ def stdout(nb) -> str:
 
 def test_the_workbook_has_every_notebook():
     assert sorted(NOTEBOOKS) == sorted(name for name, _, _ in EXPECTED)
+
+
+def test_notebooks_come_in_reading_order_and_link_the_next_one():
+    """`make workbook` and these tests run the path in reading order; every notebook opens with what it
+    builds on ("You need:") and its last words name the next notebook of the path (the last one, 00)."""
+    assert list(NOTEBOOKS) == list(READING_ORDER) == [name for name, _, _ in EXPECTED]
+    start = nbformat.read(NOTEBOOKS["00_start_here"], as_version=4).cells[0].source
+    for name in READING_ORDER[1:]:  # 00's map lists the path in the same order
+        assert f"`{name}`" in start, name
+    positions = [start.index(f"`{name}`") for name in READING_ORDER[1:]]
+    assert positions == sorted(positions)
+    for index, name in enumerate(READING_ORDER):
+        nb = nbformat.read(NOTEBOOKS[name], as_version=4)
+        opening = " ".join(cell.source for cell in nb.cells[:2])  # the title cell, or the one right after it
+        assert "**You need:**" in opening, f"{name}: no 'You need:'"
+        following = READING_ORDER[(index + 1) % len(READING_ORDER)]
+        markdown = [cell.source for cell in nb.cells if cell.cell_type == "markdown"]
+        assert markdown[-1].startswith("**Next:**") and f"({following}.ipynb)" in markdown[-1], (name, markdown[-1])
+
+
+
+def test_no_notebook_cites_documents_a_learner_does_not_have():
+    for name, path in NOTEBOOKS.items():
+        text = path.read_text()
+        for citation in ("seed 002", "DESIGN.md", "RFC 2.", "RFC 4.", "RFC requirement", "../shared"):
+            assert citation not in text, f"{name} cites {citation!r}"
+
+
+def test_progress_lines_number_steps_as_the_figures_do():
+    """A 2-step run's progress lines say steps 0 and 1, like the timelines' "step 1" and the tables."""
+    from launch.widgets.display import step_text
+    lines = [step_text({"step": done, "steps": 2, "loss": 1.0, "reference": 1.0}) for done in (1, 2)]
+    assert lines[0].startswith("step 0 (1/2 done)") and lines[1].startswith("step 1 (2/2 done)")
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
@@ -116,7 +152,7 @@ def test_notebook_runs_with_non_default_degrees(tmp_path):
     for label, degrees in (("M1", m1), ("M4", m4)):
         metrics = json.loads((tmp_path / "runs" / label / "metrics.json").read_text())
         assert {k: metrics["degrees"][k] for k in degrees} == degrees and metrics["ok"]
-    assert len(outputs(nb, "image/png")) >= 11
+    assert len(outputs(nb, "image/png")) >= 15
 
 
 # ------------------------------------------------------------------ make workbook

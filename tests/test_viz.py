@@ -274,3 +274,73 @@ def test_figures_display_as_png_in_ipython(monkeypatch):
     viz._enable_notebook_display()
     png = formatter(mesh_map(ParallelDims(world_size=2, dp_shard=2)))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----- runs that shard nothing (DDP, pure TP) and MoE runs: what the figures say (issue 19) -----
+def test_unsharded_run_says_nothing_is_gathered_and_never_fsdp():
+    """M1 (DDP) on dp_shard=2: the parameter is (R, R) before and after, so no panel says "sharded",
+    the subtitle says nothing is gathered, and the mesh calls dp_shard a replica dim, not fsdp."""
+    dims = ParallelDims(world_size=2, dp_shard=2)
+    events = [_place("w", "(R, R)", "(R, R)", (4, 4), "forward", 0, 0.1, ("dp_replicate", "fsdp"))]
+    fig = placement_transitions(events, dims, recipe="M1")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_label().startswith("state:")]
+    assert [ax.get_label() for ax in fig.axes if ax.get_label().startswith("state:")] == \
+        ["state:stored", "state:in compute"]
+    assert not any("sharded" in t for t in titles), titles
+    suptitle = fig._suptitle.get_text()
+    assert "nothing is gathered" in suptitle and "only the FSDP dim is gathered" not in suptitle
+    unsharded = mesh_map(dims, "M1", sharded=False)
+    [ax] = unsharded.axes
+    assert "fsdp" not in ax.get_title() and "not sharded" in ax.get_title()
+    assert "dp_shard = fsdp = 2" in mesh_map(dims, "M4").axes[0].get_title()  # FSDP keeps its name
+
+
+def test_sharded_run_keeps_the_fsdp_subtitle():
+    fig = placement_transitions(_fsdp_tp_events(), FSDP_TP, param="w", recipe="B-1")
+    assert "only the FSDP dim is gathered" in fig._suptitle.get_text()
+    assert [ax.get_label() for ax in fig.axes if ax.get_label().startswith("state:")] == \
+        ["state:sharded", "state:unsharded", "state:resharded"]
+
+
+def test_parameters_sharded_reads_the_units():
+    from hyper_parallel.viz import parameters_sharded
+    assert parameters_sharded({"units": [{"shard_size": 1}, {"shard_size": 2}]})
+    assert not parameters_sharded({"units": [{"shard_size": 1}, {"shard_size": 1}]})
+    assert parameters_sharded({})  # no units listed: the mesh decides
+
+
+def test_representative_param_of_a_moe_run_is_an_expert_weight():
+    """S1: a 2-D TP-free dense weight gathered on fsdp and a 3-D expert weight [4, 8, 4], S(0) on ep,
+    gathered on efsdp: the figure shows the expert weight (the 3-D tensor is no longer skipped), with
+    the ep shard kept: rank 0 (ep 0) holds experts 0-1, half of their rows while sharded on efsdp."""
+    dims = ParallelDims(world_size=4, dp_shard=4, ep=2)
+    sparse = ("dp_replicate", "efsdp", "ep")
+    events = [_place("tok_embeddings.weight", "(R, S(0))", "(R, R)", (8, 4), "forward", 0, 0.1,
+                     ("dp_replicate", "fsdp")),
+              _place("layers.1.experts.w1", "(R, S(1), S(0))", "(R, R, S(0))", (4, 8, 4), "forward", 0, 0.2, sparse),
+              _place("layers.1.experts.w1", "(R, R, S(0))", "(R, S(1), S(0))", (4, 8, 4), "forward", 0, 0.3, sparse)]
+    assert representative_param(events) == "layers.1.experts.w1"
+    # S2-like: a TP-sharded 2-D weight next to it used to win (2-D preferred); the expert weight wins now
+    tp_weight = _place("layers.0.attention.wq.weight", "(R, S(1), S(0))", "(R, R, S(0))", (8, 8), "forward", 0, 0.05,
+                       ("dp_replicate", "fsdp", "tp"))
+    assert representative_param([tp_weight] + events) == "layers.1.experts.w1"
+    fig = placement_transitions(events, dims, recipe="S1")
+    sharded = _axes(fig, "state:sharded")
+    assert "rank 0 holds [2, 4, 4] of [4, 8, 4]" in sharded.get_title()
+    assert "rank 0 holds [2, 8, 4]" in _axes(fig, "state:unsharded").get_title()
+
+
+@pytest.mark.parametrize("dims, recipe", [(ParallelDims(world_size=2, cp=2), "M5"),
+                                          (ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2), "M6"),
+                                          (ParallelDims(world_size=2, dp_shard=2), "M1")])
+def test_mesh_panel_titles_are_not_cut(dims, recipe):
+    """Every panel title lies inside the figure (12's M5 title was cut at "reduce-scatt"), and a dim
+    that is also fsdp explains both jobs."""
+    fig = mesh_map(dims, recipe)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.title.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, (ax.get_label(), ax.get_title(), box, fig.bbox)
+    if recipe == "M5":
+        assert "reduce-scatter" in fig.axes[0].get_title() and "sequence" in fig.axes[0].get_title()

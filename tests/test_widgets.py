@@ -113,7 +113,7 @@ def test_recipe_and_world_size_changes_keep_the_selection_valid():
     widget.set(world_size=2, dp_shard=2)
     assert widget.valid and widget.degrees["world_size"] == 2
     with pytest.raises(ValueError, match="unknown degree"):
-        widget.set(pp=2)
+        widget.set(vp=2)
 
 
 def test_cli_command_and_recipe_card():

@@ -53,6 +53,18 @@ def gathered_positions(seq_len: int, cp_size: int) -> torch.Tensor:
     return torch.cat([load_balanced_positions(seq_len, cp_size, i) for i in range(cp_size)])
 
 
+def checked_positions(positions: torch.Tensor, s_local: int, cp: GroupInfo) -> tuple[torch.Tensor, int]:
+    """The gathered sequence's positions and this rank's index, after checking that ``positions`` are
+    this rank's load-balanced chunks (the inputs must have been sharded with ``shard_sequence``)."""
+    layout = gathered_positions(s_local * cp.size, cp.size).to(positions.device)
+    index = cp_index(cp)
+    if not torch.equal(positions, layout[index * s_local:(index + 1) * s_local]):
+        raise ValueError(
+            f"positions of cp rank {index} must be load_balanced_positions({s_local * cp.size}, {cp.size}, {index}) "
+            f"(use shard_sequence on the inputs and on the position ids); got {positions.tolist()}")
+    return layout, index
+
+
 def cp_index(cp: GroupInfo) -> int:
     """This rank's index in the cp group (0 for a group of one, which needs no process group)."""
     return cp.index
@@ -152,12 +164,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     scale = q.shape[-1] ** -0.5 if scale is None else scale  # SDPA's default
     if cp.size == 1:
         return attend(q, k, v, positions, positions, causal, scale, dtype)
-    layout = gathered_positions(s_local * cp.size, cp.size).to(q.device)
-    index = cp_index(cp)
-    if not torch.equal(positions, layout[index * s_local:(index + 1) * s_local]):
-        raise ValueError(
-            f"positions of cp rank {index} must be load_balanced_positions({s_local * cp.size}, {cp.size}, {index}) "
-            f"(use shard_sequence on the inputs and on the position ids); got {positions.tolist()}")
+    layout, index = checked_positions(positions, s_local, cp)
     if impl == "ring":
         return _ring_attention(q, k, v, cp, index, positions, layout.view(cp.size, s_local), causal, scale, dtype)
     same = k.shape == v.shape and k.dtype == v.dtype

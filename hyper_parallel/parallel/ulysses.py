@@ -29,7 +29,7 @@ import torch
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.parallel.cp import attend, cp_index, gathered_positions
+from hyper_parallel.parallel.cp import attend, checked_positions
 
 
 def _all_to_all(send: torch.Tensor, info: GroupInfo) -> torch.Tensor:
@@ -112,12 +112,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: Gro
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cp.size == 1:
         return attend(q, k, v, positions, positions, causal, scale, dtype)
-    layout = gathered_positions(s_local * cp.size, cp.size).to(q.device)
-    index = cp_index(cp)
-    if not torch.equal(positions, layout[index * s_local:(index + 1) * s_local]):
-        raise ValueError(
-            f"positions of cp rank {index} must be load_balanced_positions({s_local * cp.size}, {cp.size}, {index}) "
-            f"(use shard_sequence on the inputs and on the position ids); got {positions.tolist()}")
+    layout, index = checked_positions(positions, s_local, cp)
     if heads == kv_heads:
         q_all, k_all, v_all = SequenceToHeads.apply(torch.stack((q, k, v)), cp).unbind(0)
     else:

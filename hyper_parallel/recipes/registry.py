@@ -37,6 +37,10 @@ class Recipe:
         if "world_size" not in merged:
             raise ValueError("world_size is required")
         dims = ParallelDims(**merged)
+        if dims.pp > 1 and "pp" not in self.must_exceed_one:
+            pipelined = [r.name for r in RECIPES.values() if "pp" in r.must_exceed_one]
+            raise ValueError(f"recipe {self.name} ({self.title}) does not pipeline: it needs pp=1, got pp={dims.pp}; "
+                             f"pipeline recipes: {', '.join(pipelined)}")
         for name in self.must_be_one:
             if getattr(dims, name) != 1:
                 raise ValueError(f"recipe {self.name} ({self.title}) needs {name}=1, got {name}={getattr(dims, name)}")
@@ -65,6 +69,9 @@ _SP_ULYSSES_SHAPES = {**_SP_SHAPES, "ulysses": True}
 # MOE_CONFIG: layer 1 is a MoE with 4 experts of hidden 32, top-2, a shared expert.
 _MOE_SHAPES = {**_SP_SHAPES, "num_experts": 4, "expert_hidden_sizes": (32,)}
 _DENSE = "hyper_parallel.recipes.transformer"
+# PIPELINE_CONFIG: 4 layers (2 stages of 2, or 4 of 1 interleaved), 4 microbatches per data-parallel rank.
+_PIPELINE_SHAPES = {**_TRANSFORMER_SHAPES, "n_layers": 4, "microbatches": 4}
+_PIPELINE = "hyper_parallel.recipes.pipeline"
 _MOE = "hyper_parallel.recipes.moe"
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
@@ -159,6 +166,53 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
         alternatives=({"world_size": 8, "dp_replicate": 2, "dp_shard": 2, "tp": 2},),
         implementation="hyper_parallel.recipes.transformer:fsdp_transformer", shapes=_SP_SHAPES,
         must_be_one=("ep",), must_exceed_one=("dp_replicate",), at_least_one_of=("dp_shard", "cp")),
+    Recipe(
+        name="P1", title="pipeline (1F1B) x FSDP",
+        description="The transformer cut by layers into pp stages on torch.distributed.pipelining; each stage "
+                    "is fully_shard over its own (dp_replicate, fsdp) ranks. Schedule1F1B: after pp-1 warm-up "
+                    "forwards each rank alternates one forward, one backward; activations and their gradients "
+                    "cross stages by send/recv, 4 microbatches per step.",
+        matrix_row="P1 | dense | TP 1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP 0 | ETP 0 | PP >1, 1F1B, n_layers % pp | mini transformer (4 layers)",
+        tier="l1", default={"world_size": 4, "pp": 2, "dp_shard": 2}, alternatives=({"world_size": 2, "pp": 2},),
+        implementation=f"{_PIPELINE}:one_f_one_b", shapes=_PIPELINE_SHAPES,
+        must_be_one=("cp", "tp", "ep"), must_exceed_one=("pp",)),
+    Recipe(
+        name="P1-G", title="pipeline (GPipe) x FSDP",
+        description="P1 with ScheduleGPipe: every microbatch's forward, then every backward (fill-drain); the "
+                    "same bubble as 1F1B, but all microbatches' activations alive at once. Same losses as P1.",
+        matrix_row="P1-G | dense | TP 1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP 0 | ETP 0 | PP >1, GPipe | mini transformer (4 layers)",
+        tier="", default={"world_size": 4, "pp": 2, "dp_shard": 2}, alternatives=(),
+        implementation=f"{_PIPELINE}:gpipe", shapes=_PIPELINE_SHAPES,
+        must_be_one=("cp", "tp", "ep"), must_exceed_one=("pp",)),
+    Recipe(
+        name="P1-I", title="pipeline (interleaved 1F1B, 2 stages per rank) x FSDP",
+        description="P1 with 4 stages of one layer, 2 per rank in a loop (rank r holds stages r and r+pp): "
+                    "ScheduleInterleaved1F1B shrinks the bubble by the number of stages per rank, for twice "
+                    "the sends. Same losses as P1.",
+        matrix_row="P1-I | dense | TP 1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP 0 | ETP 0 | PP >1, interleaved, n_layers % (2 pp) | mini transformer (4 layers)",
+        tier="", default={"world_size": 4, "pp": 2, "dp_shard": 2}, alternatives=(),
+        implementation=f"{_PIPELINE}:interleaved", shapes={**_PIPELINE_SHAPES, "stages_per_rank": 2},
+        must_be_one=("cp", "tp", "ep"), must_exceed_one=("pp",)),
+    Recipe(
+        name="P2", title="pipeline (1F1B) x FSDP x TP",
+        description="P1 with tensor parallelism inside every stage (TP without SP, as B-1): each stage is a "
+                    "(dp_replicate, fsdp, tp) mesh of its own; the activations sent between stages are "
+                    "replicated over tp, so each tp rank sends its copy to its peer of the next stage.",
+        matrix_row="P2 | dense | TP >1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP 0 | ETP 0 | PP >1 x TP, 1F1B | mini transformer (4 layers)",
+        tier="l2", default={"world_size": 8, "pp": 2, "dp_shard": 2, "tp": 2},
+        alternatives=({"world_size": 4, "pp": 2, "tp": 2},),
+        implementation=f"{_PIPELINE}:one_f_one_b", shapes=_PIPELINE_SHAPES,
+        must_be_one=("cp", "ep"), must_exceed_one=("pp", "tp")),
+    Recipe(
+        name="P3", title="pipeline (1F1B) x EP (MoE) x FSDP",
+        description="P1 on a 4-layer MoE transformer (layers 1 and 3 MoE: one per stage); inside each stage "
+                    "the experts are spread over ep (all-to-all dispatch per microbatch) and are a fully_shard "
+                    "unit on the stage's sparse view, as in S1.",
+        matrix_row="P3 | sparse | TP 1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP >1 | ETP 1 | PP >1 x EP, 1F1B | mini MoE (4 layers)",
+        tier="", default={"world_size": 4, "pp": 2, "dp_shard": 2, "ep": 2}, alternatives=(),
+        implementation=f"{_PIPELINE}:expert_parallel", shapes={**_PIPELINE_SHAPES, "num_experts": 4,
+                                                               "expert_hidden_sizes": (32,)},
+        must_be_one=("cp", "tp", "etp"), must_exceed_one=("pp", "ep")),
     Recipe(
         name="S1", title="MoE: EP (etp=1) + dual-stack FSDP",
         description="Experts Shard(0) over ep, tokens dispatched and combined by all-to-all; experts are a "

@@ -1,5 +1,7 @@
 """Figures of the workbook, drawn from run files with matplotlib (no torch.distributed needed).
 
+    concept_figure(style)                           what a style splits, where its collectives go
+    ideal_timeline(ideal_schedule(...))             an idealized step (one rank, no waiting)
     mesh_map(dims, recipe)                          ranks on the mesh, one panel per parallel dim
     placement_transitions(traces, dims, param)      one parameter: sharded -> unsharded -> resharded
     placement_overview(traces, dims, module)        table of every parameter's placements
@@ -22,8 +24,10 @@ from matplotlib.figure import Figure
 
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.viz.layout import ownership, parse_placements, rank_ranges
-from hyper_parallel.viz.mesh_map import mesh_map
+from hyper_parallel.viz.concepts import concept_figure, cp_chunks, ideal_schedule, ideal_timeline
+from hyper_parallel.viz.mesh_map import mesh_map, parameters_sharded
 from hyper_parallel.viz.numerics import numerics
+from hyper_parallel.viz.pipeline import measured_bubble, pipeline_schedule
 from hyper_parallel.viz.placements import (
     placement_overview,
     placement_transitions,
@@ -42,10 +46,17 @@ __all__ = [
     "FIGURES",
     "clock_offsets",
     "comm_volume",
+    "concept_figure",
+    "cp_chunks",
+    "ideal_schedule",
+    "ideal_timeline",
+    "measured_bubble",
     "mesh_map",
     "numerics",
     "ownership",
+    "parameters_sharded",
     "parse_placements",
+    "pipeline_schedule",
     "placement_overview",
     "placement_transitions",
     "rank_color",
@@ -123,7 +134,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path | None = None, step: in
         raise FileNotFoundError(f"{run_dir} has neither {METRICS_FILE} nor {SUMMARY_FILE}")
     dims, recipe = dims_of(metrics), metrics.get("recipe")
     traces = load_traces(run_dir)
-    figures: dict[str, Figure] = {"mesh": mesh_map(dims, recipe)}
+    figures: dict[str, Figure] = {"mesh": mesh_map(dims, recipe, sharded=parameters_sharded(metrics))}
     has_placements = any(e.get("kind") == "placement" for events in traces.values() for e in events)
     if has_placements:
         first = min(e["step"] for e in traces[min(traces)] if e.get("kind") == "placement")

@@ -21,6 +21,13 @@ EXPLAIN = {
 }
 
 
+def parameters_sharded(metrics: dict) -> bool:
+    """Whether a run shards parameters on a data-parallel dim: some fully_shard unit of its
+    ``metrics.json`` has shard_size > 1 (True when the run lists no units: the mesh decides)."""
+    units = metrics.get("units") or []
+    return not units or any(unit.get("shard_size", 1) > 1 for unit in units)
+
+
 def grid_shape(dims: ParallelDims) -> tuple[int, int]:
     """(rows, cols) of the rank grid: the innermost dims (tp, cp, dp_shard, ...) fill a row until it
     is at least as long as the grid is tall; rank r sits at (r // cols, r % cols) in every panel."""
@@ -32,21 +39,23 @@ def grid_shape(dims: ParallelDims) -> tuple[int, int]:
     return dims.world_size // cols, cols
 
 
-def panels(dims: ParallelDims) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def panels(dims: ParallelDims, sharded: bool = True) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Dense and sparse panels as (dim, heading); dims of size 1 and duplicates are left out
-    (fsdp is shown separately only when it differs from both dp_shard and cp)."""
+    (fsdp is shown separately only when it differs from both dp_shard and cp). ``sharded=False``: the
+    run does not shard parameters (DDP, pure TP: ``enable_param_shard=False``), so dp_shard is named
+    a plain data-parallel dim, never "fsdp"."""
     dense = []
     for dim in DENSE_DIMS:
         size = getattr(dims, dim)
         if size <= 1:
             continue
         heading = f"{dim} = {size}"
-        if dim == "dp_shard" and dims.cp == 1:
+        if dim == "dp_shard" and dims.cp == 1 and sharded:
             heading = f"dp_shard = fsdp = {size}"
-        elif dim == "cp" and dims.dp_shard == 1:
+        elif dim == "cp" and dims.dp_shard == 1 and sharded:
             heading = f"cp = fsdp = {size}"
         elif dim == "fsdp":
-            if dims.cp == 1 or dims.dp_shard == 1:
+            if dims.cp == 1 or dims.dp_shard == 1 or not sharded:
                 continue
             heading = f"fsdp = dp_shard × cp = {size}"
         dense.append((dim, heading))
@@ -60,7 +69,17 @@ def panels(dims: ParallelDims) -> tuple[list[tuple[str, str]], list[tuple[str, s
     return dense, sparse
 
 
-def _draw_panel(ax, dims: ParallelDims, dim: str, heading: str, rows: int, cols: int) -> None:
+def explanation(dim: str, heading: str, sharded: bool = True) -> str:
+    """What a panel's dim does in this run: an unsharded run's dp_shard only replicates, and a dim
+    that is also fsdp ("cp = fsdp") does both of its jobs."""
+    if dim == "dp_shard" and not sharded:
+        return "data-parallel replicas: parameters not sharded, gradients all-reduced"
+    if "= fsdp" in heading and dim != "dp_shard":
+        return f"{EXPLAIN[dim]};\n{EXPLAIN['fsdp']}"
+    return EXPLAIN.get(dim, "")
+
+
+def _draw_panel(ax, dims: ParallelDims, dim: str, heading: str, rows: int, cols: int, sharded: bool = True) -> None:
     groups = dims.group_ranks(dim)
     index = {rank: g for g, group in enumerate(groups) for rank in group}
     for rank in range(dims.world_size):
@@ -79,7 +98,7 @@ def _draw_panel(ax, dims: ParallelDims, dim: str, heading: str, rows: int, cols:
     ax.set_yticks([])
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_title(f"{heading}\n{EXPLAIN.get(dim, '')}", fontsize=10)
+    ax.set_title(f"{heading}\n{explanation(dim, heading, sharded)}", fontsize=10)
     shown = groups if len(groups) <= 4 else groups[:3]
     listing = "  ".join("{" + ",".join(map(str, g)) + "}" for g in shown)
     if len(groups) > len(shown):
@@ -88,28 +107,32 @@ def _draw_panel(ax, dims: ParallelDims, dim: str, heading: str, rows: int, cols:
     ax.set_label(f"mesh:{dim}")
 
 
-def mesh_map(dims: ParallelDims, recipe: str | None = None) -> Figure:
+def mesh_map(dims: ParallelDims, recipe: str | None = None, sharded: bool = True) -> Figure:
     """The ranks of ``dims`` on the mesh, one panel per parallel dim of size > 1.
 
     Every panel shows all ranks at the same place (rank r at row r // cols, column r % cols, TP the
     innermost/contiguous dim); cells of the same colour form one process group of that dim and the
     number in a cell is the global rank. With ep > 1 a second row shows the sparse (expert) view.
-    Each panel's axes is labelled ``"mesh:<dim>"``; cell patches carry ``gid="rank<r>"``.
+    Each panel's axes is labelled ``"mesh:<dim>"``; cell patches carry ``gid="rank<r>"``. ``sharded``:
+    whether the run shards parameters (False for DDP and pure TP: no panel then says "fsdp"). Each
+    panel is at least as wide as its title, so no title is cut.
     """
-    dense, sparse = panels(dims)
+    dense, sparse = panels(dims, sharded)
     if not dense and not sparse:
         dense = [("dp_shard", "single rank: nothing is parallel")]
     rows, cols = grid_shape(dims)
     ncols = max(len(dense), len(sparse), 1)
     nrows = 2 if sparse else 1
     cell = 0.85 if cols <= 4 else 0.6
-    width = max(4.0, ncols * max(2.4, cols * cell + 0.6))
+    longest = max((len(line) for dim, heading in dense + sparse
+                   for line in (heading, *explanation(dim, heading, sharded).split("\n"))), default=0)
+    width = max(4.0, ncols * max(2.4, cols * cell + 0.6, 0.095 * longest + 0.4))
     height = nrows * (rows * cell + 1.6) + 0.7
     fig = new_figure(width, height)
     grid = fig.add_gridspec(nrows, ncols)
     for r, row_panels in enumerate([dense, sparse][:nrows]):
         for c, (dim, heading) in enumerate(row_panels):
-            _draw_panel(fig.add_subplot(grid[r, c]), dims, dim, heading, rows, cols)
+            _draw_panel(fig.add_subplot(grid[r, c]), dims, dim, heading, rows, cols, sharded)
     lines = [title("Device mesh", recipe, dims), "number = global rank, small text = its index on that dim, same colour = one process group of that dim"]
     if sparse:
         lines.append("top row: dense view (dp_replicate, dp_shard, cp, tp) · bottom row: expert view "

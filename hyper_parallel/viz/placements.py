@@ -42,13 +42,16 @@ def _shards(text: str) -> int:
 
 
 def representative_param(events: Events, step: int | None = 0) -> str:
-    """A parameter worth drawing: 2-D, changing on the FSDP dim, sharded by TP/EP/ETP if any is."""
+    """A parameter worth drawing: changing on the FSDP dim, an expert weight if there is one (a MoE
+    run's point: the ep shard kept while efsdp is gathered), else TP/ETP-sharded, else 2-D."""
     best, best_score = None, None
     for order, event in enumerate(_placement_events(events, step)):
         placements = parse_placements(event["before"])
         mp_sharded = any(p.kind in ("S", "_S") and dim in MODEL_PARALLEL_DIMS
                          for dim, p in zip(event["mesh_dims"], placements))
-        score = (event["before"] != event["after"], mp_sharded, len(event["global_shape"]) == 2,
+        expert = any(p.kind in ("S", "_S") and dim in ("ep", "etp")
+                     for dim, p in zip(event["mesh_dims"], placements))
+        score = (event["before"] != event["after"], expert, mp_sharded, len(event["global_shape"]) == 2,
                  "_S(" not in event["before"], -order)
         if best_score is None or score > best_score:
             best, best_score = event["param"], score
@@ -135,6 +138,9 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
                           rank: int = 0, recipe: str | None = None) -> Figure:
     """One parameter in three states: sharded -> unsharded (only the FSDP dim gathered) -> resharded.
 
+    A parameter no data-parallel dim shards (DDP, pure TP) is drawn as "stored" and "in compute",
+    with a subtitle saying nothing is gathered.
+
     Each panel draws the global tensor with every block filled by the colours of the ranks holding
     it (computed from the placements and ``dims``' groups, torch.chunk semantics, strided shards
     split by the model-parallel dim first); the placement tuple and rank ``rank``'s local shape are
@@ -145,8 +151,13 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
     param = param or representative_param(events, step)
     unshard, reshard = transition(events, param, step)
     mesh_dims, shape = unshard["mesh_dims"], unshard["global_shape"]
-    states = [("sharded", unshard["before"], "what the optimizer holds"),
-              ("unsharded", unshard["after"], f"{unshard['phase']}: computes with this")]
+    gathers = _shards(unshard["after"]) < _shards(unshard["before"])
+    if gathers:
+        states = [("sharded", unshard["before"], "what the optimizer holds"),
+                  ("unsharded", unshard["after"], f"{unshard['phase']}: computes with this")]
+    else:  # DDP / pure TP: no data-parallel shard, the stored layout is the compute layout
+        states = [("stored", unshard["before"], "what the optimizer holds"),
+                  ("in compute", unshard["after"], f"{unshard['phase']}: the same layout")]
     if reshard is not None:
         states.append(("resharded", reshard["after"], f"after {reshard['phase']}: back to the shard"))
     fig = new_figure(4.2 * len(states) + 1.6 * (len(states) - 1), 5.2 if len(shape) > 1 else 3.0)
@@ -178,8 +189,9 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
     handles = [Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}") for r in range(world)]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(world, 8), fontsize=8,
                title="colour = the rank holding the block; grey block with chips = a copy on each of those ranks", title_fontsize=8)
-    fig.suptitle(title(f"Placements of {param} (step {step})", recipe, dims) +
-                 "\nonly the FSDP dim is gathered; model-parallel (TP/EP/ETP) placements never change", fontsize=11)
+    subtitle = ("only the FSDP dim is gathered; model-parallel (TP/EP/ETP) placements never change" if gathers else
+                "nothing is gathered: not sharded on a data-parallel dim; model-parallel placements never change")
+    fig.suptitle(title(f"Placements of {param} (step {step})", recipe, dims) + "\n" + subtitle, fontsize=11)
     return fig
 
 

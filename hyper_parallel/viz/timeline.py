@@ -204,7 +204,8 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
                title_fontsize=8)
     counts = ", ".join(f"{sum(e['op'] == op for r, e in chosen if r == ranks[0])} {OP_SHORT[op]}" for op in ops)
     shift = max((abs(v) for v in offsets.values()), default=0.0) * 1e3
-    clocks = f"clocks aligned on collective ends (largest shift {shift:.1f} ms)" if align else "raw clocks"
+    clocks = (f"clocks aligned on the ends of synchronous collectives (largest correction {shift:.1f} ms): a "
+              "collective ends together on its ranks, and starts when each rank arrives") if align else "raw clocks"
     exposed = ""
     if computing:
         per_rank = exposure(traces, step)

@@ -11,15 +11,15 @@
     mesh_widget.py  MeshWidget: the picker plus Launch / Stop / progress / logs / figures / Export report
     plan_widget.py  PlanWidget: a layout at scale with the cost model's memory / communication bars
     bench_widget.py BenchWidget: world size, configurations and pairs of ``python -m launch bench``
-    display.py      recipe_card, table, cli_command: HTML the notebooks show
+    display.py      recipe_card, table, cli_command, widget_help: what the notebooks show
 
 Nothing here starts a worker until Launch is clicked (or ``launch()`` called).
 """
 from launch.widgets.bench_widget import BenchWidget
-from launch.widgets.display import cli_command, recipe_card, table
+from launch.widgets.display import WIDGET_HELP, cli_command, recipe_card, table, widget_help
 from launch.widgets.mesh_widget import MeshWidget, Stopped
 from launch.widgets.picker import DEGREES, HELP, DegreePicker, valid_meshes
 from launch.widgets.plan_widget import PlanWidget
 
-__all__ = ["DEGREES", "HELP", "BenchWidget", "DegreePicker", "MeshWidget", "PlanWidget", "Stopped", "cli_command",
-           "recipe_card", "table", "valid_meshes"]
+__all__ = ["DEGREES", "HELP", "WIDGET_HELP", "BenchWidget", "DegreePicker", "MeshWidget", "PlanWidget", "Stopped", "cli_command",
+           "recipe_card", "table", "valid_meshes", "widget_help"]

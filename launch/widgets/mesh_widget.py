@@ -22,7 +22,7 @@ from urllib.parse import quote
 import ipywidgets as widgets
 
 from hyper_parallel.run_files import PROGRESS_PREFIX
-from launch.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, degrees_text, png_bytes
+from launch.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, degrees_text, png_bytes, step_text
 from launch.widgets.picker import DegreePicker
 
 LOG_FLUSH_SECONDS = 0.3
@@ -196,8 +196,7 @@ class MeshWidget(DegreePicker):
     def _on_progress(self, progress: dict) -> None:
         self.progress.max = progress["steps"]
         self.progress.value = progress["step"]
-        self._say(f"step {progress['step']}/{progress['steps']}: loss {progress['loss']:.6f}, single-process "
-                  f"reference {progress['reference']:.6f}", INFO_COLOR)
+        self._say(step_text(progress), INFO_COLOR)
 
     def _run(self, recipe: str, degrees: dict[str, int], steps: int) -> None:
         from launch.runner import run

@@ -1,0 +1,317 @@
+"""Concepts before mechanics: what a parallel style splits, where its collectives go, an idealized step.
+
+The notebooks show these before any measured figure, so a learner who knows DDP sees the idea first
+and then recognises it in the traces of a real run:
+
+    concept_figure("fsdp")              left: which ranks hold which block of the tensors the style
+                                        splits; right: one layer's compute and collectives, forward
+                                        and backward, in order
+    ideal_schedule(2, shard=True)       the slots of one idealized training step (one rank, nothing
+                                        overlaps, every collective instantaneous in its place)
+    ideal_timeline(schedule)            that schedule drawn as a timeline, compute on one lane and
+                                        collectives on the other
+    cp_chunks(cp)                       which sequence chunks every cp rank holds (i and 2cp-1-i)
+
+Torch-free (matplotlib only). ``ideal_schedule`` counts the same collectives as the cost model
+(``hyper_parallel.cost_model``) for the recipes' models: tests/test_concepts.py holds them equal.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from hyper_parallel.viz.style import OP_COLORS, OP_SHORT, PHASE_COLORS, new_figure, rank_color
+
+STYLES = ("ddp", "fsdp", "hsdp", "tp", "sp", "cp", "moe")
+COMPUTE_COLOR = "#9e9e9e"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One thing an idealized rank does: a compute step (op None) or a collective on a group."""
+
+    phase: str        # "forward" or "backward"
+    what: str         # what computes, or what the collective moves
+    op: str | None = None
+    group: str | None = None
+
+
+def cp_chunks(cp: int) -> dict[int, tuple[int, int]]:
+    """The sequence in 2*cp chunks; cp rank i holds chunks i and 2cp-1-i, so under the causal mask
+    every rank attends over the same number of (query chunk, key chunk) blocks."""
+    if cp < 1:
+        raise ValueError(f"cp must be >= 1, got {cp}")
+    return {i: (i, 2 * cp - 1 - i) for i in range(cp)}
+
+
+def ideal_schedule(n_layers: int = 2, *, model: str = "transformer", shard: bool = True, replicate: bool = False,
+                   tp: bool = False, sp: bool = False, cp: bool = False, moe_layers: tuple[int, ...] = (),
+                   expert_shard: bool = True, root: bool = True) -> list[Slot]:
+    """The slots of one training step of one rank, in order, for the recipes' models.
+
+    Units as the recipes build them: one per block (``model="mlp"``) or transformer layer, the root
+    (embeddings / input projection, final norm, head) another; a MoE layer's experts are a unit of
+    their own on ``efsdp``. ``shard``: FSDP all-gathers every unit before it computes (again in
+    backward, except the root, which keeps its parameters) and reduce-scatters its gradients;
+    ``replicate``: one all-reduce per unit on the replica group (DDP when not sharded, HSDP's
+    second step when sharded). ``tp``/``sp``/``cp``: the activation collectives of Megatron-style
+    TP, sequence parallelism and K/V all-gather context parallelism. ``root=False`` leaves out the
+    root's slots (one layer on its own, as ``concept_figure`` draws it).
+    """
+    if model not in ("mlp", "transformer"):
+        raise ValueError(f"model must be 'mlp' or 'transformer', got {model!r}")
+    if sp and not tp:
+        raise ValueError("sequence parallelism (sp) needs tp")
+    ar_group = "dp_replicate" if shard else "dp_replicate+fsdp"
+    fwd, bwd = [], []
+
+    def unit_grads(unit: str, shard_group: str = "fsdp", replica_group: str = ar_group, partial: bool = sp):
+        if shard:
+            bwd.append(Slot("backward", f"gradients of {unit}", "reduce_scatter", shard_group))
+        if replicate:
+            bwd.append(Slot("backward", f"gradient {'shard ' if shard else ''}of {unit}", "all_reduce", replica_group))
+        if partial:
+            bwd.append(Slot("backward", f"partial norm gradients of {unit}", "all_reduce", "tp"))
+
+    if root and shard:
+        fwd.append(Slot("forward", "root parameters (kept until backward)", "all_gather", "fsdp"))
+    if root:
+        fwd.append(Slot("forward", "input projection" if model == "mlp" else "embedding"))
+        if tp:
+            fwd.append(Slot("forward", "embedding output", "reduce_scatter" if sp else "all_reduce", "tp"))
+    for layer in range(n_layers):
+        name = f"{'block' if model == 'mlp' else 'layer'} {layer}"
+        if shard:
+            fwd.append(Slot("forward", f"{name} parameters", "all_gather", "fsdp"))
+        if model == "mlp":
+            fwd.append(Slot("forward", name))
+            continue
+        if sp:
+            fwd.append(Slot("forward", "attention input (whole sequence)", "all_gather", "tp"))
+        if cp:
+            fwd.append(Slot("forward", "K/V of the other sequence chunks", "all_gather", "cp"))
+        fwd.append(Slot("forward", f"attention {layer}"))
+        if tp:
+            fwd.append(Slot("forward", "wo's partial output", "reduce_scatter" if sp else "all_reduce", "tp"))
+        if layer in moe_layers:
+            if expert_shard:
+                fwd.append(Slot("forward", "expert parameters", "all_gather", "efsdp"))
+            fwd += [Slot("forward", "token counts per expert", "all_to_all", "ep"),
+                    Slot("forward", "dispatch tokens to their experts", "all_to_all", "ep"),
+                    Slot("forward", f"experts {layer}"),
+                    Slot("forward", "combine expert outputs", "all_to_all", "ep")]
+            continue
+        if sp:
+            fwd.append(Slot("forward", "feed-forward input (whole sequence)", "all_gather", "tp"))
+        fwd.append(Slot("forward", f"feed-forward {layer}"))
+        if tp:
+            fwd.append(Slot("forward", "w2's partial output", "reduce_scatter" if sp else "all_reduce", "tp"))
+    if root:
+        if sp:
+            fwd.append(Slot("forward", "head input (whole sequence)", "all_gather", "tp"))
+        fwd.append(Slot("forward", "head + loss"))
+        if tp:
+            fwd.append(Slot("forward", "logits (vocabulary shards)", "all_gather", "tp"))
+        bwd.append(Slot("backward", "head + loss"))
+        if tp:
+            bwd.append(Slot("backward", "head input gradient", "reduce_scatter" if sp else "all_reduce", "tp"))
+    for layer in reversed(range(n_layers)):
+        name = f"{'block' if model == 'mlp' else 'layer'} {layer}"
+        if shard:
+            bwd.append(Slot("backward", f"{name} parameters again (resharded after forward)", "all_gather", "fsdp"))
+        if model == "transformer" and layer in moe_layers:
+            bwd.append(Slot("backward", "combine gradient", "all_to_all", "ep"))
+            if expert_shard:
+                bwd.append(Slot("backward", "expert parameters again", "all_gather", "efsdp"))
+            bwd += [Slot("backward", f"experts {layer}"),
+                    Slot("backward", "dispatch gradient", "all_to_all", "ep")]
+            if expert_shard:
+                bwd.append(Slot("backward", "expert gradients", "reduce_scatter", "efsdp"))
+        elif model == "transformer":
+            if sp:
+                bwd.append(Slot("backward", "w2 output gradient", "all_gather", "tp"))
+            bwd.append(Slot("backward", f"feed-forward {layer}"))
+            if tp:
+                bwd.append(Slot("backward", "w1 input gradient", "reduce_scatter" if sp else "all_reduce", "tp"))
+        if model == "mlp":
+            bwd.append(Slot("backward", name))
+        else:
+            if sp:
+                bwd.append(Slot("backward", "wo output gradient", "all_gather", "tp"))
+            bwd.append(Slot("backward", f"attention {layer}"))
+            if cp:
+                bwd.append(Slot("backward", "K/V gradients back to their chunks", "reduce_scatter", "cp"))
+            if tp:
+                bwd += ([Slot("backward", "wq/wk/wv input gradient", "reduce_scatter", "tp")] if sp else
+                        [Slot("backward", f"{w} input gradient", "all_reduce", "tp") for w in ("wq", "wk", "wv")])
+        unit_grads(name)
+    if root:
+        if sp:
+            bwd.append(Slot("backward", "embedding output gradient", "all_gather", "tp"))
+        bwd.append(Slot("backward", "input projection" if model == "mlp" else "embedding"))
+        unit_grads("root")
+    return fwd + bwd
+
+
+def schedule_counts(schedule: list[Slot]) -> Counter:
+    """(op, group, phase) -> number of collectives: the cost model's ``CostEstimate.counts()`` keys."""
+    return Counter((s.op, s.group, s.phase) for s in schedule if s.op is not None)
+
+
+def _slot_label(slot: Slot) -> str:
+    return slot.what if slot.op is None else f"{OP_SHORT.get(slot.op, slot.op)} {slot.group}"
+
+
+def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Figure:
+    """The schedule as a timeline of one rank: compute boxes (grey, 1 unit wide) on the upper lane,
+    collectives (coloured by op, 0.6 wide) on the lower one, forward and backward shaded. Nothing
+    overlaps and nothing waits: compare it with the measured timeline, where ranks wait for each other.
+    Bars carry ``gid="ideal:<op or compute>"``."""
+    if not schedule:
+        raise ValueError("the schedule is empty")
+    widths = [1.0 if s.op is None else 0.6 for s in schedule]
+    fig = new_figure(max(8.0, 0.42 * sum(widths) + 2), 2.9)
+    ax = fig.add_subplot()
+    ax.set_label("ideal_timeline")
+    x, spans = 0.0, {}
+    for slot, width in zip(schedule, widths):
+        lane = 1 if slot.op is None else 0
+        ax.add_patch(Rectangle((x, lane + 0.1), width * 0.94, 0.8, facecolor=OP_COLORS.get(slot.op, COMPUTE_COLOR),
+                               edgecolor="black", linewidth=0.6, gid=f"ideal:{slot.op or 'compute'}"))
+        ax.text(x + width * 0.47, lane + 0.5, _slot_label(slot) if slot.op else slot.what.split(" (")[0],
+                ha="center", va="center", rotation=90, fontsize=6.5, color="white" if slot.op else "black")
+        lo, hi = spans.get(slot.phase, (x, x))
+        spans[slot.phase] = (min(lo, x), max(hi, x + width))
+        x += width
+    for phase, (lo, hi) in spans.items():
+        ax.axvspan(lo, hi, color=PHASE_COLORS.get(phase, "#f2f2f2"), zorder=-1)
+        ax.text((lo + hi) / 2, 2.05, phase, ha="center", va="bottom", fontsize=9)
+    ax.set_xlim(0, x)
+    ax.set_ylim(0, 2.4)
+    ax.set_yticks([0.5, 1.5], ["collectives", "compute"])
+    ax.set_xticks([])
+    counts = Counter(OP_SHORT.get(s.op, s.op) for s in schedule if s.op)
+    ax.set_title(f"{title}: " + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+                 + " per step (one rank; no waiting, no overlap)", fontsize=9.5)
+    return fig
+
+
+# ---------------------------------------------------------------- the left panel: what is split
+
+def _tensor(ax, x0, y0, rows, cols, owner, name, world, cell=0.5, dy=None):
+    """A tensor as a rows x cols grid; ``owner(r, c)``: a rank, a tuple of ranks (copies) or None (not computed)."""
+    for r in range(rows):
+        for c in range(cols):
+            who = owner(r, c)
+            x, y = x0 + c * cell, y0 + r * cell
+            if who is None:
+                ax.add_patch(Rectangle((x, y), cell, cell, facecolor="white", edgecolor="#cccccc", hatch="//"))
+            elif isinstance(who, tuple):
+                ax.add_patch(Rectangle((x, y), cell, cell, facecolor="#f2f2f2", edgecolor="black", linewidth=0.5))
+                for i, rank in enumerate(who):
+                    w = cell / len(who)
+                    ax.add_patch(Rectangle((x + i * w, y + cell * 0.35), w, cell * 0.3, facecolor=rank_color(rank, world),
+                                           edgecolor="none", gid=f"owner{rank}"))
+            else:
+                ax.add_patch(Rectangle((x, y), cell, cell, facecolor=rank_color(who, world), edgecolor="black",
+                                       linewidth=0.5, gid=f"owner{who}"))
+    ax.text(x0 + cols * cell / 2, y0 + rows * cell + 0.12, "\n".join(_wrap(name, 20)), ha="center", va="top",
+            fontsize=7.5)
+
+
+def _draw_split(ax, style: str) -> str:
+    """Draw what ``style`` splits over 2 ranks (4 for HSDP); returns the caption."""
+    both = (0, 1)
+    if style == "ddp":
+        _tensor(ax, 0, 0.6, 4, 4, lambda r, c: both, "W: a whole copy on rank 0 and rank 1", 2)
+        _tensor(ax, 3, 0.6, 4, 2, lambda r, c: r // 2, "batch: rows split", 2)
+        return "every rank holds every parameter; each trains on its own rows"
+    if style == "fsdp":
+        _tensor(ax, 0, 0.6, 4, 4, lambda r, c: r // 2, "W stored: a shard per rank", 2)
+        _tensor(ax, 3, 0.6, 4, 4, lambda r, c: both, "W while its unit computes", 2)
+        return "a shard per rank between uses; the whole tensor only while its unit computes"
+    if style == "hsdp":
+        _tensor(ax, 0, 0.6, 4, 4, lambda r, c: (r // 2, 2 + r // 2), "W: shard r on ranks r and r+2", 4)
+        return "shard over fsdp ({0,1}, {2,3}); copies of each shard across dp_replicate ({0,2}, {1,3})"
+    if style == "tp":
+        _tensor(ax, 0, 0.6, 4, 4, lambda r, c: r // 2, "wq/wk/wv/w1 colwise: S(0)", 2)
+        _tensor(ax, 2.6, 0.6, 4, 4, lambda r, c: c // 2, "wo/w2 rowwise: S(1)", 2)
+        return "colwise layers split output features, rowwise ones input features: partial sums, all-reduced"
+    if style == "sp":
+        _tensor(ax, 0, 0.6, 4, 2, lambda r, c: r // 2, "between blocks: sequence split", 2)
+        _tensor(ax, 1.8, 0.6, 4, 2, lambda r, c: both, "inside a block: whole sequence", 2)
+        return "rows = tokens: norms and residuals on a sequence shard; AG into a block, RS out of it"
+    if style == "cp":
+        owner = {chunk: rank for rank, chunks in cp_chunks(2).items() for chunk in chunks}
+        _tensor(ax, 0, 0.6, 4, 4, lambda q, k: owner[q] if k <= q else None,
+                "causal mask: query chunk (row) x key chunk", 2)
+        return "rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2: 5 mask blocks each (hatched: masked)"
+    if style == "moe":
+        _tensor(ax, 0, 0.6, 4, 1, lambda r, c: r // 2, "experts E0-E3: S(0) over ep", 2)
+        _tensor(ax, 1.3, 0.6, 4, 3, lambda r, c: r // 2, "tokens: where they start", 2)
+        return "each token goes to the rank of its top-k experts (dispatch) and comes back (combine)"
+    raise ValueError(f"unknown style {style!r}; choose one of {STYLES}")
+
+
+_ONE_LAYER = {"ddp": dict(model="mlp", shard=False, replicate=True), "fsdp": dict(model="mlp"),
+              "hsdp": dict(model="mlp", replicate=True), "tp": dict(tp=True, shard=False),
+              "sp": dict(tp=True, sp=True, shard=False), "cp": dict(cp=True),
+              "moe": dict(moe_layers=(0,), expert_shard=False, shard=False)}
+
+
+def concept_figure(style: str) -> Figure:
+    """What ``style`` splits (left) and where its collectives sit in one layer's forward and backward
+    (right, from ``ideal_schedule``). Axes labelled ``"concept:split"`` and ``"concept:flow"``."""
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r}; choose one of {STYLES}")
+    fig = new_figure(11.0, 3.6)
+    grid = fig.add_gridspec(1, 2, width_ratios=[1.0, 1.9])
+    left = fig.add_subplot(grid[0, 0])
+    left.set_label("concept:split")
+    caption = _draw_split(left, style)
+    world = 4 if style == "hsdp" else 2
+    left.legend(handles=[Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}")
+                         for r in range(world)], loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=world,
+                fontsize=7.5, frameon=False)
+    left.set_xlim(-0.2, 5.2)
+    left.set_ylim(3.4, 0.3)
+    left.set_aspect("equal")
+    left.axis("off")
+    left.set_title("\n".join(_wrap(caption, 48)), fontsize=8.5)
+    right = fig.add_subplot(grid[0, 1])
+    right.set_label("concept:flow")
+    schedule = ideal_schedule(1, root=False, **_ONE_LAYER[style])
+    for row, phase in enumerate(("forward", "backward")):
+        slots = [s for s in schedule if s.phase == phase]
+        for i, slot in enumerate(slots):
+            right.add_patch(Rectangle((i, row + 0.15), 0.9, 0.7, facecolor=OP_COLORS.get(slot.op, "#e0e0e0"),
+                                      edgecolor="black", linewidth=0.6, gid=f"flow:{slot.op or 'compute'}"))
+            text = slot.what if slot.op is None else f"{OP_SHORT.get(slot.op, slot.op)} {slot.group}\n{slot.what}"
+            right.text(i + 0.45, row + 0.5, "\n".join(_wrap(text, 13)), ha="center", va="center", fontsize=6.6,
+                       color="white" if slot.op else "black")
+            if i + 1 < len(slots):
+                right.annotate("", xy=(i + 1, row + 0.5), xytext=(i + 0.9, row + 0.5),
+                               arrowprops={"arrowstyle": "-|>", "lw": 0.8})
+        right.text(-0.1, row + 0.5, phase, ha="right", va="center", fontsize=9, fontweight="bold")
+    width = max(sum(s.phase == p for s in schedule) for p in ("forward", "backward"))
+    right.set_xlim(-1.2, max(width, 5))
+    right.set_ylim(2, 0)
+    right.axis("off")
+    right.set_title("one layer, in order. grey: compute; AG all-gather, RS reduce-scatter, AR all-reduce, "
+                    "A2A all-to-all", fontsize=8.5)
+    fig.suptitle(f"{style.upper()}: what is split, and where the collectives go", fontsize=11)
+    return fig
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return lines + ([line] if line else [])

@@ -1,0 +1,104 @@
+"""The concept figures and idealized steps of hyper_parallel.viz.concepts (torch-free, no workers).
+
+The idealized schedule is an independent derivation (unit by unit, layer by layer, written from what
+each style does) of the collectives the cost model counts from its formulas: for every recipe below
+the two must agree on every (op, group, phase) count. The runs' traces equal the cost model
+(tests/test_cost_model.py), so the picture a learner sees first is the one the run measures.
+"""
+from __future__ import annotations
+
+import pytest
+
+from hyper_parallel.cost_model import estimate, recipe_model
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.viz import concept_figure, cp_chunks, ideal_schedule, ideal_timeline
+from hyper_parallel.viz.concepts import STYLES, schedule_counts
+
+RECIPES = {  # recipe: (its default degrees, the schedule's flags for it)
+    "M1": (dict(world_size=2, dp_shard=2), dict(model="mlp", shard=False, replicate=True)),
+    "M4": (dict(world_size=2, dp_shard=2), dict(model="mlp")),
+    "M7": (dict(world_size=4, dp_replicate=2, dp_shard=2), dict(replicate=True)),
+    "M2": (dict(world_size=2, tp=2), dict(tp=True, shard=False)),
+    "M3": (dict(world_size=2, tp=2), dict(tp=True, sp=True, shard=False)),
+    "M5": (dict(world_size=2, cp=2), dict(cp=True)),
+    "S1": (dict(world_size=4, dp_shard=4, ep=2), dict(moe_layers=(1,))),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_ideal_schedule_counts_equal_the_cost_model(recipe):
+    degrees, flags = RECIPES[recipe]
+    expected = estimate(recipe_model(recipe), ParallelDims(**degrees)).counts()
+    assert dict(schedule_counts(ideal_schedule(2, **flags))) == dict(expected)
+
+
+def test_ideal_schedule_of_fsdp_by_hand():
+    """MLP with 2 blocks + root under FSDP: forward AG root, AG block 0, AG block 1 (3); backward the
+    blocks again (2, the root keeps its parameters) and one RS per unit (3)."""
+    slots = [(s.phase, s.op) for s in ideal_schedule(2, model="mlp") if s.op]
+    assert slots == [("forward", "all_gather")] * 3 + [("backward", "all_gather"), ("backward", "reduce_scatter")] * 2 \
+        + [("backward", "reduce_scatter")]
+
+
+def test_ideal_schedule_rejects_sp_without_tp():
+    with pytest.raises(ValueError, match="needs tp"):
+        ideal_schedule(2, sp=True)
+
+
+def test_cp_chunks_balance_the_causal_mask():
+    """Chunk k of 2cp attends over k+1 key chunks; ranks holding i and 2cp-1-i all get 2cp+1 blocks
+    (cp=2: rank 0 chunks 0 and 3 -> 1+4, rank 1 chunks 1 and 2 -> 2+3)."""
+    assert cp_chunks(2) == {0: (0, 3), 1: (1, 2)}
+    for cp in (1, 2, 3, 4):
+        chunks = cp_chunks(cp)
+        assert sorted(c for pair in chunks.values() for c in pair) == list(range(2 * cp))
+        assert {sum(c + 1 for c in pair) for pair in chunks.values()} == {2 * cp + 1}
+    with pytest.raises(ValueError):
+        cp_chunks(0)
+
+
+def test_concept_figure_cp_colours_the_unmasked_blocks_by_rank():
+    fig = concept_figure("cp")
+    split = next(ax for ax in fig.axes if ax.get_label() == "concept:split")
+    owners = [p.get_gid() for p in split.patches if (p.get_gid() or "").startswith("owner")]
+    assert owners.count("owner0") == 5 and owners.count("owner1") == 5  # 10 of 16 blocks under the mask
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_concept_figure_flow_is_one_layer_of_the_schedule(style):
+    fig = concept_figure(style)
+    flow = next(ax for ax in fig.axes if ax.get_label() == "concept:flow")
+    drawn = [p.get_gid().removeprefix("flow:") for p in flow.patches if (p.get_gid() or "").startswith("flow:")]
+    assert "compute" in drawn and len(drawn) > 2
+    expected_ops = {"ddp": {"all_reduce"}, "fsdp": {"all_gather", "reduce_scatter"},
+                    "hsdp": {"all_gather", "reduce_scatter", "all_reduce"}, "tp": {"all_reduce"},
+                    "sp": {"all_gather", "reduce_scatter", "all_reduce"}, "cp": {"all_gather", "reduce_scatter"},
+                    "moe": {"all_to_all"}}[style]
+    assert set(drawn) - {"compute"} == expected_ops
+
+
+def test_concept_figure_rejects_an_unknown_style():
+    with pytest.raises(ValueError, match="choose one of"):
+        concept_figure("pp")
+
+
+def test_ideal_timeline_draws_every_slot():
+    schedule = ideal_schedule(2, tp=True, sp=True, shard=False)
+    fig = ideal_timeline(schedule, "M3")
+    [ax] = fig.axes
+    bars = [p.get_gid() for p in ax.patches if (p.get_gid() or "").startswith("ideal:")]
+    assert len(bars) == len(schedule)
+    assert bars.count("ideal:all_gather") == 11 and bars.count("ideal:reduce_scatter") == 10
+    assert "11 AG, 3 AR, 10 RS" in ax.get_title()
+    with pytest.raises(ValueError):
+        ideal_timeline([])
+
+
+def test_cp_chunks_are_the_layout_the_cp_attention_uses():
+    """The schematic's chunks are the positions the run's CP attention gives each cp rank."""
+    from hyper_parallel.parallel.cp import load_balanced_positions
+    for cp in (1, 2, 4):
+        size = 16 // (2 * cp)
+        for rank, chunks in cp_chunks(cp).items():
+            held = sorted({int(p) // size for p in load_balanced_positions(16, cp, rank)})
+            assert held == sorted(set(chunks)), (cp, rank, held)

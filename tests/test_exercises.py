@@ -1,0 +1,192 @@
+"""The exercises' checkers (launch.exercises) and what the notebooks put on the page (launch.lessons).
+
+Every exercise is checked with a right and a wrong answer against a truth computed independently of
+the checker: the cost model's counts for the recipes' default meshes, hand-made traces with known
+counts and bytes, ParallelDims' rules, ``cp_chunks``. ``None`` (not answered yet) must pass quietly
+with the hint, because papermill runs every notebook with its answers open.
+"""
+from __future__ import annotations
+
+import inspect
+import importlib
+from types import SimpleNamespace
+
+import pytest
+
+from hyper_parallel.cost_model import estimate, get_model, recipe_model
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.viz import cp_chunks
+from launch.exercises import (EXERCISES, RIGHT, UNANSWERED, WRONG, ask, check, check_fits, collective_count,
+                              drifted, fewer_wire_bytes, parameter_bytes, show_solution, wire_bytes_per_rank)
+from launch.lessons import recipe_sources, tradeoff_rows
+from launch.workbook import gradient_reduction
+
+DEFAULTS = {"M1": dict(world_size=2, dp_shard=2), "M4": dict(world_size=2, dp_shard=2), "M2": dict(world_size=2, tp=2),
+            "M7": dict(world_size=4, dp_replicate=2, dp_shard=2), "S1": dict(world_size=4, dp_shard=4, ep=2),
+            "S2": dict(world_size=4, dp_shard=2, tp=2, ep=2, etp=2)}
+COUNTED = {  # exercise: (recipe, op, group, phase, the count its solution states)
+    "00.1": ("M4", "reduce_scatter", None, None, 3),
+    "10.1": ("M4", "all_gather", None, None, 5),
+    "11.1": ("M2", "all_reduce", "tp", "forward", 5),
+    "13.1": ("M7", "all_gather", None, None, 5),
+    "14.1": ("S1", "all_to_all", "ep", None, 5),
+    "14.2": ("S2", None, "efsdp", None, 0),
+}
+
+
+def _cost_model_count(recipe, op, group, phase):
+    counts = estimate(recipe_model(recipe), ParallelDims(**DEFAULTS[recipe])).counts()
+    return sum(n for (o, g, p), n in counts.items()
+               if (op is None or o == op) and (group is None or g == group) and (phase is None or p == phase))
+
+
+@pytest.mark.parametrize("key", sorted(COUNTED))
+def test_count_exercises_right_and_wrong_against_the_cost_model(key, capsys):
+    recipe, op, group, phase, stated = COUNTED[key]
+    truth = _cost_model_count(recipe, op, group, phase)  # the runs' traces equal these (test_cost_model.py)
+    assert truth == stated and EXERCISES[key].solution.startswith(str(stated))
+    assert check(key, stated, truth) == RIGHT
+    assert check(key, stated + 1, truth) == WRONG
+    assert check(key, "five", truth) == WRONG
+    assert "Hint:" in capsys.readouterr().out
+
+
+def _event(op, group, ranks, nbytes, phase="forward", step=1):
+    return {"kind": "collective", "op": op, "group": group, "ranks": ranks, "bytes": nbytes, "phase": phase,
+            "step": step}
+
+
+def test_collective_count_reads_the_last_step_of_a_trace():
+    """Two steps on rank 0: step 0 has 4 all-gathers, step 1 (the last) 3 and one reduce-scatter;
+    init-phase collectives never count."""
+    events = [_event("all_gather", "fsdp", [0, 1], 8, step=0)] * 4 + [_event("all_gather", "fsdp", [0, 1], 8)] * 3 \
+        + [_event("reduce_scatter", "fsdp", [0, 1], 8, "backward"), _event("all_gather", "fsdp", [0, 1], 8, "init")]
+    traces = {0: events}
+    assert collective_count(traces, "all_gather") == 3
+    assert collective_count(traces, "all_gather", phase="backward") == 0
+    assert collective_count(traces, group="fsdp") == 4
+    assert collective_count(traces, group="efsdp") == 0
+
+
+def test_wire_bytes_and_11_2_right_and_wrong(capsys):
+    """2 ranks: an all-reduce of 1000 B sends 2(n-1)/n = 1000 B, an all-gather and a reduce-scatter of
+    1000 B send 500 B each: 'M2' (two all-reduces) 2000 B, 'M3' (AG + RS) 1000 B."""
+    runs = {"M2": {0: [_event("all_reduce", "tp", [0, 1], 1000)] * 2},
+            "M3": {0: [_event("all_gather", "tp", [0, 1], 1000), _event("reduce_scatter", "tp", [0, 1], 1000)]}}
+    assert wire_bytes_per_rank(runs["M2"]) == 2000 and wire_bytes_per_rank(runs["M3"]) == 1000
+    truth = fewer_wire_bytes(runs, ["M2", "M3"])
+    assert check("11.2", "M3", truth) == RIGHT and check("11.2", "m3", truth) == RIGHT
+    assert check("11.2", "M2", truth) == WRONG
+
+
+def test_10_2_parameter_bytes_shrink_by_dp_shard():
+    """FSDP over dp_shard=2 keeps half of every parameter (the MLP's sizes divide evenly: no padding)."""
+    m1 = SimpleNamespace(metrics={"recipe": "M1", "degrees": DEFAULTS["M1"]})
+    m4 = SimpleNamespace(metrics={"recipe": "M4", "degrees": DEFAULTS["M4"]})
+    truth = parameter_bytes(m1) / parameter_bytes(m4)
+    assert check("10.2", 2, truth) == RIGHT and check("10.2", 2.0, truth) == RIGHT
+    assert check("10.2", 0.5, truth) == WRONG
+
+
+def test_13_2_fits_right_and_wrong():
+    """llama-8b-like, N parameters: fp32 parameters and gradients (4 + 4 B) and Adam's two fp32 states
+    (8 B) are 16 N bytes, divided by dp_shard: about 119.7 GiB / dp_shard, so dp_shard 8 keeps
+    15.0 GiB (fits 16), dp_shard 4 keeps 29.9 GiB (does not)."""
+    n = estimate(get_model("llama-8b-like"), ParallelDims(world_size=1)).parameter_count
+    assert 16 * n / 8 / 2 ** 30 < 16 < 16 * n / 4 / 2 ** 30
+    kwargs = dict(model="llama-8b-like", world_size=64, budget_gib=16, need={"dp_replicate": ">1", "tp": 1, "cp": 1})
+    assert check_fits("13.2", {"dp_replicate": 8, "dp_shard": 8}, **kwargs) == RIGHT
+    assert check_fits("13.2", {"dp_replicate": 4, "dp_shard": 16}, **kwargs) == RIGHT
+    assert check_fits("13.2", {"dp_replicate": 16, "dp_shard": 4}, **kwargs) == WRONG   # 29.9 GiB
+    assert check_fits("13.2", {"dp_replicate": 1, "dp_shard": 64}, **kwargs) == WRONG   # fits, but not HSDP
+    assert check_fits("13.2", {"dp_replicate": 3, "dp_shard": 3}, **kwargs) == WRONG    # 9 != 64 ranks
+    assert check_fits("13.2", "dp_shard=8", **kwargs) == WRONG
+    assert check_fits("13.2", None, **kwargs) == UNANSWERED
+
+
+def test_12_1_03_02_and_90_right_and_wrong():
+    chunks = set(cp_chunks(4)[1])  # 8 chunks: rank 1 holds 1 and 2*4-1-1 = 6
+    assert chunks == {1, 6}
+    assert check("12.1", {6, 1}, chunks) == RIGHT and check("12.1", [1, 6], chunks) == RIGHT
+    assert check("12.1", {1, 2}, chunks) == WRONG
+    spread = {"blocks.0.norm.weight": 3e-4, "blocks.0.w2.bias": 1e-5, "blocks.0.w1.weight": 0.0}
+    assert check("03.1", {"blocks.0.norm.weight", "blocks.0.w2.bias"}, drifted(spread)) == RIGHT
+    assert check("03.1", {"blocks.0.norm.weight"}, drifted(spread)) == WRONG
+    assert check("03.2", 2, 2) == RIGHT and check("03.2", 3, 2) == WRONG
+    assert EXERCISES["03.2"].solution.startswith("2")  # measured: 0 -> 2 all-reduces on tp (two block units)
+    assert gradient_reduction(4, 2) == "RS(4) + AR(2)" and gradient_reduction(1, 8) == "AR(8)"
+    assert check("02.1", "RS(4)+AR(2)", gradient_reduction(4, 2)) == RIGHT
+    assert check("02.1", "RS(2) + AR(4)", gradient_reduction(4, 2)) == WRONG
+    with pytest.raises(ValueError, match="ep % \\(cp\\*tp\\)|cp\\*tp|ep="):
+        ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1)
+    efsdp = ParallelDims(world_size=8, dp_shard=8, ep=2).efsdp  # 8 ranks / ep 2 = 4
+    assert efsdp == 4 and check("01.1", 4, efsdp) == RIGHT and check("01.1", 2, efsdp) == WRONG
+    assert check("90.1", False, False) == RIGHT
+    assert check("90.1", True, False) == WRONG and check("90.1", "False", False) == WRONG
+
+
+def test_95_1_block_collectives_of_a_benchmark_row():
+    """HSDP per block: 2 AG + 1 RS on fsdp and 1 AR on dp_replicate = 4 (the root 3, the tp all-gather
+    of an FSDP+TP block is not on an FSDP group)."""
+    from collections import Counter
+    block = Counter({("all_gather", "fsdp"): 2, ("reduce_scatter", "fsdp"): 1, ("all_reduce", "dp_replicate"): 1,
+                     ("all_gather", "tp"): 3})
+    root = Counter({("all_gather", "fsdp"): 1, ("reduce_scatter", "fsdp"): 1, ("all_reduce", "dp_replicate"): 1})
+    row = {"config": "HSDP", "communication": {"ours": {"per_unit": {"root": root, "layers.0": block,
+                                                                     "layers.1": block}}}}
+    bench = SimpleNamespace(rows=[row])
+    from launch.exercises import block_collectives
+    truth = block_collectives(bench, "HSDP")
+    assert truth == 4
+    assert check("95.1", 4, truth) == RIGHT and check("95.1", 3, truth) == WRONG
+    with pytest.raises(ValueError, match="no configuration"):
+        block_collectives(bench, "FSDP")
+    row["communication"]["ours"]["per_unit"]["layers.1"] = root
+    with pytest.raises(ValueError, match="different numbers"):
+        block_collectives(bench, "HSDP")
+
+
+def test_every_exercise_is_tested_and_unanswered_passes(capsys):
+    tested = set(COUNTED) | {"11.2", "10.2", "13.2", "12.1", "03.1", "03.2", "02.1", "90.1", "95.1", "01.1"}
+    assert tested == set(EXERCISES)
+    for key in EXERCISES:
+        assert check(key, None, 1) == UNANSWERED
+        assert EXERCISES[key].hint in capsys.readouterr().out
+        assert "<details>" in show_solution(key).data and key in ask(key).data
+    with pytest.raises(ValueError, match="unknown exercise"):
+        check("99.9", 1, 1)
+
+
+# ---------------------------------------------------------------- launch.lessons
+
+@pytest.mark.parametrize("recipe", ["M1", "M3", "M7", "S1"])
+def test_recipe_code_is_the_code_that_runs(recipe):
+    """The listing is read without importing the modules; it must equal inspect.getsource of the
+    imported functions, and name the calls the lesson points at."""
+    sources = recipe_sources(recipe)
+    for path, source in sources:
+        module, name = path.split(":")
+        assert source == inspect.getsource(getattr(importlib.import_module(module), name)), path
+    text = "".join(source for _, source in sources)
+    assert "fully_shard(" in text
+    if recipe == "M1":
+        assert "enable_param_shard=False" in text
+    if recipe == "M3":
+        assert "ColwiseParallel()" in text and "SequenceParallel()" in text
+    with pytest.raises(ValueError):
+        recipe_sources("M99")
+
+
+def test_tradeoff_rows_shrink_by_dp_shard_and_match_the_trace():
+    """M4 on 2 ranks: parameters and gradients halve against one rank; the communicated rows carry the
+    cost model's bytes, and a trace with exactly those bytes is marked ✔, one with other bytes not."""
+    model = estimate(recipe_model("M4"), ParallelDims(**DEFAULTS["M4"]))
+    events = [_event(op, group, [0, 1], nbytes) for (op, group), nbytes in model.by_op_group().items()]
+    result = SimpleNamespace(metrics={"recipe": "M4", "degrees": DEFAULTS["M4"]}, traces={0: events})
+    rows = {row[0]: row for row in tradeoff_rows(result)}
+    assert rows["parameters per rank"][3] == "shrinks ÷2" and rows["gradients per rank"][3] == "shrinks ÷2"
+    assert rows["communicated: all_gather on fsdp"][4].endswith("✔")
+    assert rows["communicated: reduce_scatter on fsdp"][4].endswith("✔")
+    events[0] = dict(events[0], bytes=events[0]["bytes"] + 4)
+    rows = {row[0]: row for row in tradeoff_rows(result)}
+    assert any(row[4].endswith("≠ model") for row in rows.values())

@@ -1,0 +1,97 @@
+"""The warm pool (``launch.pool``) and ``%%torchrun`` (``launch.magic``).
+
+* A warm run equals a fresh torchrun launch bit for bit: the same losses, the same parameter
+  differences and the same collectives (op, group, bytes, unit, step) on every rank, for M4 on 2
+  ranks and M7 on 4 (the pool grows from 2 to 4 workers in between), run twice warm.
+* Faults: a rank that raises, a rank SIGKILLed, a hang past the timeout are reported (rank, traceback
+  or the stacks at the deadline), the pool ends with every process, and the next run starts a new one.
+* ``%%torchrun``: each rank's output streamed with its rank, the cell's value per rank, names kept for
+  the next cell, an error shown without raising, ``--restart`` forgets the names.
+"""
+from __future__ import annotations
+
+import io
+from collections import Counter
+
+import psutil
+import pytest
+
+import launch
+from launch import magic
+from launch.pool import PoolError, current, shutdown_pool
+
+pytestmark = pytest.mark.distributed
+
+
+def collectives(result) -> dict[int, Counter]:
+    return {rank: Counter((e["step"], e["op"], e["group"], e["bytes"], e["module"]) for e in events
+                          if e["kind"] == "collective") for rank, events in result.traces.items()}
+
+
+def pool_workers() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True)
+            if any("launch.pool_worker" in part for part in _cmdline(p))]
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.fixture
+def fresh_pool():
+    shutdown_pool()
+    yield current()
+    shutdown_pool()
+
+
+@pytest.mark.parametrize("recipe, degrees", [("M4", {"world_size": 2, "dp_shard": 2}),
+                                             ("M7", {"world_size": 4, "dp_replicate": 2, "dp_shard": 2})])
+def test_warm_runs_equal_a_fresh_launch(tmp_path, recipe, degrees):
+    fresh = launch.run(recipe, steps=2, out=tmp_path / "fresh", pool=False, **degrees)
+    warm = [launch.run(recipe, steps=2, out=tmp_path / f"warm{i}", **degrees) for i in range(2)]
+    assert fresh.ok and all(w.ok for w in warm), (fresh.error, [w.error for w in warm])
+    for run in warm:
+        assert run.metrics["losses"] == fresh.metrics["losses"]
+        assert run.metrics["max_param_diff"] == fresh.metrics["max_param_diff"]
+        assert collectives(run) == collectives(fresh)
+    assert current().size >= degrees["world_size"]
+
+
+def test_a_rank_that_raises_ends_the_pool_and_the_next_run_starts_one(fresh_pool):
+    with pytest.raises(PoolError, match=r"rank 1 failed:(.|\n)*ValueError: only on rank 1") as failure:
+        fresh_pool.run(2, {"kind": "code", "code": "if rank == 1:\n    raise ValueError('only on rank 1')"}, 60)
+    assert failure.value.rank == 1 and not fresh_pool.alive and not pool_workers()
+    assert [magic.decode(r) for r in fresh_pool.run(2, {"kind": "code", "code": "rank * 10"}, 60)[0]] == [0, 10]
+
+
+def test_a_killed_rank_ends_the_pool(fresh_pool):
+    code = "import os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()"
+    with pytest.raises(PoolError, match="rank 1 died") as failure:
+        fresh_pool.run(2, {"kind": "code", "code": code}, 60)
+    assert failure.value.rank == 1 and not pool_workers()
+    assert fresh_pool.run(2, {"kind": "code", "code": "world_size"}, 60)[0][0]["ok"]
+
+
+def test_a_hang_is_ended_at_the_timeout_with_the_stacks(fresh_pool):
+    with pytest.raises(PoolError, match=r"timed out after 5 s; ranks still running: \[0, 1\]") as failure:
+        fresh_pool.run(2, {"kind": "code", "code": "import time\ntime.sleep(600)"}, 5)
+    assert "<%%torchrun cell>\", line 2" in str(failure.value)  # each rank's stack at the deadline: the sleep
+    assert not pool_workers()
+    assert fresh_pool.run(2, {"kind": "code", "code": "1"}, 60)[0][0]["ok"]
+
+
+def test_torchrun_magic_streams_returns_keeps_names_and_restarts(fresh_pool, capsys):
+    stream = io.StringIO()
+    cell = "print('hello from', rank)\nx = torch.ones(1) * (rank + 1)\ndist.all_reduce(x)\nx.item()"
+    assert magic.run_cell(cell, 2, stream=stream) == [3.0, 3.0]  # 1 + 2 on both ranks
+    assert sorted(stream.getvalue().splitlines()) == ["[rank 0] hello from 0", "[rank 1] hello from 1"]
+    doubled = magic.run_cell("x * 2", 2)
+    assert [t.tolist() for t in doubled] == [[6.0], [6.0]]  # x from the previous cell, a tensor back
+    assert magic.torchrun_magic("-n 2", "undefined_name") is None  # shown, not raised
+    assert "NameError" in capsys.readouterr().err
+    magic.torchrun_magic("--restart")
+    assert magic.run_cell("'x' in globals()", 2) == [False, False]
+    assert magic.run_cell("config['lr'] * rank", 2, send={"config": {"lr": 0.5}}) == [0.0, 0.5]
