@@ -178,7 +178,7 @@ def figures(result, figures_dir: str | Path | None = None, label: str | None = N
     """Every figure of a run (``hyper_parallel.viz.run_figures``), saved under ``figures_dir/<label>``."""
     from hyper_parallel.viz import run_figures
     out_dir = Path(figures_dir) / (label or Path(result.run_dir).name) if figures_dir is not None else None
-    return run_figures(result.run_dir, out_dir=out_dir, **options)
+    return run_figures(result.run_dir, out_dir=out_dir, label=label, **options)
 
 
 def show_figures(result, figures_dir: str | Path | None = None, label: str | None = None,

@@ -344,3 +344,14 @@ def test_mesh_panel_titles_are_not_cut(dims, recipe):
         assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, (ax.get_label(), ax.get_title(), box, fig.bbox)
     if recipe == "M5":
         assert "reduce-scatter" in fig.axes[0].get_title() and "sequence" in fig.axes[0].get_title()
+
+
+def test_run_figures_titles_name_the_run_by_its_label(tmp_path):
+    """A run of M7 with cp as its shard dim is "M7+CP" in its notebook: the figures say so too."""
+    import json
+    from hyper_parallel.viz import run_figures
+    metrics = {"recipe": "M7", "degrees": {"world_size": 4, "dp_replicate": 2, "dp_shard": 1, "cp": 2}}
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    titles = {name: fig._suptitle.get_text() if fig._suptitle else " ".join(ax.get_title() for ax in fig.axes)
+              for name, fig in run_figures(tmp_path, label="M7+CP").items()}
+    assert titles and all("M7+CP" in text for text in titles.values()), titles

@@ -115,8 +115,9 @@ def dims_of(metrics: dict[str, Any]) -> ParallelDims:
 
 
 def run_figures(run_dir: str | Path, out_dir: str | Path | None = None, step: int | None = None,
-                param: str | None = None) -> dict[str, Figure]:
+                param: str | None = None, label: str | None = None) -> dict[str, Figure]:
     """Every figure of one run directory (``FIGURES`` order), saved as PNG + SVG when ``out_dir`` is given.
+    Titles name the run by ``label`` (e.g. "M7 + CP"), else by its recipe.
 
     The placement figures show step 0 and ``param`` (default: ``representative_param``, a TP/EP-sharded
     2-D weight if there is one); timeline and volume show ``step`` (default: the last step).
@@ -132,7 +133,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path | None = None, step: in
     metrics = load_json(run_dir / METRICS_FILE) or load_json(run_dir / SUMMARY_FILE)
     if not metrics:
         raise FileNotFoundError(f"{run_dir} has neither {METRICS_FILE} nor {SUMMARY_FILE}")
-    dims, recipe = dims_of(metrics), metrics.get("recipe")
+    dims, recipe = dims_of(metrics), label or metrics.get("recipe")
     traces = load_traces(run_dir)
     figures: dict[str, Figure] = {"mesh": mesh_map(dims, recipe, sharded=parameters_sharded(metrics))}
     has_placements = any(e.get("kind") == "placement" for events in traces.values() for e in events)
