@@ -63,3 +63,12 @@ def no_warm_pool():
     one starts."""
     launch.shutdown_pool()
     yield
+
+
+def process_alive(pid: int) -> bool:
+    """A zombie counts as gone (an orphan may wait a while for init to reap it)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

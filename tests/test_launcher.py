@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-
+from conftest import process_alive
 
 from launch.supervisor import torchrun
 
@@ -45,18 +45,10 @@ def _descendants_recorded():
 pytestmark = pytest.mark.usefixtures("no_warm_pool")  # these tests watch every process this one starts
 
 
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _assert_nothing_left(run_dir: Path, recorded: set[int]) -> None:
     written = {int(pid) for path in run_dir.glob("pid_rank*") for pid in path.read_text().split()}
     assert recorded, "no descendant process was ever seen"
-    assert not [pid for pid in recorded | written if _alive(pid)], "processes outlived the launcher"
+    assert not [pid for pid in recorded | written if process_alive(pid)], "processes outlived the launcher"
 
 
 def _assert_both_ranks_started(run_dir: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import process_alive
 
 import launch
 from launch import run_dirs
@@ -36,14 +37,6 @@ torchrun(sys.argv[1], 2, args=["hang"], timeout=900, run_dir=sys.argv[2],
 
 
 pytestmark = pytest.mark.usefixtures("no_warm_pool")  # these tests watch every process this one starts
-
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _wait_for_line(kernel: subprocess.Popen, wanted: str, timeout: float) -> None:
@@ -83,9 +76,9 @@ def test_hanging_ranks_die_with_their_launcher_and_listen_on_loopback_only(tmp_p
         kernel.stdout.close()
     workers = {int(path.read_text().split()[0]) for path in tmp_path.glob("pid_rank*")}
     pids = {proc.pid for proc in tree} | workers
-    while [pid for pid in pids if _alive(pid)] and time.monotonic() - killed_at < GONE_WITHIN:
+    while [pid for pid in pids if process_alive(pid)] and time.monotonic() - killed_at < GONE_WITHIN:
         time.sleep(0.1)
-    survivors = [pid for pid in pids if _alive(pid)]
+    survivors = [pid for pid in pids if process_alive(pid)]
     for pid in survivors:  # so a failure does not leave ranks hanging on the machine
         try:
             psutil.Process(pid).kill()
