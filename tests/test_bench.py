@@ -106,8 +106,11 @@ def test_memory(bench):
         largest_buffer = max(event["bytes"] for impl in ("ours", "torch")
                              for events in load_traces(bench.directory / row["config"] / impl).values()
                              for event in events if event["kind"] == "collective")
+        # Above torch's transient peak by at most two collective buffers: one that the profiler may see freed
+        # late (a buffer whose last reference gloo's thread drops), and the reduce-scatter input our overlap
+        # keeps in flight while the next unit computes (torch FSDP2's reduce-scatter blocks on CPU).
         for rank, ((_, our_transient), (_, their_transient)) in enumerate(zip(ours, theirs)):
-            assert 0 < our_transient <= their_transient + largest_buffer, (row["config"], rank)
+            assert 0 < our_transient <= their_transient + 2 * largest_buffer, (row["config"], rank)
 
 
 def test_table_and_figure(bench):
