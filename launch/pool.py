@@ -19,7 +19,6 @@ import atexit
 import json
 import secrets
 import subprocess
-import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection, Listener, wait
@@ -28,7 +27,7 @@ from typing import Any
 
 from launch.failure_report import timeout_error
 from launch.run_dirs import new_scratch_dir
-from launch.supervisor import LOOPBACK, LineCallback, _build_command, _child_env, _Output, _ProcessTree
+from launch.supervisor import LOOPBACK, LineCallback, _Output, _ProcessTree, start_agent, without_rank_prefix
 
 WORKER_MODULE = "launch.pool_worker"
 ADDRESS_ENV, KEY_ENV = "HYPER_PARALLEL_POOL_ADDRESS", "HYPER_PARALLEL_POOL_KEY"  # read by launch.pool_worker
@@ -64,9 +63,7 @@ class Pool:
         return self._proc is not None and self._proc.poll() is None
 
     def _emit(self, rank: int, line: str) -> None:
-        prefix = f"[rank{rank}]:"
-        if rank >= 0 and line.startswith(prefix):
-            line = line[len(prefix):].removeprefix(" ")
+        line = without_rank_prefix(rank, line)
         self._logs.setdefault(rank, []).append(line)
         if self._on_line is not None:
             self._on_line(rank, line)
@@ -76,13 +73,8 @@ class Pool:
         self._listener = Listener((LOOPBACK, 0), authkey=key)
         host, port = self._listener.address
         self.run_dir = new_scratch_dir("pool-")
-        log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=self.run_dir))
-        env = _child_env(self.run_dir, log_dir, {ADDRESS_ENV: f"{host}:{port}", KEY_ENV: key.hex()})
-        self._proc = subprocess.Popen(_build_command(["-m", WORKER_MODULE], size, [], log_dir),
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      env=env, start_new_session=True)
-        self._tree = _ProcessTree(self._proc)
-        self._output = _Output(self._proc.stdout, log_dir, size, self._emit)
+        self._proc, self._tree, self._output, _ = start_agent(
+            ["-m", WORKER_MODULE], size, [], self.run_dir, self._emit, {ADDRESS_ENV: f"{host}:{port}", KEY_ENV: key.hex()})
         self._logs, self._conns, self.size = {}, {}, size
         accepted: list[Connection] = []
         thread = threading.Thread(target=lambda: [accepted.append(self._listener.accept()) for _ in range(size)],

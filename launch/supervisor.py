@@ -305,26 +305,36 @@ def torchrun(
         return _launch(entry, nproc, [str(arg) for arg in args], timeout, on_line, env, run_dir)
 
 
+def without_rank_prefix(rank: int, line: str) -> str:
+    """A rank's line without the ``[rankN]:`` torch's distributed excepthook adds (the rank is known)."""
+    prefix = f"[rank{rank}]:"
+    return line[len(prefix):].removeprefix(" ") if rank >= 0 and line.startswith(prefix) else line
+
+
+def start_agent(entry: list[str], nproc: int, args: list[str], run_dir: Path, emit: LineCallback,
+                env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen, _ProcessTree, _Output, Path]:
+    """Start the loopback agent running ``entry`` on ``nproc`` ranks in its own session (Ctrl-C reaches us,
+    not torchrun); its process tree and output follower, and its fresh log directory (never an old run's)."""
+    log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=run_dir))
+    proc = subprocess.Popen(
+        _build_command(entry, nproc, args, log_dir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, env=_child_env(run_dir, log_dir, env), start_new_session=True,
+    )  # fmt: skip
+    return proc, _ProcessTree(proc), _Output(proc.stdout, log_dir, nproc, emit), log_dir
+
+
 def _launch(entry: list[str], nproc: int, args: list[str], timeout: float, on_line: LineCallback | None,
             env: Mapping[str, str] | None, run_dir: Path) -> TorchrunResult:
-    log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=run_dir))  # fresh: never tail an old run
-    command = _build_command(entry, nproc, args, log_dir)
     logs: dict[int, list[str]] = {rank: [] for rank in range(-1, nproc)}
 
     def emit(rank: int, line: str) -> None:
-        prefix = f"[rank{rank}]:"  # added by torch's distributed excepthook; redundant per rank
-        if rank >= 0 and line.startswith(prefix):
-            line = line[len(prefix) :].removeprefix(" ")
+        line = without_rank_prefix(rank, line)
         logs.setdefault(rank, []).append(line)
         if on_line is not None:
             on_line(rank, line)
 
     start = time.monotonic()
-    proc = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=_child_env(run_dir, log_dir, env), start_new_session=True,  # Ctrl-C reaches us, not torchrun
-    )  # fmt: skip
-    tree, output = _ProcessTree(proc), _Output(proc.stdout, log_dir, nproc, emit)
+    proc, tree, output, log_dir = start_agent(entry, nproc, args, run_dir, emit, env)
     try:
         try:
             running_ranks = _watch(proc, tree, output, start, timeout)
@@ -345,5 +355,5 @@ def _launch(entry: list[str], nproc: int, args: list[str], timeout: float, on_li
     return TorchrunResult(
         ok=returncode == 0 and not timed_out, returncode=returncode, logs=logs, run_dir=run_dir,
         failed_rank=failed_rank, error=error, timed_out=timed_out,
-        duration=time.monotonic() - start, command=command,
+        duration=time.monotonic() - start, command=list(proc.args),
     )  # fmt: skip
