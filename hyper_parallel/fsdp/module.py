@@ -107,9 +107,8 @@ class FullyShardModule:
             state.reshard_after_backward = bool(reshard_after_backward)
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
-        """Accepted for FSDP2 compatibility: every reduction completes within its backward here, so there
-        is nothing to wait for after the last one."""
-        self._hp_state.is_last_backward = bool(is_last_backward)
+        """Accepted for FSDP2 compatibility, and nothing to do: every reduction in flight is finished at the
+        end of its own backward, so there is nothing to wait for after the last one."""
 
     def set_gradient_divide_factor(self, factor: float, *, recurse: bool = True) -> None:
         """Divide reduced gradients by ``factor`` instead of the data-parallel world (rank_size)."""
