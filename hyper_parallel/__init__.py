@@ -3,16 +3,21 @@
 ``ParallelDims`` needs no torch import (the launcher validates degrees with it in a fraction of a
 second); ``fully_shard``, ``MixedPrecisionPolicy`` and ``GroupInfo`` load torch.distributed on first use.
 """
+
 from hyper_parallel.mesh import ParallelDims, valid_choices
 
 __all__ = ["ParallelDims", "valid_choices", "fully_shard", "MixedPrecisionPolicy", "GroupInfo"]
 
-_LAZY = {"fully_shard": "hyper_parallel.fsdp", "MixedPrecisionPolicy": "hyper_parallel.fsdp",
-         "GroupInfo": "hyper_parallel.comm"}
+_LAZY = {
+    "fully_shard": "hyper_parallel.fsdp",
+    "MixedPrecisionPolicy": "hyper_parallel.fsdp",
+    "GroupInfo": "hyper_parallel.comm",
+}
 
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
+
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hyper_parallel' has no attribute {name!r}")

@@ -3,6 +3,7 @@
 Each collective records one trace event (op, group name, global ranks, full buffer bytes). A group
 of size 1 issues nothing and records nothing: there is no communication to see.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class GroupInfo:
         return self.ranks.index(dist.get_rank()) if self.size > 1 else 0
 
     @classmethod
-    def from_mesh(cls, mesh: DeviceMesh, dims: tuple[str, ...]) -> "GroupInfo":
+    def from_mesh(cls, mesh: DeviceMesh, dims: tuple[str, ...]) -> GroupInfo:
         """The group of this rank over ``dims`` of ``mesh`` (several dims are flattened into one group)."""
         dims = tuple(dims)
         if not dims:
@@ -90,8 +91,9 @@ class PendingCollective:
         self._work = None
 
 
-def _issue(op: str, info: GroupInfo, nbytes: int, dtype: torch.dtype, module: str | None, async_op: bool,
-           call) -> PendingCollective | None:
+def _issue(
+    op: str, info: GroupInfo, nbytes: int, dtype: torch.dtype, module: str | None, async_op: bool, call
+) -> PendingCollective | None:
     """Run ``call(async_op)`` traced: synchronously, or issued now and recorded when waited for."""
     if not async_op:
         with trace.collective(op, info.name, info.ranks, nbytes, dtype, module):
@@ -103,48 +105,78 @@ def _issue(op: str, info: GroupInfo, nbytes: int, dtype: torch.dtype, module: st
     return PendingCollective(work, completed)
 
 
-def all_gather_into_tensor(output: torch.Tensor, shard: torch.Tensor, info: GroupInfo, module: str | None = None,
-                           async_op: bool = False) -> PendingCollective | None:
+def all_gather_into_tensor(
+    output: torch.Tensor, shard: torch.Tensor, info: GroupInfo, module: str | None = None, async_op: bool = False
+) -> PendingCollective | None:
     """``output`` (size x shard, contiguous) <- every rank's ``shard`` in rank order of the group."""
     if info.size == 1:
         output.copy_(shard.reshape(output.shape))
         return PendingCollective(None, None) if async_op else None
-    return _issue("all_gather", info, _nbytes(output), output.dtype, module, async_op,
-                  lambda run_async: dist.all_gather_single(output, shard, group=info.group, async_op=run_async))
+    return _issue(
+        "all_gather",
+        info,
+        _nbytes(output),
+        output.dtype,
+        module,
+        async_op,
+        lambda run_async: dist.all_gather_single(output, shard, group=info.group, async_op=run_async),
+    )
 
 
-def reduce_scatter_tensor(output: torch.Tensor, full: torch.Tensor, info: GroupInfo, module: str | None = None,
-                          async_op: bool = False) -> PendingCollective | None:
+def reduce_scatter_tensor(
+    output: torch.Tensor, full: torch.Tensor, info: GroupInfo, module: str | None = None, async_op: bool = False
+) -> PendingCollective | None:
     """``output`` <- this rank's 1/size of the sum of every rank's ``full``."""
     if info.size == 1:
         output.copy_(full.reshape(output.shape))
         return PendingCollective(None, None) if async_op else None
-    return _issue("reduce_scatter", info, _nbytes(full), full.dtype, module, async_op,
-                  lambda run_async: dist.reduce_scatter_single(output, full, op=dist.ReduceOp.SUM, group=info.group,
-                                                               async_op=run_async))
+    return _issue(
+        "reduce_scatter",
+        info,
+        _nbytes(full),
+        full.dtype,
+        module,
+        async_op,
+        lambda run_async: dist.reduce_scatter_single(
+            output, full, op=dist.ReduceOp.SUM, group=info.group, async_op=run_async
+        ),
+    )
 
 
-def all_reduce(tensor: torch.Tensor, info: GroupInfo, module: str | None = None,
-               async_op: bool = False) -> torch.Tensor | PendingCollective:
+def all_reduce(
+    tensor: torch.Tensor, info: GroupInfo, module: str | None = None, async_op: bool = False
+) -> torch.Tensor | PendingCollective:
     """In-place sum over the group; with ``async_op`` the pending collective instead of the tensor."""
     if info.size == 1:
         return PendingCollective(None, None) if async_op else tensor
-    pending = _issue("all_reduce", info, _nbytes(tensor), tensor.dtype, module, async_op,
-                     lambda run_async: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=info.group,
-                                                       async_op=run_async))
+    pending = _issue(
+        "all_reduce",
+        info,
+        _nbytes(tensor),
+        tensor.dtype,
+        module,
+        async_op,
+        lambda run_async: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=info.group, async_op=run_async),
+    )
     return pending if async_op else tensor
 
 
-def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, info: GroupInfo,
-                      output_splits: list[int] | None = None, input_splits: list[int] | None = None,
-                      module: str | None = None) -> torch.Tensor:
+def all_to_all_single(
+    output: torch.Tensor,
+    tensor: torch.Tensor,
+    info: GroupInfo,
+    output_splits: list[int] | None = None,
+    input_splits: list[int] | None = None,
+    module: str | None = None,
+) -> torch.Tensor:
     """Rank i sends ``input_splits[j]`` rows to rank j and receives ``output_splits[j]`` rows from it."""
     if info.size == 1:
         output.copy_(tensor)
         return output
     with trace.collective("all_to_all", info.name, info.ranks, _nbytes(tensor), tensor.dtype, module):
-        dist.all_to_all_single(output, tensor, output_split_sizes=output_splits,
-                               input_split_sizes=input_splits, group=info.group)
+        dist.all_to_all_single(
+            output, tensor, output_split_sizes=output_splits, input_split_sizes=input_splits, group=info.group
+        )
     return output
 
 

@@ -15,14 +15,16 @@ views share a root mesh and compose (``DeviceMesh._concatenate``). TP is always 
     loss    (dp_cp, tp)                           dp_cp  = dp_replicate * dp_shard * cp
     sparse  (dp_replicate, efsdp, ep[, etp])      efsdp  = dp_shard * cp * tp // (ep * etp)
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
 import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported only by build_mesh
     from hyper_parallel.mesh_views import MeshViews
@@ -79,28 +81,33 @@ class ParallelDims:
                 raise ValueError(
                     f"cannot infer dp_shard: world_size={self.world_size} is not divisible by "
                     f"dp_replicate*cp*tp*pp = {self.dp_replicate}*{self.cp}*{self.tp}*{self.pp} = {others}; "
-                    f"nearest valid world_size: {_nearest_multiple(self.world_size, others)}")
+                    f"nearest valid world_size: {_nearest_multiple(self.world_size, others)}"
+                )
             object.__setattr__(self, "dp_shard", self.world_size // others)
         product = others * self.dp_shard
         if product != self.world_size:
             raise ValueError(
                 f"world-size equation violated: dp_replicate*dp_shard*cp*tp*pp = "
                 f"{self.dp_replicate}*{self.dp_shard}*{self.cp}*{self.tp}*{self.pp} = {product} "
-                f"!= world_size={self.world_size}; {self._world_size_hint(others)}")
+                f"!= world_size={self.world_size}; {self._world_size_hint(others)}"
+            )
         self._check_expert_degrees()
 
     def _world_size_hint(self, others: int) -> str:
         if self.world_size % others == 0:
             return f"nearest valid choice: dp_shard={self.world_size // others} (or dp_shard=-1)"
-        return (f"the other degrees multiply to {others}, which does not divide world_size={self.world_size}; "
-                f"run on world_size={others * self.dp_shard} ranks, or change the degrees")
+        return (
+            f"the other degrees multiply to {others}, which does not divide world_size={self.world_size}; "
+            f"run on world_size={others * self.dp_shard} ranks, or change the degrees"
+        )
 
     def _check_expert_degrees(self) -> None:
         ep, etp, tp, cp, dp_shard = self.ep, self.etp, self.tp, self.cp, self.dp_shard
         if etp > 1 and ep == 1:
             raise ValueError(
                 f"etp={etp} requires ep > 1: expert tensor parallelism shards experts, which are only "
-                f"distributed with expert parallelism; set etp=1, or ep > 1 with etp in {{1, tp={tp}}}")
+                f"distributed with expert parallelism; set etp=1, or ep > 1 with etp in {{1, tp={tp}}}"
+            )
         if ep == 1:
             return
         if etp not in (1, tp):
@@ -115,14 +122,18 @@ class ParallelDims:
             valid = [d for d in _divisors(pool) if d % borrowed == 0 and d > 1]
             other_etp = tp if etp == 1 else 1
             # any fitting ep divides its pool, which divides dp_shard*cp*tp: its divisors are all candidates
-            other = [(e, other_etp) for e in _divisors(dp_shard * cp * tp)
-                     if e > 1 and self._expert_fit(e, other_etp)] if other_etp != etp else []
+            other = (
+                [(e, other_etp) for e in _divisors(dp_shard * cp * tp) if e > 1 and self._expert_fit(e, other_etp)]
+                if other_etp != etp
+                else []
+            )
             hint = f"valid ep: {valid} (keeping etp={etp})" if valid else f"no ep > 1 fits these degrees with etp={etp}"
             if other:
                 hint += f"; valid (ep, etp) with etp={other_etp}: {other}"
             raise ValueError(
                 f"ep={ep} does not fit the mesh ({rule}): ep must be a multiple of {names[0]} "
-                f"and divide {names[1]}; {hint}")
+                f"and divide {names[1]}; {hint}"
+            )
 
     def _expert_fit(self, ep: int, etp: int) -> bool:
         borrowed = self.cp if etp == self.tp else self.cp * self.tp
@@ -153,7 +164,7 @@ class ParallelDims:
     def degrees(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in ("world_size",) + DEGREE_NAMES}
 
-    def replace(self, **changes: int) -> "ParallelDims":
+    def replace(self, **changes: int) -> ParallelDims:
         return dataclasses.replace(self, **changes)
 
     # ----- views -----
@@ -163,7 +174,8 @@ class ParallelDims:
         # world_size/pp ranks holding one whole (dp_replicate, dp_shard, cp, tp) mesh of its own
         pp = (("pp", self.pp),) if self.pp > 1 else ()
         views = {
-            "dense": pp + (("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("cp", self.cp), ("tp", self.tp)),
+            "dense": pp
+            + (("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("cp", self.cp), ("tp", self.tp)),
             "fsdp": pp + (("dp_replicate", self.dp_replicate), ("fsdp", self.fsdp), ("tp", self.tp)),
             "batch": pp + (("dp", self.dp), ("cp", self.cp), ("tp", self.tp)),
             "loss": pp + (("dp_cp", self.dp_cp), ("tp", self.tp)),
@@ -196,12 +208,15 @@ class ParallelDims:
         sizes = [size for _, size in view]
         index = [name for name, _ in view].index(dim)
         stride = 1
-        for size in sizes[index + 1:]:
+        for size in sizes[index + 1 :]:
             stride *= size
         size = sizes[index]
         block = stride * size
-        return [[base + offset + k * stride for k in range(size)]
-                for base in range(0, self.world_size, block) for offset in range(stride)]
+        return [
+            [base + offset + k * stride for k in range(size)]
+            for base in range(0, self.world_size, block)
+            for offset in range(stride)
+        ]
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """Index of ``rank`` along every dim of every view, e.g. ``{"dp": 1, "cp": 0, "tp": 1, ...}``."""
@@ -222,11 +237,21 @@ class ParallelDims:
         return next(group for group in self.group_ranks(dim) if rank in group)
 
     # ----- shapes -----
-    def check_model(self, *, seq_len: int | None = None, global_batch: int | None = None,
-                    sequence_parallel: bool = False, num_experts: int | None = None,
-                    num_heads: int | None = None, hidden_sizes: Iterable[int] = (),
-                    expert_hidden_sizes: Iterable[int] = (), ulysses: bool = False, n_layers: int | None = None,
-                    microbatches: int | None = None, stages_per_rank: int = 1) -> None:
+    def check_model(
+        self,
+        *,
+        seq_len: int | None = None,
+        global_batch: int | None = None,
+        sequence_parallel: bool = False,
+        num_experts: int | None = None,
+        num_heads: int | None = None,
+        hidden_sizes: Iterable[int] = (),
+        expert_hidden_sizes: Iterable[int] = (),
+        ulysses: bool = False,
+        n_layers: int | None = None,
+        microbatches: int | None = None,
+        stages_per_rank: int = 1,
+    ) -> None:
         """Check a model config against the degrees; raise ``ValueError`` naming the broken rule.
 
         Pipeline (pp > 1): the layers split evenly into pp * stages_per_rank stages, and each data-parallel
@@ -242,20 +267,24 @@ class ParallelDims:
                 raise ValueError(
                     f"seq_len={seq_len} must be divisible by tp*2*cp = {self.tp}*2*{self.cp} = {divisor} "
                     f"(CP splits the sequence into 2*cp load-balanced chunks, SP splits each by tp); "
-                    f"nearest valid seq_len: {_nearest_multiple(seq_len, divisor)}")
+                    f"nearest valid seq_len: {_nearest_multiple(seq_len, divisor)}"
+                )
             if self.cp == 1 and sequence_parallel and seq_len % self.tp:
                 raise ValueError(
                     f"seq_len={seq_len} must be divisible by tp={self.tp} with sequence parallelism; "
-                    f"nearest valid seq_len: {_nearest_multiple(seq_len, self.tp)}")
+                    f"nearest valid seq_len: {_nearest_multiple(seq_len, self.tp)}"
+                )
         if global_batch is not None and global_batch % self.dp:
             raise ValueError(
                 f"global_batch={global_batch} must be divisible by dp = dp_replicate*dp_shard = {self.dp} "
                 f"(each data-parallel rank loads an equal slice); "
-                f"nearest valid global_batch: {_nearest_multiple(global_batch, self.dp)}")
+                f"nearest valid global_batch: {_nearest_multiple(global_batch, self.dp)}"
+            )
         if num_experts is not None and num_experts % self.ep:
             raise ValueError(
                 f"num_experts={num_experts} must be divisible by ep={self.ep} (each EP rank holds "
-                f"num_experts/ep experts); nearest valid num_experts: {_nearest_multiple(num_experts, self.ep)}")
+                f"num_experts/ep experts); nearest valid num_experts: {_nearest_multiple(num_experts, self.ep)}"
+            )
         if num_heads is not None and num_heads % self.tp:
             raise ValueError(f"num_heads={num_heads} must be divisible by tp={self.tp} (TP splits attention by heads)")
         if ulysses and num_heads is not None and num_heads % (self.tp * self.cp):
@@ -263,33 +292,38 @@ class ParallelDims:
             raise ValueError(
                 f"num_heads={num_heads} must be divisible by tp*cp = {self.tp}*{self.cp} = {self.tp * self.cp} with "
                 f"Ulysses (its all-to-all gives each cp rank num_heads/(tp*cp) whole heads); valid cp for "
-                f"tp={self.tp}: {valid_cp}, or use K/V all-gather / ring CP")
+                f"tp={self.tp}: {valid_cp}, or use K/V all-gather / ring CP"
+            )
         self._check_divisible(hidden_sizes, self.tp, "tp")
         self._check_divisible(expert_hidden_sizes, self.etp, "etp")
         if self.pp > 1:
             self._check_pipeline(n_layers, microbatches, stages_per_rank, global_batch)
 
-    def _check_pipeline(self, n_layers: int | None, microbatches: int | None, stages_per_rank: int,
-                        global_batch: int | None) -> None:
+    def _check_pipeline(
+        self, n_layers: int | None, microbatches: int | None, stages_per_rank: int, global_batch: int | None
+    ) -> None:
         stages = self.pp * stages_per_rank
         if n_layers is not None and n_layers % stages:
             valid = [p for p in _divisors(n_layers) if p > 1 and n_layers % (p * stages_per_rank) == 0]
             raise ValueError(
                 f"n_layers={n_layers} must be divisible by pp*stages_per_rank = {self.pp}*{stages_per_rank} = {stages} "
                 f"(each pipeline stage holds n_layers/{stages} whole layers); valid pp for {n_layers} layers: {valid}, "
-                f"or nearest valid n_layers: {_nearest_multiple(n_layers, stages)}")
+                f"or nearest valid n_layers: {_nearest_multiple(n_layers, stages)}"
+            )
         if microbatches is None:
             return
         if microbatches < stages:
             raise ValueError(
                 f"microbatches={microbatches} must be >= the number of stages pp*stages_per_rank = {stages} "
-                f"(otherwise some stages never run at once: the pipeline never fills); use microbatches >= {stages}")
+                f"(otherwise some stages never run at once: the pipeline never fills); use microbatches >= {stages}"
+            )
         if global_batch is not None and (global_batch // self.dp) % microbatches:
             rows = global_batch // self.dp
             raise ValueError(
                 f"each data-parallel rank's {rows} rows (global_batch={global_batch} / dp={self.dp}) must split "
                 f"into microbatches={microbatches} equal microbatches; valid microbatches: "
-                f"{[m for m in _divisors(rows) if m >= stages]}")
+                f"{[m for m in _divisors(rows) if m >= stages]}"
+            )
 
     @staticmethod
     def _check_divisible(sizes: Iterable[int], degree: int, name: str) -> None:
@@ -297,11 +331,13 @@ class ParallelDims:
             if size % degree:
                 raise ValueError(
                     f"hidden size {size} must be divisible by {name}={degree}; "
-                    f"nearest valid size: {_nearest_multiple(size, degree)}")
+                    f"nearest valid size: {_nearest_multiple(size, degree)}"
+                )
 
-    def build_mesh(self, device_type: str = "cpu") -> "MeshViews":
+    def build_mesh(self, device_type: str = "cpu") -> MeshViews:
         """Build every view as a DeviceMesh over the same root; needs an initialised process group."""
         from hyper_parallel.mesh_views import MeshViews
+
         return MeshViews.build(self, device_type)
 
     def describe(self) -> str:
@@ -312,9 +348,12 @@ class ParallelDims:
         return "\n".join(lines)
 
 
-def valid_choices(world_size: int, fixed: dict[str, int] | None = None,
-                  names: Sequence[str] = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp"),
-                  pipeline: bool = False) -> list[ParallelDims]:
+def valid_choices(
+    world_size: int,
+    fixed: dict[str, int] | None = None,
+    names: Sequence[str] = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp"),
+    pipeline: bool = False,
+) -> list[ParallelDims]:
     """Every valid ParallelDims for ``world_size`` that agrees with ``fixed``; for widgets and plans.
 
     pp=1 only, unless ``pipeline``: then every pp dividing world_size too (pp is then fixable)."""
@@ -324,7 +363,7 @@ def valid_choices(world_size: int, fixed: dict[str, int] | None = None,
     if unknown:
         raise ValueError(f"valid_choices can fix {list(names)}, not {sorted(unknown)}")
     result = []
-    for pp in (_divisors(world_size) if pipeline else (1,)):
+    for pp in _divisors(world_size) if pipeline else (1,):
         result += _choices_at_pp(world_size, pp, fixed, names)
     return result
 
@@ -337,8 +376,15 @@ def _choices_at_pp(world_size: int, pp: int, fixed: dict[str, int], names: Seque
             for tp in _divisors(stage // (dp_replicate * cp)):
                 for ep in _divisors(stage):
                     for etp in sorted({1, tp}):
-                        degrees = dict(dp_replicate=dp_replicate, cp=cp, tp=tp, ep=ep, etp=etp, pp=pp,
-                                       dp_shard=stage // (dp_replicate * cp * tp))
+                        degrees = dict(
+                            dp_replicate=dp_replicate,
+                            cp=cp,
+                            tp=tp,
+                            ep=ep,
+                            etp=etp,
+                            pp=pp,
+                            dp_shard=stage // (dp_replicate * cp * tp),
+                        )
                         if any(degrees[k] != v for k, v in fixed.items() if k in names):
                             continue
                         try:

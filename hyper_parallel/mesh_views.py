@@ -3,6 +3,7 @@
 Because all views share that root, a DTensor placed by TP on ``views["tp"]`` and the FSDP dims on
 ``views["dp_replicate", "fsdp"]`` can be joined into one mesh with ``DeviceMesh._concatenate``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,13 +21,14 @@ class MeshViews:
     meshes: dict[str, DeviceMesh]  # view name -> mesh with that view's dims
 
     @classmethod
-    def build(cls, dims: ParallelDims, device_type: str = "cpu") -> "MeshViews":
+    def build(cls, dims: ParallelDims, device_type: str = "cpu") -> MeshViews:
         if not dist.is_initialized():
             raise RuntimeError("build_mesh needs torch.distributed initialised (init_process_group) first")
         if dist.get_world_size() != dims.world_size:
             raise ValueError(
                 f"the process group has {dist.get_world_size()} ranks but ParallelDims.world_size="
-                f"{dims.world_size}; start the run with --nproc-per-node {dims.world_size}")
+                f"{dims.world_size}; start the run with --nproc-per-node {dims.world_size}"
+            )
         world = init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=("world",))
         meshes = {}
         for name, view in dims.views().items():
@@ -57,8 +59,10 @@ class MeshViews:
                 if positions == sorted(positions):
                     return mesh if wanted == present else mesh[wanted]
         known = sorted({n for mesh in self.meshes.values() for n in mesh.mesh_dim_names})
-        raise ValueError(f"no view has the dims {wanted} in this order; known dims: {known} "
-                         "(dims of one view must be given outermost first)")
+        raise ValueError(
+            f"no view has the dims {wanted} in this order; known dims: {known} "
+            "(dims of one view must be given outermost first)"
+        )
 
     def group_names(self) -> dict[tuple[int, ...], str]:
         """This rank's groups (sorted global ranks) -> mesh dim name, so traces of torch's own

@@ -6,6 +6,7 @@ on each of its ranks as a per-rank partial sum. The style marks the parameter; `
 gradients over the marked dims after its data-parallel reduction. Both layers import this module; neither
 reaches into the other.
 """
+
 from __future__ import annotations
 
 import torch

@@ -17,16 +17,19 @@ benchmark rank with "terminate called without an active exception" (SIGABRT).  S
 destroys its process groups, runs the ``atexit`` handlers, flushes its output and leaves with
 ``os._exit``: no teardown runs, so none can abort.
 """
+
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import runpy
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 AGENT_PID_ENV = "HYPER_PARALLEL_AGENT_PID"
 STATUS_DIR_ENV = "HYPER_PARALLEL_STATUS_DIR"
@@ -78,10 +81,8 @@ def exit_rank(code: int, work_finished: bool = True) -> NoReturn:
             dist.destroy_process_group()
     atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown, user handlers)
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
     ctypes.CDLL(None).fflush(None)  # C/C++ stdio buffers too (exit() would flush them; _exit does not)
     os._exit(code)
 
@@ -106,7 +107,7 @@ def run_rank(main: Callable[[], int | None]) -> NoReturn:
         code = main()
     except SystemExit as exit:
         code = _exit_code(exit)
-    except BaseException:  # noqa: BLE001  (reported, then the rank fails like an uncaught exception)
+    except BaseException:  # reported, then the rank fails like an uncaught exception
         sys.excepthook(*sys.exc_info())
         exit_rank(1, work_finished=False)
     exit_rank(code if isinstance(code, int) else 0)
@@ -120,6 +121,7 @@ def _target(argv: list[str]) -> Callable[[], None]:
 
         def run_module() -> None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
+
         return run_module
     if argv and not argv[0].startswith("-"):
         path, args = argv[0], argv[1:]
@@ -128,6 +130,7 @@ def _target(argv: list[str]) -> Callable[[], None]:
 
         def run_script() -> None:
             runpy.run_path(path, run_name="__main__")
+
         return run_script
     raise SystemExit(f"usage: python -m {__spec__.name} (PATH | -m MODULE) [ARGS...]; got {argv}")
 

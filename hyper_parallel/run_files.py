@@ -9,6 +9,7 @@ The launcher (parent process), the figures and the report read runs; only worker
 
 Trace files carry ``format`` (``TRACE_FORMAT``): readers refuse a newer one they cannot read.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ def load_traces(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
     for path in sorted(Path(run_dir).glob(TRACE_FILE.format(rank="*"))):
         payload = json.loads(path.read_text())
         if payload.get("format", 1) > TRACE_FORMAT:
-            raise ValueError(f"{path} has trace format {payload['format']}, newer than this version reads "
-                             f"({TRACE_FORMAT}): update hyper-parallel-workbook")
+            raise ValueError(
+                f"{path} has trace format {payload['format']}, newer than this version reads "
+                f"({TRACE_FORMAT}): update hyper-parallel-workbook"
+            )
         traces[int(payload["rank"])] = payload["events"]
     return traces
 
@@ -54,25 +57,44 @@ def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
         for event in rank_events:
             if event["kind"] == "collective":
-                events.append({
-                    "ph": "X", "pid": rank, "tid": event["group"], "cat": event["phase"],
-                    "name": f"{event['op']}[{event['group']}]",
-                    "ts": event["t_start"] * 1e6, "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
-                    "args": {k: event[k] for k in ("bytes", "dtype", "ranks", "module", "step", "phase")},
-                })
+                events.append(
+                    {
+                        "ph": "X",
+                        "pid": rank,
+                        "tid": event["group"],
+                        "cat": event["phase"],
+                        "name": f"{event['op']}[{event['group']}]",
+                        "ts": event["t_start"] * 1e6,
+                        "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
+                        "args": {k: event[k] for k in ("bytes", "dtype", "ranks", "module", "step", "phase")},
+                    }
+                )
             elif event["kind"] in ("compute", "pipeline"):
-                events.append({
-                    "ph": "X", "pid": rank, "tid": event["kind"], "cat": event.get("phase", ""),
-                    "name": _span_name(event),
-                    "ts": event["t_start"] * 1e6, "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
-                    "args": {k: v for k, v in event.items() if k not in ("kind", "t_start", "t_end")},
-                })
+                events.append(
+                    {
+                        "ph": "X",
+                        "pid": rank,
+                        "tid": event["kind"],
+                        "cat": event.get("phase", ""),
+                        "name": _span_name(event),
+                        "ts": event["t_start"] * 1e6,
+                        "dur": max(event["t_end"] - event["t_start"], 1e-7) * 1e6,
+                        "args": {k: v for k, v in event.items() if k not in ("kind", "t_start", "t_end")},
+                    }
+                )
             else:
-                events.append({
-                    "ph": "i", "s": "t", "pid": rank, "tid": "placements", "cat": event["phase"],
-                    "name": f"{event['param']}: {event['before']} -> {event['after']}", "ts": event["t"] * 1e6,
-                    "args": {"local_shape": event["local_shape"], "global_shape": event["global_shape"]},
-                })
+                events.append(
+                    {
+                        "ph": "i",
+                        "s": "t",
+                        "pid": rank,
+                        "tid": "placements",
+                        "cat": event["phase"],
+                        "name": f"{event['param']}: {event['before']} -> {event['after']}",
+                        "ts": event["t"] * 1e6,
+                        "args": {"local_shape": event["local_shape"], "global_shape": event["global_shape"]},
+                    }
+                )
     path = Path(path)
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return path

@@ -7,14 +7,16 @@ records. Times are seconds of the host's wall clock since rank 0's epoch (broadc
 ranks of one machine share a clock exactly (across machines: as well as their clocks are synced).
 Reading and exporting saved traces is in ``hyper_parallel.run_files`` (no torch needed).
 """
+
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,7 +26,7 @@ from hyper_parallel.run_files import TRACE_FORMAT
 
 PHASES = ("init", "forward", "backward", "optimizer", "other")
 
-_current: contextvars.ContextVar["Recorder | None"] = contextvars.ContextVar("hyper_parallel_recorder", default=None)
+_current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("hyper_parallel_recorder", default=None)
 
 
 class Recorder:
@@ -116,8 +118,9 @@ def labels(*, phase: str | None = None, step: int | None = None, module: str | N
 
 
 @contextlib.contextmanager
-def collective(op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype,
-               module: str | None = None) -> Iterator[None]:
+def collective(
+    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None
+) -> Iterator[None]:
     """Time one synchronous collective issued inside the block; ``nbytes`` is the full (unsharded) buffer
     size. Compute is paused meanwhile: the training thread waits for the wire."""
     recorder = _current.get()
@@ -133,8 +136,9 @@ def collective(op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.
         _append_collective(recorder, op, group, ranks, nbytes, dtype, labels_now, start, recorder.now())
 
 
-def issued(op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype,
-           module: str | None = None) -> Callable[[float, bool], None] | None:
+def issued(
+    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None
+) -> Callable[[float, bool], None] | None:
     """For a collective issued asynchronously now: take its labels and issue time; the returned function,
     called once it has been waited for with (wait-call time, completed before the wait?), records it.
 
@@ -149,19 +153,53 @@ def issued(op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtyp
     start = recorder.now()
 
     def completed(t_wait: float, done_before_wait: bool) -> None:
-        _append_collective(recorder, op, group, ranks, nbytes, dtype, labels_now, start, recorder.now(),
-                           asynchronous=True, t_wait=t_wait, done_before_wait=done_before_wait)
+        _append_collective(
+            recorder,
+            op,
+            group,
+            ranks,
+            nbytes,
+            dtype,
+            labels_now,
+            start,
+            recorder.now(),
+            asynchronous=True,
+            t_wait=t_wait,
+            done_before_wait=done_before_wait,
+        )
+
     return completed
 
 
-def _append_collective(recorder: Recorder, op: str, group: str, ranks, nbytes: int, dtype: torch.dtype,
-                       labels_now: tuple[str, str, int], start: float, end: float, **extra) -> None:
+def _append_collective(
+    recorder: Recorder,
+    op: str,
+    group: str,
+    ranks,
+    nbytes: int,
+    dtype: torch.dtype,
+    labels_now: tuple[str, str, int],
+    start: float,
+    end: float,
+    **extra,
+) -> None:
     phase, module, step = labels_now
-    recorder.events.append({
-        "kind": "collective", "op": op, "group": group, "ranks": list(ranks), "bytes": int(nbytes),
-        "dtype": str(dtype).removeprefix("torch."), "phase": phase, "module": module, "step": step,
-        "t_start": start, "t_end": end, **extra,
-    })
+    recorder.events.append(
+        {
+            "kind": "collective",
+            "op": op,
+            "group": group,
+            "ranks": list(ranks),
+            "bytes": int(nbytes),
+            "dtype": str(dtype).removeprefix("torch."),
+            "phase": phase,
+            "module": module,
+            "step": step,
+            "t_start": start,
+            "t_end": end,
+            **extra,
+        }
+    )
 
 
 @contextlib.contextmanager
@@ -179,9 +217,16 @@ def outside_compute(start_after: bool | None = None) -> Iterator[None]:
         return
     was_open = recorder.compute_start is not None
     if was_open:
-        recorder.events.append({"kind": "compute", "module": recorder.compute_labels[1],
-                                "phase": recorder.compute_labels[0], "step": recorder.compute_labels[2],
-                                "t_start": recorder.compute_start, "t_end": recorder.now()})
+        recorder.events.append(
+            {
+                "kind": "compute",
+                "module": recorder.compute_labels[1],
+                "phase": recorder.compute_labels[0],
+                "step": recorder.compute_labels[2],
+                "t_start": recorder.compute_start,
+                "t_end": recorder.now(),
+            }
+        )
         recorder.compute_start = None
     try:
         yield
@@ -191,22 +236,39 @@ def outside_compute(start_after: bool | None = None) -> Iterator[None]:
             recorder.compute_labels = (recorder.phase, recorder.module, recorder.step)
 
 
-def placement(param: str, mesh_dims: tuple[str, ...], before: str, after: str,
-              local_shape: tuple[int, ...], global_shape: tuple[int, ...]) -> None:
+def placement(
+    param: str,
+    mesh_dims: tuple[str, ...],
+    before: str,
+    after: str,
+    local_shape: tuple[int, ...],
+    global_shape: tuple[int, ...],
+) -> None:
     """Record that ``param`` moved from placements ``before`` to ``after``."""
     recorder = _current.get()
     if recorder is None:
         return
-    recorder.events.append({
-        "kind": "placement", "param": param, "mesh_dims": list(mesh_dims), "before": before, "after": after,
-        "local_shape": list(local_shape), "global_shape": list(global_shape), "phase": recorder.phase,
-        "step": recorder.step, "t": recorder.now(),
-    })
+    recorder.events.append(
+        {
+            "kind": "placement",
+            "param": param,
+            "mesh_dims": list(mesh_dims),
+            "before": before,
+            "after": after,
+            "local_shape": list(local_shape),
+            "global_shape": list(global_shape),
+            "phase": recorder.phase,
+            "step": recorder.step,
+            "t": recorder.now(),
+        }
+    )
 
 
 _FUNCTIONAL_OPS = {
-    "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-    "all_reduce": "all_reduce", "all_to_all_single": "all_to_all",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_reduce": "all_reduce",
+    "all_to_all_single": "all_to_all",
 }
 
 

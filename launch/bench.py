@@ -5,14 +5,16 @@ write ``bench.json`` and the traced step's files; this module starts them, reads
 communication against fully_shard's theoretical minimum, prints the table and draws the figures.
 Torch-free.
 """
+
 from __future__ import annotations
 
 import html
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchModel, configurations, summarize
 from hyper_parallel.run_files import load_traces
@@ -48,15 +50,25 @@ class BenchResult:
         """Status, one line per configuration, the directory: the big fields (payload, rows) stay out."""
         if not self.ok:
             return f"BenchResult(FAILED, {self.directory}: {(self.error or '').splitlines()[-1:]})"
-        lines = [f"  {r['config']}: ratio {r['ratio']['median']:.3f} [{r['ratio']['q1']:.2f}-{r['ratio']['q3']:.2f}], "
-                 f"{r['median_ms']['ours']:.1f} / {r['median_ms']['torch']:.1f} ms" for r in self.rows]
+        lines = [
+            f"  {r['config']}: ratio {r['ratio']['median']:.3f} [{r['ratio']['q1']:.2f}-{r['ratio']['q3']:.2f}], "
+            f"{r['median_ms']['ours']:.1f} / {r['median_ms']['torch']:.1f} ms"
+            for r in self.rows
+        ]
         return f"BenchResult(ok, {self.payload.get('world_size')} ranks, {self.directory}\n" + "\n".join(lines) + ")"
 
     def _repr_html_(self) -> str:
         from launch.html_table import table
-        return table(list(TABLE_HEADER), [list(row) for row in table_rows(self.rows)],
-                     caption=f"{self.payload.get('world_size')} ranks, {self.directory}").data if self.ok \
+
+        return (
+            table(
+                list(TABLE_HEADER),
+                [list(row) for row in table_rows(self.rows)],
+                caption=f"{self.payload.get('world_size')} ranks, {self.directory}",
+            ).data
+            if self.ok
             else f"<pre>{html.escape(repr(self))}</pre>"
+        )
 
 
 def communication(directory: Path, config: str, impl: str) -> dict[str, Any]:
@@ -82,8 +94,10 @@ def unit_pattern(per_unit: dict[str, Counter]) -> str:
         if parts:
             kind = "root" if unit == "root" else "block"
             patterns[(kind, " + ".join(parts))] += 1
-    return "; ".join(f"{count} {kind}{'s' if count > 1 else ''} {text}" if kind != "root" else f"root {text}"
-                     for (kind, text), count in sorted(patterns.items()))
+    return "; ".join(
+        f"{count} {kind}{'s' if count > 1 else ''} {text}" if kind != "root" else f"root {text}"
+        for (kind, text), count in sorted(patterns.items())
+    )
 
 
 def add_communication(row: dict[str, Any], directory: Path, units: list[dict[str, Any]]) -> dict[str, Any]:
@@ -91,11 +105,14 @@ def add_communication(row: dict[str, Any], directory: Path, units: list[dict[str
     fully_shard's minimum (``viz.volume.theoretical_bytes``)."""
     minimum = sum(theoretical_bytes(units).values())
     row["communication"] = {impl: communication(directory, row["config"], impl) for impl in IMPLEMENTATIONS}
-    row["fsdp_bytes"] = {impl: sum(b for (_, group), b in row["communication"][impl]["bytes"].items()
-                                   if group in FSDP_GROUPS) for impl in IMPLEMENTATIONS}
+    row["fsdp_bytes"] = {
+        impl: sum(b for (_, group), b in row["communication"][impl]["bytes"].items() if group in FSDP_GROUPS)
+        for impl in IMPLEMENTATIONS
+    }
     row["bytes_minimum"] = minimum
-    row["bytes_ratio"] = {impl: row["fsdp_bytes"][impl] / minimum if minimum else float("nan")
-                          for impl in IMPLEMENTATIONS}
+    row["bytes_ratio"] = {
+        impl: row["fsdp_bytes"][impl] / minimum if minimum else float("nan") for impl in IMPLEMENTATIONS
+    }
     row["per_unit"] = {impl: unit_pattern(row["communication"][impl]["per_unit"]) for impl in IMPLEMENTATIONS}
     row["peak_mib"] = {impl: max(r + t for r, t in row["peak_memory"][impl]) / 2**20 for impl in IMPLEMENTATIONS}
     row["exposure_ms"] = {impl: step_exposure_ms(directory / row["config"] / impl) for impl in IMPLEMENTATIONS}
@@ -111,10 +128,18 @@ def step_exposure_ms(directory: Path) -> dict[str, float]:
     return {key: 1e3 * value for key, value in worst.items()}
 
 
-def run_bench(world_size: int = 4, steps: int = 20, warmup: int = 3, out: str | Path | None = None,
-              configs: list[str] | None = None, model: dict[str, int] | None = None, timeout: float = 1200.0,
-              profile: bool = False, on_line: Callable[[int, str], None] | None = None,
-              overlap: bool = True) -> BenchResult:
+def run_bench(
+    world_size: int = 4,
+    steps: int = 20,
+    warmup: int = 3,
+    out: str | Path | None = None,
+    configs: list[str] | None = None,
+    model: dict[str, int] | None = None,
+    timeout: float = 1200.0,
+    profile: bool = False,
+    on_line: Callable[[int, str], None] | None = None,
+    overlap: bool = True,
+) -> BenchResult:
     """Start the benchmark workers and summarise what they measured (validation happens first)."""
     known = [c.name for c in configurations(world_size)]
     unknown = sorted(set(configs or ()) - set(known))
@@ -126,8 +151,20 @@ def run_bench(world_size: int = 4, steps: int = 20, warmup: int = 3, out: str | 
     directory = Path(out) if out is not None else new_scratch_dir("hp-bench-")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / BENCH_FILE).unlink(missing_ok=True)
-    args = ["--steps", str(steps), "--warmup", str(warmup), "--configs", ",".join(configs or ()),
-            "--model", json.dumps(model or {}), "--out", str(directory), "--collective-timeout", str(max(60.0, timeout))]
+    args = [
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--configs",
+        ",".join(configs or ()),
+        "--model",
+        json.dumps(model or {}),
+        "--out",
+        str(directory),
+        "--collective-timeout",
+        str(max(60.0, timeout)),
+    ]
     if profile:
         args.append("--profile")
     if not overlap:
@@ -145,43 +182,64 @@ def table_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     out = []
     for row in rows:
         ratio, fb = row["ratio"], row["forward_backward_ratio"]
-        out.append((
-            row["config"],
-            f"{row['median_ms']['ours']:.1f}", f"{row['median_ms']['torch']:.1f}",
-            f"{ratio['median']:.3f} [{ratio['q1']:.2f}-{ratio['q3']:.2f}]",
-            f"{fb['median']:.3f}",
-            f"{row['bytes_ratio']['ours']:.3f} / {row['bytes_ratio']['torch']:.3f}",
-            f"{row['exposure_ms']['ours']['exposed']:.1f} / {row['exposure_ms']['torch']['exposed']:.1f}"
-            f" of {row['exposure_ms']['ours']['in_flight']:.1f} / {row['exposure_ms']['torch']['in_flight']:.1f}",
-            f"{row['peak_mib']['ours']:.2f} / {row['peak_mib']['torch']:.2f}",
-            f"{row['max_loss_diff']:.1e}",
-        ))
+        out.append(
+            (
+                row["config"],
+                f"{row['median_ms']['ours']:.1f}",
+                f"{row['median_ms']['torch']:.1f}",
+                f"{ratio['median']:.3f} [{ratio['q1']:.2f}-{ratio['q3']:.2f}]",
+                f"{fb['median']:.3f}",
+                f"{row['bytes_ratio']['ours']:.3f} / {row['bytes_ratio']['torch']:.3f}",
+                f"{row['exposure_ms']['ours']['exposed']:.1f} / {row['exposure_ms']['torch']['exposed']:.1f}"
+                f" of {row['exposure_ms']['ours']['in_flight']:.1f} / {row['exposure_ms']['torch']['in_flight']:.1f}",
+                f"{row['peak_mib']['ours']:.2f} / {row['peak_mib']['torch']:.2f}",
+                f"{row['max_loss_diff']:.1e}",
+            )
+        )
     return out
 
 
-TABLE_HEADER = ("config", "ours ms", "torch ms", "ratio [quartiles]", "fwd+bwd ratio", "bytes/min ours/torch",
-                "exposed of in-flight ms ours / torch", "peak MiB ours/torch", "loss diff")
+TABLE_HEADER = (
+    "config",
+    "ours ms",
+    "torch ms",
+    "ratio [quartiles]",
+    "fwd+bwd ratio",
+    "bytes/min ours/torch",
+    "exposed of in-flight ms ours / torch",
+    "peak MiB ours/torch",
+    "loss diff",
+)
 
 
 def bench_table(result: BenchResult):
     """The printed table as a notebook table."""
     from launch.html_table import table
-    return table(list(TABLE_HEADER), [list(row) for row in table_rows(result.rows)],
-                 caption="ratio: median of ours/torch over adjacent step pairs (below 1: ours faster); "
-                         "bytes/min: bytes on FSDP groups per step over fully_shard's minimum; "
-                         "peak: largest rank, resident state + the step's transient peak")
+
+    return table(
+        list(TABLE_HEADER),
+        [list(row) for row in table_rows(result.rows)],
+        caption="ratio: median of ours/torch over adjacent step pairs (below 1: ours faster); "
+        "bytes/min: bytes on FSDP groups per step over fully_shard's minimum; "
+        "peak: largest rank, resident state + the step's transient peak",
+    )
 
 
-def bench_figures(result: BenchResult, figures_dir: str | Path | None = None,
-                  timeline_config: str | None = None) -> dict[str, Any]:
+def bench_figures(
+    result: BenchResult, figures_dir: str | Path | None = None, timeline_config: str | None = None
+) -> dict[str, Any]:
     """The ratio figure and the two timelines of ``timeline_config`` (default: the last configuration),
     saved as PNG + SVG into ``figures_dir`` when it is given."""
     from hyper_parallel.viz import save
     from hyper_parallel.viz.benchmark import implementation_timelines, ratio_figure
+
     config = timeline_config or result.rows[-1]["config"]
     ours, theirs = implementation_timelines(result.directory, config)
-    figures = {"bench": ratio_figure(result.rows, result.payload["world_size"]),
-               "timeline_ours": ours, "timeline_torch": theirs}
+    figures = {
+        "bench": ratio_figure(result.rows, result.payload["world_size"]),
+        "timeline_ours": ours,
+        "timeline_torch": theirs,
+    }
     if figures_dir is not None:
         for name, fig in figures.items():
             save(fig, figures_dir, name)
@@ -191,17 +249,26 @@ def bench_figures(result: BenchResult, figures_dir: str | Path | None = None,
 def print_bench(result: BenchResult) -> None:
     """What ``python -m launch bench`` prints after a run, and the figures it writes next to bench.json."""
     from launch.text_table import print_table
+
     payload = result.payload
-    print(f"\n{payload['world_size']} ranks, {payload['backend']}, torch {payload['torch']}, {payload['steps']} "
-          f"alternated pairs per configuration after {payload['warmup']} warm-up steps; model {payload['model']}; "
-          f"our overlap {'on' if payload.get('overlap', True) else 'off'}")
+    print(
+        f"\n{payload['world_size']} ranks, {payload['backend']}, torch {payload['torch']}, {payload['steps']} "
+        f"alternated pairs per configuration after {payload['warmup']} warm-up steps; model {payload['model']}; "
+        f"our overlap {'on' if payload.get('overlap', True) else 'off'}"
+    )
     print_table(TABLE_HEADER, table_rows(result.rows))
-    print("\nratio: median of ours/torch over adjacent pairs (below 1: ours faster); bytes/min: bytes on FSDP "
-          "groups per step over fully_shard's minimum; exposed: ms of the traced step in which a collective was "
-          "in flight and no compute ran, of the ms any was in flight (the rank with the most exposed); peak: "
-          "largest rank, resident + the step's transient peak")
+    print(
+        "\nratio: median of ours/torch over adjacent pairs (below 1: ours faster); bytes/min: bytes on FSDP "
+        "groups per step over fully_shard's minimum; exposed: ms of the traced step in which a collective was "
+        "in flight and no compute ran, of the ms any was in flight (the rank with the most exposed); peak: "
+        "largest rank, resident + the step's transient peak"
+    )
     for row in result.rows:
-        print(f"collectives per step, {row['config']}: ours {row['per_unit']['ours']}; torch {row['per_unit']['torch']}")
+        print(
+            f"collectives per step, {row['config']}: ours {row['per_unit']['ours']}; torch {row['per_unit']['torch']}"
+        )
     figures = bench_figures(result, result.directory)
-    print(f"figures: {', '.join(f'{name}.png/.svg' for name in figures)} in {result.directory}\n"
-          f"bench.json: {result.directory / BENCH_FILE}")
+    print(
+        f"figures: {', '.join(f'{name}.png/.svg' for name in figures)} in {result.directory}\n"
+        f"bench.json: {result.directory / BENCH_FILE}"
+    )

@@ -12,6 +12,7 @@
 
 Invalid degrees exit with status 2 and the rule's message before any worker starts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ def _degrees(args: argparse.Namespace) -> dict[str, int | None]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the recipe matrix")
     check = sub.add_parser("check", help="validate degrees and show the mesh views and groups")
@@ -52,9 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds")
     run.add_argument("--out", help="run directory (default: a new temporary one)")
     run.add_argument("--quiet", action="store_true", help="do not stream the workers' lines")
-    run.add_argument("--no-figures", action="store_true", help="do not draw the figures (PNG + SVG) into the run directory")
-    run.add_argument("--chrome-trace", action="store_true",
-                     help="also write chrome_trace.json (open it in Perfetto / chrome://tracing)")
+    run.add_argument(
+        "--no-figures", action="store_true", help="do not draw the figures (PNG + SVG) into the run directory"
+    )
+    run.add_argument(
+        "--chrome-trace",
+        action="store_true",
+        help="also write chrome_trace.json (open it in Perfetto / chrome://tracing)",
+    )
     command = sub.add_parser("command", help="print the multi-node torchrun command of a recipe")
     command.add_argument("recipe")
     _add_degrees(command)
@@ -63,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
     command.add_argument("--steps", type=int)
     from launch.plan import add_arguments as add_plan_arguments
+
     plan = sub.add_parser("plan", help="check and cost a layout of up to thousands of ranks (no workers)")
     _add_degrees(plan)
     add_plan_arguments(plan)
@@ -71,22 +79,40 @@ def build_parser() -> argparse.ArgumentParser:
     latency = sub.add_parser("bench-latency", help="wall time of a run: fresh launch, first and warm pool run")
     latency.add_argument("--repeats", type=int, default=5, help="runs per column (medians are printed)")
     bench = sub.add_parser("bench", help="our fully_shard against torch FSDP2, steps alternated in one run")
-    bench.add_argument("--world", dest="world_size", type=int, default=4, choices=(2, 4),
-                       help="ranks: 2 runs FSDP; 4 runs FSDP, HSDP and FSDP+TP")
+    bench.add_argument(
+        "--world",
+        dest="world_size",
+        type=int,
+        default=4,
+        choices=(2, 4),
+        help="ranks: 2 runs FSDP; 4 runs FSDP, HSDP and FSDP+TP",
+    )
     bench.add_argument("--steps", type=int, default=20, help="timed pairs per configuration")
     bench.add_argument("--warmup", type=int, default=3, help="untimed steps of each implementation first")
     bench.add_argument("--configs", help="comma-separated subset, e.g. FSDP,HSDP")
     bench.add_argument("--out", help="directory for bench.json, the figure and traces (default: a new temporary one)")
     bench.add_argument("--timeout", type=float, default=1200.0, help="wall timeout in seconds")
-    bench.add_argument("--profile", action="store_true",
-                       help="also profile 3 steps of each (torch.profiler): DIR/<config>/profile_<impl>.txt")
-    bench.add_argument("--no-overlap", action="store_true",
-                       help="ours issues every collective synchronously (no prefetch, no reduction in flight)")
+    bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile 3 steps of each (torch.profiler): DIR/<config>/profile_<impl>.txt",
+    )
+    bench.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="ours issues every collective synchronously (no prefetch, no reduction in flight)",
+    )
     report = sub.add_parser("report", help="write a self-contained HTML report of a run directory")
-    report.add_argument("run_dir", nargs="?", help="a run directory (holds summary.json, metrics.json, trace_rank*.json)")
+    report.add_argument(
+        "run_dir", nargs="?", help="a run directory (holds summary.json, metrics.json, trace_rank*.json)"
+    )
     report.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
-    report.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
-                        help="two runs side by side (default --out: compare.html next to RUN_A)")
+    report.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("RUN_A", "RUN_B"),
+        help="two runs side by side (default --out: compare.html next to RUN_A)",
+    )
     return parser
 
 
@@ -94,12 +120,23 @@ def cmd_list() -> int:
     rows = []
     for recipe in registry.RECIPES.values():
         dims = ParallelDims(**recipe.default)
-        active = " x ".join(f"{name}={getattr(dims, name)}" for name in ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
-                            if getattr(dims, name) > 1)
+        active = " x ".join(
+            f"{name}={getattr(dims, name)}"
+            for name in ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+            if getattr(dims, name) > 1
+        )
         meshes = 1 + len(recipe.alternatives)
         status = f"checked on {meshes} mesh{'es' if meshes > 1 else ''}"
-        rows.append((recipe.name, recipe.tier or "-", f"{dims.world_size}: {active}", recipe.constraints() or "-",
-                     status, recipe.title))
+        rows.append(
+            (
+                recipe.name,
+                recipe.tier or "-",
+                f"{dims.world_size}: {active}",
+                recipe.constraints() or "-",
+                status,
+                recipe.title,
+            )
+        )
     print_table(("recipe", "tier", "ranks: default dims", "constraints", "status", "title"), rows)
     print("\nstatus: runs of tests/test_recipes.py against the single-process reference (python -m launch run RECIPE)")
     return 0
@@ -107,6 +144,7 @@ def cmd_list() -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from launch.runner import validate
+
     if args.recipe:
         _, dims = validate(args.recipe, **_degrees(args))
     else:
@@ -129,12 +167,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _progress_bar(progress: dict) -> None:
     done, total = progress["step"], progress["steps"]
     bar = "#" * round(20 * done / total)
-    print(f"  step {done}/{total} [{bar:<20}] loss {progress['loss']:.6f}  reference {progress['reference']:.6f}",
-          flush=True)
+    print(
+        f"  step {done}/{total} [{bar:<20}] loss {progress['loss']:.6f}  reference {progress['reference']:.6f}",
+        flush=True,
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from launch.runner import run, validate
+
     spec, dims = validate(args.recipe, **_degrees(args))
     print(f"{spec.name}: {spec.title}\n  {dims.describe()}", flush=True)
 
@@ -142,19 +183,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not line.startswith("[progress]"):
             print(f"[rank{rank}] {line}" if rank >= 0 else line, flush=True)
 
-    result = run(args.recipe, steps=args.steps, timeout=args.timeout, out=args.out, seed=args.seed,
-                 on_line=None if args.quiet else show, on_progress=_progress_bar, **_degrees(args))
+    result = run(
+        args.recipe,
+        steps=args.steps,
+        timeout=args.timeout,
+        out=args.out,
+        seed=args.seed,
+        on_line=None if args.quiet else show,
+        on_progress=_progress_bar,
+        **_degrees(args),
+    )
     summary = result.summary()
-    print(f"{'OK' if result.ok else 'FAILED'}: {spec.name} in {summary['duration']:.1f}s, "
-          f"max |loss - reference| = {summary['max_abs_diff']}, max |param - reference| = {summary['max_param_diff']}")
+    print(
+        f"{'OK' if result.ok else 'FAILED'}: {spec.name} in {summary['duration']:.1f}s, "
+        f"max |loss - reference| = {summary['max_abs_diff']}, max |param - reference| = {summary['max_param_diff']}"
+    )
     if result.error:
         print(result.error, file=sys.stderr)
     if result.traces and not args.no_figures:
         from hyper_parallel.viz import run_figures
+
         figures = run_figures(result.run_dir, out_dir=result.run_dir)
         print(f"figures: {', '.join(f'{name}.png/.svg' for name in figures)}")
     if result.traces and args.chrome_trace:
         from hyper_parallel.run_files import CHROME_TRACE_FILE, to_chrome_trace
+
         print(f"chrome trace: {to_chrome_trace(result.traces, result.run_dir / CHROME_TRACE_FILE)}")
     print(f"run directory: {result.run_dir}")
     return 0 if result.ok else 1
@@ -162,29 +215,44 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_command(args: argparse.Namespace) -> int:
     from launch.runner import validate
+
     spec, dims = validate(args.recipe, **_degrees(args))
     if args.nnodes * args.nproc_per_node != dims.world_size:
-        raise ValueError(f"--nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node} = "
-                         f"{args.nnodes * args.nproc_per_node} != world_size={dims.world_size}")
+        raise ValueError(
+            f"--nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node} = "
+            f"{args.nnodes * args.nproc_per_node} != world_size={dims.world_size}"
+        )
     import json
+
     explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
-    worker = ["-m", "hyper_parallel.recipes.worker", "--recipe", spec.name, "--degrees", json.dumps(explicit),
-              "--steps", str(args.steps or spec.steps)]
+    worker = [
+        "-m",
+        "hyper_parallel.recipes.worker",
+        "--recipe",
+        spec.name,
+        "--degrees",
+        json.dumps(explicit),
+        "--steps",
+        str(args.steps or spec.steps),
+    ]
     print(multinode_command(args.nnodes, args.nproc_per_node, args.rdzv_endpoint, worker))
     return 0
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:
     from launch.workbook import run_workbook
+
     return run_workbook(Path(args.out))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from launch.report import write_report
+
     if args.compare:
         if args.run_dir:
             raise ValueError("give either RUN_DIR or --compare RUN_A RUN_B, not both")
         from launch.report.compare import write_comparison
+
         print(f"comparison: {write_comparison(*args.compare, args.out)}")
         return 0
     if not args.run_dir:
@@ -201,8 +269,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     configs = [name for name in (args.configs or "").split(",") if name]
-    result = run_bench(args.world_size, steps=args.steps, warmup=args.warmup, out=args.out, configs=configs,
-                       timeout=args.timeout, profile=args.profile, on_line=show, overlap=not args.no_overlap)
+    result = run_bench(
+        args.world_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        out=args.out,
+        configs=configs,
+        timeout=args.timeout,
+        profile=args.profile,
+        on_line=show,
+        overlap=not args.no_overlap,
+    )
     if not result.ok:
         print(f"FAILED: {result.error}", file=sys.stderr)
         return 1
@@ -223,10 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_command(args)
         if args.command == "plan":
             from launch.plan import cmd_plan
-            args.argv = sys.argv[2:] if argv is None else list(argv[1:])   # the review page quotes its command
+
+            args.argv = sys.argv[2:] if argv is None else list(argv[1:])  # the review page quotes its command
             return cmd_plan(args)
         if args.command == "bench-latency":
             from launch.latency import measure, print_latency
+
             print_latency(measure(args.repeats), args.repeats)
             return 0
         if args.command == "bench":

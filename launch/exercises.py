@@ -14,14 +14,17 @@ still open; a wrong answer prints why and what to look at, never raises. Every c
 ``"unanswered"``, ``"right"`` or ``"wrong"`` (tests/test_exercises.py holds each exercise to a right
 and a wrong answer).
 """
+
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
+
 
 class Verdict(str):
-    """"unanswered", "right" or "wrong": compares as the plain string; Jupyter shows nothing for it (the
+    """ "unanswered", "right" or "wrong": compares as the plain string; Jupyter shows nothing for it (the
     checker already printed its sentence), so a check cell's output is that sentence alone."""
 
     def _ipython_display_(self) -> None:
@@ -29,7 +32,7 @@ class Verdict(str):
 
 
 UNANSWERED, RIGHT, WRONG = Verdict("unanswered"), Verdict("right"), Verdict("wrong")
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -44,32 +47,38 @@ EXERCISES: dict[str, Exercise] = {
         "M4 (FSDP on 2 ranks) trains an MLP of 2 blocks plus a root unit. **How many reduce-scatters** does "
         "rank 0 issue in one step?",
         "one per fully_shard unit: count the units.",
-        "3: every unit reduce-scatters its gradients once in backward (block 0, block 1, root)."),
+        "3: every unit reduce-scatters its gradients once in backward (block 0, block 1, root).",
+    ),
     "10.1": Exercise(
         "Predict: how many **all-gathers** does rank 0 of M4 issue per step (2 blocks + root, blocks "
         "reshard after forward, the root keeps its parameters)?",
         "forward gathers every unit once; backward gathers again only the units that resharded.",
-        "5: 3 in forward (root, block 0, block 1) + 2 in backward (the blocks; the root kept its parameters)."),
+        "5: 3 in forward (root, block 0, block 1) + 2 in backward (the blocks; the root kept its parameters).",
+    ),
     "10.2": Exercise(
         "M1 (DDP) and M4 (FSDP) run the same MLP on 2 ranks. By what factor are the **parameter bytes per "
         "rank** of M1 larger than M4's? (the cost model's `memory.parameters`)",
         "FSDP keeps a 1/dp_shard shard of every parameter; DDP keeps all of it.",
         "2 = dp_shard: M1 keeps 37024 bytes per rank, M4 18512. Gradients shrink the same way; the "
-        "transient all-gathered unit is what FSDP pays for it."),
+        "transient all-gathered unit is what FSDP pays for it.",
+    ),
     "11.1": Exercise(
         "Predict: how many **all-reduces on tp** does M2 (pure TP, 2 layers) issue in **forward**?",
         "one after every rowwise layer (wo, w2 in each layer), and one after the rowwise embedding.",
-        "5 = 2 per layer x 2 layers + 1 for the embedding."),
+        "5 = 2 per layer x 2 layers + 1 for the embedding.",
+    ),
     "11.2": Exercise(
         "Which run sends **fewer bytes on the wire** per rank and step, `'M2'` (TP) or `'M3'` (TP + SP)?",
         "on 2 ranks an all-reduce sends its whole buffer once (2(n-1)/n = 1), an all-gather or "
         "reduce-scatter half of it ((n-1)/n).",
         "M3: its all-gather + reduce-scatter pairs send what M2's all-reduces send, but M2's backward "
-        "also all-reduces the input gradient of every colwise layer (wq, wk, wv, w1)."),
+        "also all-reduces the input gradient of every colwise layer (wq, wk, wv, w1).",
+    ),
     "13.1": Exercise(
         "Predict: how many **all-gathers** does rank 0 of M7 (HSDP 2 x 2, 2 layers + root) issue per step?",
         "HSDP gathers only on fsdp, exactly as FSDP does; dp_replicate is never gathered.",
-        "5: 3 in forward + 2 in backward, as M4; HSDP adds 3 all-reduces on dp_replicate, no all-gather."),
+        "5: 3 in forward + 2 in backward, as M4; HSDP adds 3 all-reduces on dp_replicate, no all-gather.",
+    ),
     "13.2": Exercise(
         "Pick degrees for `llama-8b-like` on **64 ranks** with HSDP (`dp_replicate > 1`, tp = cp = 1) so "
         "that every rank's **training state** (parameters + gradients + Adam state, the cost model's "
@@ -77,54 +86,64 @@ EXERCISES: dict[str, Exercise] = {
         "the state shrinks with dp_shard, not with dp_replicate: 8 B parameters in bf16 with fp32 Adam "
         "state are about 120 GiB before sharding.",
         "any dp_shard >= 8: {'dp_replicate': 8, 'dp_shard': 8} keeps 15.0 GiB per rank, dp_shard = 4 "
-        "keeps 29.9 GiB. (Activations depend on the batch per rank, not on how parameters are sharded.)"),
+        "keeps 29.9 GiB. (Activations depend on the batch per rank, not on how parameters are sharded.)",
+    ),
     "12.1": Exercise(
         "With cp = 4 the sequence is cut into 8 chunks. **Which chunks** does cp rank 1 hold? "
         "Answer a set, e.g. `{1, 2}`.",
         "rank i holds chunk i and its mirror image 2cp-1-i, so every rank gets as much of the causal mask.",
-        "{1, 6}: rank 1 holds chunk 1 and chunk 2*4-1-1 = 6."),
+        "{1, 6}: rank 1 holds chunk 1 and chunk 2*4-1-1 = 6.",
+    ),
     "14.1": Exercise(
         "Predict: how many **all-to-alls on ep** does rank 0 of S1 issue per step (one MoE layer)?",
         "forward: the token counts, the dispatch, the combine; backward: the two token exchanges reversed.",
-        "5: 3 in forward (counts, dispatch, combine) + 2 in backward (the counts need no gradient)."),
+        "5: 3 in forward (counts, dispatch, combine) + 2 in backward (the counts need no gradient).",
+    ),
     "14.2": Exercise(
         "In S2, ep x etp = 2 x 2 already spans the 4 ranks, so efsdp = 1. How many collectives does "
         "rank 0 issue **on efsdp** (the expert unit's FSDP group) per step?",
         "shard_size 1 and dp_size 1: the case where the decision table says no gradient communication.",
-        "0: nothing to gather (efsdp = 1) and nothing to reduce (every expert weight lives on one rank)."),
+        "0: nothing to gather (efsdp = 1) and nothing to reduce (every expert weight lives on one rank).",
+    ),
     "03.1": Exercise(
         "Which parameters **drift** (differ between the two TP ranks) without the fix? Answer a set of names, "
         "e.g. `{'blocks.0.w1.weight'}`.",
         "TP-replicated parameters that see only a sequence chunk under SP.",
         "the norm weights and the rowwise layers' biases of every block (blocks.N.norm.weight, blocks.N.w2.bias):"
-        " replicated on tp, but each TP rank computes their gradient from its own sequence chunk only."),
+        " replicated on tp, but each TP rank computes their gradient from its own sequence chunk only.",
+    ),
     "03.2": Exercise(
         "How many **extra all-reduces on tp** does the fix add per step on rank 0?",
         "one per fully_shard unit that has parameters with partial gradients.",
         "2: one all-reduce over tp per block unit (blocks.0, blocks.1), each summing that block's partial "
-        "gradients (norm weight and w2 bias) in one buffer; the root unit has none (the table above: 0 -> 2)."),
+        "gradients (norm weight and w2 bias) in one buffer; the root unit has none (the table above: 0 -> 2).",
+    ),
     "01.1": Exercise(
         "With `world_size=8, dp_shard=8, ep=2` (etp = 1), how many ranks are in one **efsdp** group (the ranks "
         "that shard the same experts' weights)?",
         "EP borrows its ranks from dp_shard * cp * tp; what is left over shards the experts: "
         "efsdp = dp_shard * cp * tp / (ep * etp).",
-        "4 = 8 / 2: two ep ranks hold different experts, and each expert's weights are sharded over 4 ranks."),
+        "4 = 8 / 2: two ep ranks hold different experts, and each expert's weights are sharded over 4 ranks.",
+    ),
     "02.1": Exercise(
         "A unit on 8 ranks with shard_size 4 and dp_size 2: what is its gradient reduction? Answer as the "
         "table writes it, e.g. `'RS(2) + AR(4)'`.",
         "shard first (reduce-scatter in the shard group), then all-reduce the shard over the replicas.",
-        "RS(4) + AR(2): HSDP with fsdp = 4, dp_replicate = 2."),
+        "RS(4) + AR(2): HSDP with fsdp = 4, dp_replicate = 2.",
+    ),
     "95.1": Exercise(
         "Predict: under HSDP 2 x 2 (the 4-rank benchmark), how many collectives on the FSDP groups "
         "(fsdp and dp_replicate) does **one block** issue per step, ours or torch's?",
         "what a block does: gathered for forward, gathered again for backward (it resharded), its gradients "
         "reduce-scattered, and HSDP's extra step across replicas.",
         "4: 2 all-gathers and 1 reduce-scatter on fsdp, 1 all-reduce of the shard on dp_replicate (the root: 3, "
-        "it is not gathered again in backward)."),
+        "it is not gathered again in backward).",
+    ),
     "90.1": Exercise(
         "Is `world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1` a valid mesh? Answer True or False.",
         "with etp = 1 EP borrows from dp_shard * cp * tp and ep % (cp * tp) must be 0.",
-        "False: ep = 2 is not a multiple of cp * tp = 4 (with etp = 1 every EP group must hold whole cp x tp blocks)."),
+        "False: ep = 2 is not a multiple of cp * tp = 4 (with etp = 1 every EP group must hold whole cp x tp blocks).",
+    ),
 }
 
 
@@ -137,16 +156,22 @@ def exercise(key: str) -> Exercise:
 def ask(key: str):
     """The question as Markdown, with where to write the answer."""
     from IPython.display import Markdown
-    return Markdown(f"**Exercise {key}.** {exercise(key).question}\n\n*Write your answer into the `answer_...` "
-                    f"variable of the next cell and run it; a cell further down checks it against the run. "
-                    f"`show_solution(\"{key}\")` unfolds the worked answer.*")
+
+    return Markdown(
+        f"**Exercise {key}.** {exercise(key).question}\n\n*Write your answer into the `answer_...` "
+        f"variable of the next cell and run it; a cell further down checks it against the run. "
+        f'`show_solution("{key}")` unfolds the worked answer.*'
+    )
 
 
 def show_solution(key: str):
     """The worked answer, folded in a ``<details>`` block (click to open)."""
     from IPython.display import HTML
-    return HTML(f"<details><summary>Solution {html.escape(key)} (click to open)</summary>"
-                f"<p>{html.escape(exercise(key).solution)}</p></details>")
+
+    return HTML(
+        f"<details><summary>Solution {html.escape(key)} (click to open)</summary>"
+        f"<p>{html.escape(exercise(key).solution)}</p></details>"
+    )
 
 
 def _verdict(key: str, answer: Any, right: bool, expected_text: str, source: str) -> str:
@@ -186,13 +211,21 @@ def check(key: str, answer: Any, expected: Any, source: str = "the run") -> str:
     return _verdict(key, answer, right, f"{shown}", source)
 
 
-def check_fits(key: str, answer: Mapping[str, int] | None, *, model: str, world_size: int, budget_gib: float,
-               need: Mapping[str, Any] | None = None) -> str:
+def check_fits(
+    key: str,
+    answer: Mapping[str, int] | None,
+    *,
+    model: str,
+    world_size: int,
+    budget_gib: float,
+    need: Mapping[str, Any] | None = None,
+) -> str:
     """A mesh the learner picked: valid (``ParallelDims``), holding ``need`` (e.g. ``{"dp_replicate": ">1"}``)
     and with its training state (parameters + gradients + optimizer state, the cost model's memory)
     within ``budget_gib`` per rank. There are several right answers."""
     from hyper_parallel.cost_model import estimate, get_model
     from hyper_parallel.mesh import ParallelDims
+
     exercise(key)
     if answer is None:
         return _unanswered(key)
@@ -208,7 +241,9 @@ def check_fits(key: str, answer: Mapping[str, int] | None, *, model: str, world_
     for name, rule in (need or {}).items():
         value = getattr(dims, name)
         if (rule == ">1" and value <= 1) or (isinstance(rule, int) and value != rule):
-            print(f"✘ {key}: {name}={value}, but the exercise asks for {name} {rule if rule == '>1' else '= ' + str(rule)}.")
+            print(
+                f"✘ {key}: {name}={value}, but the exercise asks for {name} {rule if rule == '>1' else '= ' + str(rule)}."
+            )
             return WRONG
     source = f"the cost model: {total / GIB:.1f} GiB of state per rank against {budget_gib} GiB"
     return _verdict(key, dict(answer), total <= budget_gib * GIB, f"{dict(answer)} fits", source)
@@ -216,19 +251,26 @@ def check_fits(key: str, answer: Mapping[str, int] | None, *, model: str, world_
 
 # ---------------------------------------------------------------- truths taken from a run
 
-def collective_count(result, op: str | None = None, group: str | None = None, phase: str | None = None,
-                     rank: int = 0) -> int:
+
+def collective_count(
+    result, op: str | None = None, group: str | None = None, phase: str | None = None, rank: int = 0
+) -> int:
     """How many collectives (of ``op``, on ``group``, in ``phase``; None: any) rank ``rank`` issued in the
     run's last step, from its trace."""
     from launch.workbook import collective_counts
-    return sum(n for (p, o, g), n in collective_counts(result, rank=rank).items()
-               if (op is None or o == op) and (group is None or g == group) and (phase is None or p == phase))
+
+    return sum(
+        n
+        for (p, o, g), n in collective_counts(result, rank=rank).items()
+        if (op is None or o == op) and (group is None or g == group) and (phase is None or p == phase)
+    )
 
 
 def parameter_bytes(result) -> int:
     """Parameter bytes one rank keeps between steps, by the cost model for the run's recipe and mesh."""
     from hyper_parallel.cost_model import estimate, recipe_model
     from hyper_parallel.mesh import ParallelDims
+
     degrees = result.metrics["degrees"]
     dims = ParallelDims(**{k: v for k, v in degrees.items() if k in ParallelDims.__dataclass_fields__})
     return estimate(recipe_model(result.metrics["recipe"]), dims).memory.parameters
@@ -238,6 +280,7 @@ def wire_bytes_per_rank(result, rank: int = 0) -> float:
     """Bytes rank ``rank`` sends in the last step with ring algorithms (all-reduce 2(n-1)/n of its buffer,
     the other collectives (n-1)/n): what 11.2 compares."""
     from hyper_parallel.cost_model import wire_factor
+
     traces = result if isinstance(result, Mapping) else result.traces
     events = [e for e in traces.get(rank, []) if e.get("kind") == "collective" and e.get("phase") != "init"]
     if not events:
@@ -260,12 +303,16 @@ def block_collectives(bench_result, config: str, impl: str = "ours") -> int:
     """Collectives on FSDP groups one block unit issued in the traced step of ``config`` (95.1); every
     block issues the same number, else ``ValueError``."""
     from launch.bench import FSDP_GROUPS
+
     rows = [row for row in bench_result.rows if row["config"] == config]
     if not rows:
-        raise ValueError(f"no configuration {config!r} in this benchmark; ran: {[r['config'] for r in bench_result.rows]}")
+        raise ValueError(
+            f"no configuration {config!r} in this benchmark; ran: {[r['config'] for r in bench_result.rows]}"
+        )
     per_unit = rows[0]["communication"][impl]["per_unit"]
-    counts = {sum(n for (_, group), n in c.items() if group in FSDP_GROUPS) for unit, c in per_unit.items()
-              if unit != "root"}
+    counts = {
+        sum(n for (_, group), n in c.items() if group in FSDP_GROUPS) for unit, c in per_unit.items() if unit != "root"
+    }
     if len(counts) != 1:
         raise ValueError(f"blocks of {config} issue different numbers of collectives: {sorted(counts)}")
     return counts.pop()

@@ -4,6 +4,7 @@ Read from torchrun's own summary (its ``Failures:``/``Root Cause`` sections give
 rank's exit code), each rank's output, and the files ranks write when their work has finished
 (``hyper_parallel.rank_lifetime``).
 """
+
 from __future__ import annotations
 
 import re
@@ -72,8 +73,9 @@ def _lost_a_peer(lines: list[str]) -> bool:
     return any(marker in line for line in error_lines(lines) for marker in PEER_LOSS)
 
 
-def failure(logs: dict[int, list[str]], stderr: dict[int, list[str]], returncode: int,
-            status_dir: Path) -> tuple[int, str]:
+def failure(
+    logs: dict[int, list[str]], stderr: dict[int, list[str]], returncode: int, status_dir: Path
+) -> tuple[int, str]:
     """The rank to blame and the error text.
 
     The rank is torchrun's root cause, unless that rank only lost a peer (gloo's connection
@@ -96,12 +98,18 @@ def failure(logs: dict[int, list[str]], stderr: dict[int, list[str]], returncode
     tail = stderr.get(root, [])[-STDERR_TAIL_LINES:] or ["(none)"]
     finished = status_dir / FINISHED_FILE.format(rank=root)
     if code < 0 and finished.exists():
-        return root, "\n".join([f"rank {root} crashed at exit: {describe_exit(code)} after its work had finished "
-                                f"(it was leaving with exit code {finished.read_text()}); its last stderr lines:", *tail])
+        return root, "\n".join(
+            [
+                f"rank {root} crashed at exit: {describe_exit(code)} after its work had finished "
+                f"(it was leaving with exit code {finished.read_text()}); its last stderr lines:",
+                *tail,
+            ]
+        )
     if code < 0:
         detail = error_lines(lines) or ["no Python traceback; its last stderr lines:", *tail]
-        return root, "\n".join([f"rank {root} failed: {describe_exit(code)} while running (before its work "
-                                f"finished)", *detail])
+        return root, "\n".join(
+            [f"rank {root} failed: {describe_exit(code)} while running (before its work finished)", *detail]
+        )
     detail = error_lines(lines) or ["no Python traceback; last output lines:", *lines[-10:]]
     return root, "\n".join([f"rank {root} failed: {describe_exit(code)}", *detail])
 

@@ -6,18 +6,22 @@ just before), and a warm run (the pool already up). It prints the medians. The t
 milliseconds: the rest is starting torchrun, N interpreters importing torch and a rendezvous, which the
 warm pool pays once per Python process.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from launch.pool import current, shutdown_pool
 from launch.runner import run
 from launch.text_table import print_table
 
-CASES = {"M4": {"world_size": 2, "dp_shard": 2}, "M7": {"world_size": 4, "dp_replicate": 2, "dp_shard": 2},
-         "S2": {"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2}}
+CASES = {
+    "M4": {"world_size": 2, "dp_shard": 2},
+    "M7": {"world_size": 4, "dp_replicate": 2, "dp_shard": 2},
+    "S2": {"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2},
+}
 CELL = "x = torch.ones(1) * rank\ndist.all_reduce(x)\nx.item()"
 
 
@@ -32,12 +36,14 @@ def _recipe(name: str, degrees: dict, pool: bool) -> Callable[[], None]:
         result = run(name, steps=1, pool=pool, **degrees)
         if not result.ok:
             raise RuntimeError(f"{name} failed during the latency benchmark:\n{result.error}")
+
     return action
 
 
 def _cell(nproc: int) -> Callable[[], None]:
     def action() -> None:
         current().run(nproc, {"kind": "code", "code": CELL}, 120)
+
     return action
 
 
@@ -46,8 +52,14 @@ def measure(repeats: int = 5) -> list[tuple[str, float | None, float, float]]:
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     rows = []
-    cases = [(f"launch.run {name} ({degrees['world_size']} ranks)", _recipe(name, degrees, True),
-              _recipe(name, degrees, False)) for name, degrees in CASES.items()]
+    cases = [
+        (
+            f"launch.run {name} ({degrees['world_size']} ranks)",
+            _recipe(name, degrees, True),
+            _recipe(name, degrees, False),
+        )
+        for name, degrees in CASES.items()
+    ]
     cases.append(("%%torchrun -n 4, one all-reduce", _cell(4), None))
     for label, on_pool, fresh in cases:
         fresh_times, first_times, warm_times = [], [], []
@@ -57,15 +69,33 @@ def measure(repeats: int = 5) -> list[tuple[str, float | None, float, float]]:
             shutdown_pool()
             first_times.append(_seconds(on_pool))
             warm_times.append(_seconds(on_pool))
-        rows.append((label, statistics.median(fresh_times) if fresh_times else None,
-                     statistics.median(first_times), statistics.median(warm_times)))
+        rows.append(
+            (
+                label,
+                statistics.median(fresh_times) if fresh_times else None,
+                statistics.median(first_times),
+                statistics.median(warm_times),
+            )
+        )
     shutdown_pool()
     return rows
 
 
 def print_latency(rows: list[tuple[str, float | None, float, float]], repeats: int) -> None:
-    print(f"wall time of an experiment, median of {repeats} (alternated): a fresh torchrun launch, the first run "
-          "on a new warm pool, a warm run")
-    print_table(("case", "fresh launch s", "first on pool s", "warm s", "warm / fresh"),
-                [(label, f"{fresh:.2f}" if fresh is not None else "-", f"{first:.2f}", f"{warm:.2f}",
-                  f"{warm / fresh:.3f}" if fresh else "-") for label, fresh, first, warm in rows])
+    print(
+        f"wall time of an experiment, median of {repeats} (alternated): a fresh torchrun launch, the first run "
+        "on a new warm pool, a warm run"
+    )
+    print_table(
+        ("case", "fresh launch s", "first on pool s", "warm s", "warm / fresh"),
+        [
+            (
+                label,
+                f"{fresh:.2f}" if fresh is not None else "-",
+                f"{first:.2f}",
+                f"{warm:.2f}",
+                f"{warm / fresh:.3f}" if fresh else "-",
+            )
+            for label, fresh, first, warm in rows
+        ],
+    )

@@ -8,6 +8,7 @@
 A learner should never have to trust a black box: ``run_recipes({...})`` runs exactly the code shown
 here, and the trade-off table's bytes are checked against the trace of the same run.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,35 +24,65 @@ RECIPE_CODE: dict[str, list[str]] = {  # besides the registry's implementation, 
     "M4": ["hyper_parallel.recipes.dense:_mlp_workload"],
     "M2": [f"{_TRANSFORMER}:transformer_workload", *_DENSE_TP],
     "M3": [f"{_TRANSFORMER}:transformer_workload", *_DENSE_TP],
-    "M5": [f"{_TRANSFORMER}:transformer_workload", f"{_TRANSFORMER}:apply_context_parallel",
-           f"{_TRANSFORMER}:apply_fully_shard"],
+    "M5": [
+        f"{_TRANSFORMER}:transformer_workload",
+        f"{_TRANSFORMER}:apply_context_parallel",
+        f"{_TRANSFORMER}:apply_fully_shard",
+    ],
     "M6": [f"{_TRANSFORMER}:transformer_workload", f"{_TRANSFORMER}:apply_context_parallel", *_DENSE_TP],
     "M7": [f"{_TRANSFORMER}:transformer_workload", f"{_TRANSFORMER}:apply_fully_shard"],
-    "S1": ["hyper_parallel.recipes.moe:moe_workload", "hyper_parallel.recipes.moe:apply_expert_parallel",
-           "hyper_parallel.recipes.moe:apply_dual_stack_fully_shard"],
+    "S1": [
+        "hyper_parallel.recipes.moe:moe_workload",
+        "hyper_parallel.recipes.moe:apply_expert_parallel",
+        "hyper_parallel.recipes.moe:apply_dual_stack_fully_shard",
+    ],
 }
 RECIPE_CODE["S2"] = RECIPE_CODE["S3"] = RECIPE_CODE["S1"]
 
-_FSDP2 = ("`fully_shard(unit, mesh=views[\"dp_replicate\", \"fsdp\"])`",
-          "`torch.distributed.fsdp.fully_shard(unit, mesh=mesh[\"fsdp\"])` (a 2-D mesh `(replicate, shard)` "
-          "makes it HSDP)")
-_TP = ("`parallelize_transformer_tp(model, views[\"tp\"], ...)`",
-       "torch's own `parallelize_module(layer, tp_mesh, {\"attention.wq\": ColwiseParallel(), ..., "
-       "\"attention.wo\": RowwiseParallel()})`, called as is")
+_FSDP2 = (
+    '`fully_shard(unit, mesh=views["dp_replicate", "fsdp"])`',
+    '`torch.distributed.fsdp.fully_shard(unit, mesh=mesh["fsdp"])` (a 2-D mesh `(replicate, shard)` makes it HSDP)',
+)
+_TP = (
+    '`parallelize_transformer_tp(model, views["tp"], ...)`',
+    'torch\'s own `parallelize_module(layer, tp_mesh, {"attention.wq": ColwiseParallel(), ..., '
+    '"attention.wo": RowwiseParallel()})`, called as is',
+)
 TORCH_CALLS: dict[str, list[tuple[str, str]]] = {
-    "M1": [("`fully_shard(unit, mesh=..., enable_param_shard=False)`",
+    "M1": [
+        (
+            "`fully_shard(unit, mesh=..., enable_param_shard=False)`",
             "`DistributedDataParallel(model)` / `torch.distributed._composable.replicate(model)`: whole "
-            "parameters, one gradient all-reduce")],
+            "parameters, one gradient all-reduce",
+        )
+    ],
     "M4": [_FSDP2],
-    "M2": [_TP, ("`fully_shard(..., enable_param_shard=False)`", "no torch FSDP2 equivalent: replicas "
-                 "all-reduce, TP-partial gradients are summed over tp")],
-    "M5": [("`apply_context_parallel(model, views)`", "`torch.distributed.tensor.experimental.context_parallel` "
-            "(no CPU path in torch, so the workbook has its own attention)"), _FSDP2],
+    "M2": [
+        _TP,
+        (
+            "`fully_shard(..., enable_param_shard=False)`",
+            "no torch FSDP2 equivalent: replicas all-reduce, TP-partial gradients are summed over tp",
+        ),
+    ],
+    "M5": [
+        (
+            "`apply_context_parallel(model, views)`",
+            "`torch.distributed.tensor.experimental.context_parallel` "
+            "(no CPU path in torch, so the workbook has its own attention)",
+        ),
+        _FSDP2,
+    ],
     "M7": [_FSDP2],
-    "S1": [("`parallelize_moe(moe, views[\"ep\"])`", "TorchTitan's `ExpertParallel()` style through "
-            "`parallelize_module(experts, ep_mesh, ExpertParallel())`"),
-           ("`fully_shard(experts, mesh=views[\"dp_replicate\", \"efsdp\"])`",
-            "`fully_shard(experts, mesh=edp_mesh)` with TorchTitan's dual FSDP meshes")],
+    "S1": [
+        (
+            '`parallelize_moe(moe, views["ep"])`',
+            "TorchTitan's `ExpertParallel()` style through `parallelize_module(experts, ep_mesh, ExpertParallel())`",
+        ),
+        (
+            '`fully_shard(experts, mesh=views["dp_replicate", "efsdp"])`',
+            "`fully_shard(experts, mesh=edp_mesh)` with TorchTitan's dual FSDP meshes",
+        ),
+    ],
 }
 TORCH_CALLS["M3"] = TORCH_CALLS["M2"]
 TORCH_CALLS["M6"] = [_TP, *TORCH_CALLS["M5"]]
@@ -73,7 +104,7 @@ def function_source(path: str) -> str:
     for node in ast.parse(text).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            return "".join(text.splitlines(keepends=True)[start - 1:node.end_lineno])
+            return "".join(text.splitlines(keepends=True)[start - 1 : node.end_lineno])
     raise ValueError(f"no function {name!r} in {file}")
 
 
@@ -89,17 +120,21 @@ def recipe_sources(recipe: str) -> list[tuple[str, str]]:
 def recipe_code(recipe: str):
     """The recipe's parallelize code as Markdown, and the torch calls it makes or stands for."""
     from IPython.display import Markdown
+
     parts = [f"#### The code of {recipe}: what `run_recipes` runs in every worker"]
     for path, source in recipe_sources(recipe):
         parts.append(f"`{path}`\n```python\n{source.rstrip()}\n```")
     calls = TORCH_CALLS.get(recipe, [])
     if calls:
-        parts.append("| our call | the torch call it makes or stands for |\n| --- | --- |\n"
-                     + "\n".join(f"| {ours} | {theirs} |" for ours, theirs in calls))
+        parts.append(
+            "| our call | the torch call it makes or stands for |\n| --- | --- |\n"
+            + "\n".join(f"| {ours} | {theirs} |" for ours, theirs in calls)
+        )
     return Markdown("\n\n".join(parts))
 
 
 # ---------------------------------------------------------------- trade-offs from the cost model
+
 
 def _measured_bytes(result, rank: int = 0) -> dict[tuple[str, str], float]:
     traces = result if isinstance(result, dict) else result.traces
@@ -121,31 +156,47 @@ def tradeoff_rows(result) -> list[list[Any]]:
     from hyper_parallel.cost_model import estimate, recipe_model
     from hyper_parallel.mesh import ParallelDims
     from hyper_parallel.viz.style import fmt_bytes
+
     metrics = result.metrics
     recipe, degrees = metrics["recipe"], metrics["degrees"]
     dims = ParallelDims(**{k: v for k, v in degrees.items() if k in ParallelDims.__dataclass_fields__})
     config = recipe_model(recipe)
     here, alone = estimate(config, dims), estimate(config, ParallelDims(world_size=1))
     rows = []
-    for name, label in (("parameters", "parameters per rank"), ("gradients", "gradients per rank"),
-                        ("gathered", "gathered for compute (transient)"), ("activations", "activations (estimate)")):
+    for name, label in (
+        ("parameters", "parameters per rank"),
+        ("gradients", "gradients per rank"),
+        ("gathered", "gathered for compute (transient)"),
+        ("activations", "activations (estimate)"),
+    ):
         a, b = getattr(alone.memory, name), getattr(here.memory, name)
-        change = "same" if a == b else (f"shrinks ÷{a / b:.3g}" if b and b < a else
-                                        f"grows ×{b / a:.3g}" if a else "grows")
+        change = (
+            "same" if a == b else (f"shrinks ÷{a / b:.3g}" if b and b < a else f"grows ×{b / a:.3g}" if a else "grows")
+        )
         rows.append([label, fmt_bytes(a), fmt_bytes(b), change, ""])
     measured = _measured_bytes(result)
     for key in sorted(set(here.by_op_group()) | set(measured)):
         model_bytes, traced = here.by_op_group().get(key, 0.0), measured.get(key, 0.0)
-        rows.append([f"communicated: {key[0]} on {key[1]}", "—", fmt_bytes(model_bytes), "new",
-                     fmt_bytes(traced) + (" ✔" if abs(model_bytes - traced) < 0.5 else " ≠ model")])
+        rows.append(
+            [
+                f"communicated: {key[0]} on {key[1]}",
+                "—",
+                fmt_bytes(model_bytes),
+                "new",
+                fmt_bytes(traced) + (" ✔" if abs(model_bytes - traced) < 0.5 else " ≠ model"),
+            ]
+        )
     return rows
 
 
 def tradeoff_table(result, label: str | None = None):
     """What shrinks, what grows, what is communicated: this run against one rank training alone."""
     from launch.html_table import table
+
     label = label or result.metrics["recipe"]
-    return table(["per rank, one step", "one rank alone", label, "change", "measured (rank 0, last step)"],
-                 tradeoff_rows(result),
-                 caption=f"{label}: the cost model (hyper_parallel.cost_model.estimate) for one rank and for this "
-                         "mesh; bytes are full collective buffers, the last column the run's own trace")
+    return table(
+        ["per rank, one step", "one rank alone", label, "change", "measured (rank 0, last step)"],
+        tradeoff_rows(result),
+        caption=f"{label}: the cost model (hyper_parallel.cost_model.estimate) for one rank and for this "
+        "mesh; bytes are full collective buffers, the last column the run's own trace",
+    )

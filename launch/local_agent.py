@@ -17,6 +17,7 @@ Two things plain ``torchrun --standalone`` does not do (measured with torch 2.13
   launcher is gone, however it ended.  Each worker does the same towards this agent
   (``hyper_parallel.rank_lifetime``), so no rank outlives it.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,8 +26,13 @@ import socket
 import sys
 
 from torch.distributed import PrefixStore, TCPStore
-from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousInfo, RendezvousParameters,
-                                                  RendezvousStoreInfo, rendezvous_handler_registry)
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    rendezvous_handler_registry,
+)
 from torch.distributed.run import main as torchrun_main
 
 from hyper_parallel.rank_lifetime import AGENT_PID_ENV, die_with_parent
@@ -54,10 +60,19 @@ class LoopbackRendezvous(RendezvousHandler):
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.bind((LOOPBACK, 0))
             port = listener.getsockname()[1]
-            self._store = TCPStore(LOOPBACK, port, None, True, STORE_TIMEOUT, wait_for_workers=False,
-                                   multi_tenant=True, master_listen_fd=listener.detach())
-        return RendezvousInfo(PrefixStore(self._run_id, self._store), 0, 1,
-                              RendezvousStoreInfo(LOOPBACK, self._store.port))
+            self._store = TCPStore(
+                LOOPBACK,
+                port,
+                None,
+                True,
+                STORE_TIMEOUT,
+                wait_for_workers=False,
+                multi_tenant=True,
+                master_listen_fd=listener.detach(),
+            )
+        return RendezvousInfo(
+            PrefixStore(self._run_id, self._store), 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port)
+        )
 
     def is_closed(self) -> bool:
         return False

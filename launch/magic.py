@@ -15,6 +15,7 @@ with its rank. Names a cell defines stay on the workers for the next cell, until
 usable. Values come back through ``torch.save`` bytes read with ``weights_only=True`` (tensors, numbers,
 strings, lists and dicts of them); anything else comes back as its ``repr``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--nproc", type=int, help="number of ranks")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before the ranks are ended")
     parser.add_argument("--restart", action="store_true", help="end the warm workers (their names are forgotten)")
-    parser.add_argument("--send", default="", help="comma-separated kernel variables (JSON data) to define on every rank")
-    parser.add_argument("--out", default="", help="kernel variable to store the per-rank values in (nothing is displayed)")
+    parser.add_argument(
+        "--send", default="", help="comma-separated kernel variables (JSON data) to define on every rank"
+    )
+    parser.add_argument(
+        "--out", default="", help="kernel variable to store the per-rank values in (nothing is displayed)"
+    )
     return parser
 
 
@@ -45,6 +50,7 @@ def decode(reply: dict):
         if reply["value"] is None:
             return None
         import torch  # the kernel imports torch only when a cell returns a value
+
         return torch.load(io.BytesIO(base64.b64decode(reply["value"])), weights_only=True)
     return reply.get("repr")
 
@@ -56,8 +62,13 @@ def run_cell(code: str, nproc: int, timeout: float = DEFAULT_TIMEOUT, stream=Non
         raise ValueError(f"-n must be at least 1 rank, got {nproc}")
     if send:
         try:
-            code = "".join(f"{name} = __import__('json').loads({json.dumps(json.dumps(value))})\n"
-                           for name, value in send.items()) + code
+            code = (
+                "".join(
+                    f"{name} = __import__('json').loads({json.dumps(json.dumps(value))})\n"
+                    for name, value in send.items()
+                )
+                + code
+            )
         except TypeError as error:
             raise ValueError(f"--send takes JSON data (numbers, strings, lists, dicts): {error}") from None
     out = stream or sys.stdout
@@ -104,6 +115,7 @@ def torchrun_magic(line: str, cell: str | None = None):
 
 def _user_namespace() -> dict:
     from IPython import get_ipython
+
     shell = get_ipython()
     return shell.user_ns if shell is not None else {}
 

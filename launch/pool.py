@@ -13,9 +13,11 @@ asked for; a smaller run uses ranks 0..n-1. Whatever goes wrong (a rank raises, 
 timeout) is reported as a fresh launch would report it and the pool is torn down with every process:
 the next run starts a new one.
 """
+
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import secrets
 import subprocess
@@ -74,11 +76,18 @@ class Pool:
         host, port = self._listener.address
         self.run_dir = new_scratch_dir("pool-")
         self._proc, self._tree, self._output, _ = start_agent(
-            ["-m", WORKER_MODULE], size, [], self.run_dir, self._emit, {ADDRESS_ENV: f"{host}:{port}", KEY_ENV: key.hex()})
+            ["-m", WORKER_MODULE],
+            size,
+            [],
+            self.run_dir,
+            self._emit,
+            {ADDRESS_ENV: f"{host}:{port}", KEY_ENV: key.hex()},
+        )
         self._logs, self._conns, self.size = {}, {}, size
         accepted: list[Connection] = []
-        thread = threading.Thread(target=lambda: [accepted.append(self._listener.accept()) for _ in range(size)],
-                                  daemon=True)
+        thread = threading.Thread(
+            target=lambda: [accepted.append(self._listener.accept()) for _ in range(size)], daemon=True
+        )
         thread.start()
         deadline = time.monotonic() + START_TIMEOUT
         while len(accepted) < size:
@@ -94,10 +103,8 @@ class Pool:
     def shutdown(self) -> None:
         """End every worker and the agent (idempotent)."""
         for conn in self._conns.values():
-            try:
+            with contextlib.suppress(OSError):
                 conn.send_bytes(json.dumps({"kind": "exit"}).encode())
-            except OSError:
-                pass
         if self._tree is not None:
             self._tree.end()
         if self._output is not None:
@@ -110,8 +117,9 @@ class Pool:
         self._conns, self.size = {}, 0
 
     # ----- runs -----
-    def run(self, world_size: int, task: dict[str, Any], timeout: float,
-            on_line: LineCallback | None = None) -> tuple[list[dict], dict[int, list[str]], float]:
+    def run(
+        self, world_size: int, task: dict[str, Any], timeout: float, on_line: LineCallback | None = None
+    ) -> tuple[list[dict], dict[int, list[str]], float]:
         """Run ``task`` on ranks 0..world_size-1 (started or grown first); every rank's reply, every rank's
         lines of this run, and the seconds it took. ``PoolError`` (after tearing the pool down) on failure."""
         with self._lock:
@@ -151,8 +159,11 @@ class Pool:
                     self._output.drain(1.0)
                     logs = self._logs
                     self.shutdown()
-                    raise PoolError(f"rank {rank} died (its process ended during the run):\n"
-                                    + "\n".join(logs.get(rank, [])[-20:]), rank, logs) from None
+                    raise PoolError(
+                        f"rank {rank} died (its process ended during the run):\n" + "\n".join(logs.get(rank, [])[-20:]),
+                        rank,
+                        logs,
+                    ) from None
                 del waiting[rank]
             if waiting and time.monotonic() > deadline:
                 self._tree.refresh()

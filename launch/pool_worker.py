@@ -17,6 +17,7 @@ It connects to the kernel's listener (address and key from the environment), the
 Output lines go to the rank's log as usual; the kernel's supervisor follows those files. Runs inside
 the kernel's Python process never: torch is imported here, in the ranks.
 """
+
 from __future__ import annotations
 
 import ast
@@ -79,8 +80,9 @@ def main() -> int:
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     conn.send_bytes(json.dumps({"hello": rank, "pid": os.getpid()}).encode())
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=COLLECTIVE_TIMEOUT)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=COLLECTIVE_TIMEOUT
+    )
     namespace: dict = {}
     while True:
         task = json.loads(conn.recv_bytes())
@@ -92,8 +94,13 @@ def main() -> int:
             continue
         reply: dict = {"ok": True}
         try:
-            dist.init_process_group(BACKEND, store=dist.PrefixStore(task["prefix"], store), rank=rank,
-                                    world_size=world, timeout=COLLECTIVE_TIMEOUT)
+            dist.init_process_group(
+                BACKEND,
+                store=dist.PrefixStore(task["prefix"], store),
+                rank=rank,
+                world_size=world,
+                timeout=COLLECTIVE_TIMEOUT,
+            )
             _fresh_state(task.get("seed", 0))
             if task["kind"] == "recipes":
                 for spec in task["specs"]:

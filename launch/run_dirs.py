@@ -9,6 +9,7 @@
   the launch ends; instead every new scratch directory prunes the old ones: those untouched
   for ``MAX_AGE_SECONDS`` and all but the newest ``MAX_KEPT``, never one a launch still claims.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -16,9 +17,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 SCRATCH_ENV = "HYPER_PARALLEL_SCRATCH"
 LOCK_FILE = ".launch.lock"
@@ -82,9 +83,11 @@ def claimed(run_dir: Path) -> Iterator[Path]:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise RuntimeError(f"{run_dir} is being written by another launch that is still running; give each "
-                           f"concurrent launch its own directory (out=... / run_dir=...), or leave it unset "
-                           f"for a fresh one") from None
+        raise RuntimeError(
+            f"{run_dir} is being written by another launch that is still running; give each "
+            f"concurrent launch its own directory (out=... / run_dir=...), or leave it unset "
+            f"for a fresh one"
+        ) from None
     try:
         os.utime(run_dir)  # a claimed directory counts as recent for pruning
         yield run_dir

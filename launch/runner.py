@@ -4,15 +4,17 @@ Validation happens before any process starts, so a bad mesh costs milliseconds a
 ``ValueError``, not a crashed torchrun. The workers write ``metrics.json`` (rank 0) and one trace
 per rank into the run directory; the result object carries both.
 """
+
 from __future__ import annotations
 
 import html
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes import registry
@@ -52,17 +54,25 @@ class RunResult:
         if not self.metrics:
             return f"the workers wrote no {METRICS_FILE} into {self.run_dir}"
         if not self.metrics.get("ok"):
-            return (f"result differs from the single-process reference: max |loss diff| = "
-                    f"{self.metrics.get('max_abs_diff')}, parameters off: {self.metrics.get('mismatched_params')}")
+            return (
+                f"result differs from the single-process reference: max |loss diff| = "
+                f"{self.metrics.get('max_abs_diff')}, parameters off: {self.metrics.get('mismatched_params')}"
+            )
         return None
 
     def summary(self) -> dict[str, Any]:
         return {
-            "recipe": self.recipe, "degrees": self.dims.degrees(), "ok": self.ok,
-            "losses": self.metrics.get("losses", []), "reference_losses": self.metrics.get("reference_losses", []),
-            "max_abs_diff": self.metrics.get("max_abs_diff"), "max_param_diff": self.metrics.get("max_param_diff"),
-            "step_times": self.metrics.get("step_times", []), "returncode": self.process.returncode,
-            "duration": self.process.duration, "error": self.error,
+            "recipe": self.recipe,
+            "degrees": self.dims.degrees(),
+            "ok": self.ok,
+            "losses": self.metrics.get("losses", []),
+            "reference_losses": self.metrics.get("reference_losses", []),
+            "max_abs_diff": self.metrics.get("max_abs_diff"),
+            "max_param_diff": self.metrics.get("max_param_diff"),
+            "step_times": self.metrics.get("step_times", []),
+            "returncode": self.process.returncode,
+            "duration": self.process.duration,
+            "error": self.error,
         }
 
     def save_summary(self) -> Path:
@@ -75,28 +85,40 @@ class RunResult:
         traces and logs are fields to read, not to print)."""
         degrees = ", ".join(f"{k}={v}" for k, v in self.dims.degrees().items() if k == "world_size" or v != 1)
         if self.ok:
-            numbers = (f"max |loss - ref| {self.metrics.get('max_abs_diff'):.3g}, "
-                       f"max |param - ref| {self.metrics.get('max_param_diff'):.3g}")
+            numbers = (
+                f"max |loss - ref| {self.metrics.get('max_abs_diff'):.3g}, "
+                f"max |param - ref| {self.metrics.get('max_param_diff'):.3g}"
+            )
         else:
             numbers = "FAILED: " + ((self.error or "").strip().splitlines() or [""])[-1][:200]
-        return (f"RunResult({self.recipe}, {degrees}, {len(self.metrics.get('losses', []))} steps, {numbers}, "
-                f"{self.process.duration:.1f} s, {self.run_dir})")
+        return (
+            f"RunResult({self.recipe}, {degrees}, {len(self.metrics.get('losses', []))} steps, {numbers}, "
+            f"{self.process.duration:.1f} s, {self.run_dir})"
+        )
 
     def _repr_html_(self) -> str:
         summary = self.summary()
         color = "#2e7d32" if self.ok else "#c62828"
-        rows = [("status", "matches the single-process reference" if self.ok else "FAILED"),
-                ("degrees", ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k == "world_size" or v != 1)),
-                ("losses", ", ".join(f"{x:.6f}" for x in summary["losses"])),
-                ("reference", ", ".join(f"{x:.6f}" for x in summary["reference_losses"])),
-                ("max |loss - ref| / |param - ref|", f"{summary['max_abs_diff']} / {summary['max_param_diff']}"),
-                ("wall time", f"{summary['duration']:.1f} s"), ("run directory", str(self.run_dir))]
+        rows = [
+            ("status", "matches the single-process reference" if self.ok else "FAILED"),
+            ("degrees", ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k == "world_size" or v != 1)),
+            ("losses", ", ".join(f"{x:.6f}" for x in summary["losses"])),
+            ("reference", ", ".join(f"{x:.6f}" for x in summary["reference_losses"])),
+            ("max |loss - ref| / |param - ref|", f"{summary['max_abs_diff']} / {summary['max_param_diff']}"),
+            ("wall time", f"{summary['duration']:.1f} s"),
+            ("run directory", str(self.run_dir)),
+        ]
         if not self.ok:
             rows.append(("error", summary["error"] or ""))
-        body = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th>"
-                       f"<td style='text-align:left;white-space:pre-wrap'>{html.escape(str(v))}</td></tr>" for k, v in rows)
-        return (f"<div><b style='color:{color}'>{'PASSED' if self.ok else 'FAILED'}</b> "
-                f"<b>{html.escape(self.recipe)}</b><table>{body}</table></div>")
+        body = "".join(
+            f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th>"
+            f"<td style='text-align:left;white-space:pre-wrap'>{html.escape(str(v))}</td></tr>"
+            for k, v in rows
+        )
+        return (
+            f"<div><b style='color:{color}'>{'PASSED' if self.ok else 'FAILED'}</b> "
+            f"<b>{html.escape(self.recipe)}</b><table>{body}</table></div>"
+        )
 
 
 def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> dict[str, int]:
@@ -124,9 +146,19 @@ def validate(recipe: str, **degrees: int | None) -> tuple[registry.Recipe, Paral
     return spec, spec.validate(**resolve_degrees(spec, degrees))
 
 
-def run(recipe: str, *, steps: int | None = None, timeout: float = 300.0, out: str | Path | None = None,
-        seed: int = 0, overlap: bool | None = None, on_line: Callable[[int, str], None] | None = None,
-        on_progress: Callable[[dict], None] | None = None, pool: bool = True, **degrees: int | None) -> RunResult:
+def run(
+    recipe: str,
+    *,
+    steps: int | None = None,
+    timeout: float = 300.0,
+    out: str | Path | None = None,
+    seed: int = 0,
+    overlap: bool | None = None,
+    on_line: Callable[[int, str], None] | None = None,
+    on_progress: Callable[[dict], None] | None = None,
+    pool: bool = True,
+    **degrees: int | None,
+) -> RunResult:
     """Run ``recipe`` on ``torchrun`` workers and compare with its single-process reference.
 
     ``overlap=False`` issues every fully_shard collective synchronously (no prefetch, no reduce-scatter
@@ -137,13 +169,27 @@ def run(recipe: str, *, steps: int | None = None, timeout: float = 300.0, out: s
     """
     spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **degrees}
     run_dir = Path(out) if out is not None else None
-    return run_many([spec], timeout=timeout, out=run_dir, on_line=on_line, on_progress=on_progress,
-                    run_dirs=[run_dir] if run_dir is not None else None, pool=pool)[0]
+    return run_many(
+        [spec],
+        timeout=timeout,
+        out=run_dir,
+        on_line=on_line,
+        on_progress=on_progress,
+        run_dirs=[run_dir] if run_dir is not None else None,
+        pool=pool,
+    )[0]
 
 
-def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None = None,
-             on_line: Callable[[int, str], None] | None = None, on_progress: Callable[[dict], None] | None = None,
-             run_dirs: list[Path] | None = None, pool: bool = True) -> list[RunResult]:
+def run_many(
+    runs: list[dict],
+    *,
+    timeout: float = 600.0,
+    out: str | Path | None = None,
+    on_line: Callable[[int, str], None] | None = None,
+    on_progress: Callable[[dict], None] | None = None,
+    run_dirs: list[Path] | None = None,
+    pool: bool = True,
+) -> list[RunResult]:
     """Several recipe runs of the same world size in ONE process group, one after another.
 
     Each run is ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees}`` and gets its own directory
@@ -178,14 +224,22 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
         for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
             stale.unlink(missing_ok=True)
         explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
-        batch.append({"recipe": recipe.name, "degrees": explicit, "steps": steps, "seed": seed, "overlap": overlap,
-                      "out": str(run_dir)})
+        batch.append(
+            {
+                "recipe": recipe.name,
+                "degrees": explicit,
+                "steps": steps,
+                "seed": seed,
+                "overlap": overlap,
+                "out": str(run_dir),
+            }
+        )
     batch_file = root / "batch.json"
     batch_file.write_text(json.dumps(batch, indent=1))
 
     def forward_line(rank: int, line: str) -> None:
         if rank == 0 and line.startswith(PROGRESS_PREFIX) and on_progress is not None:
-            on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
+            on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
         if on_line is not None:
             on_line(rank, line)
 
@@ -196,28 +250,46 @@ def run_many(runs: list[dict], *, timeout: float = 600.0, out: str | Path | None
         process = torchrun(WORKER_MODULE, worlds.pop(), args=args, timeout=timeout, on_line=forward_line, run_dir=root)
     results = []
     for (recipe, dims, *_), run_dir in zip(prepared, dirs):
-        result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir),
-                           run_dir)
+        result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir), run_dir)
         result.save_summary()
         results.append(result)
     return results
 
 
-def _run_on_pool(world_size: int, batch: list[dict], timeout: float, on_line: Callable[[int, str], None],
-                 run_dir: Path) -> TorchrunResult:
+def _run_on_pool(
+    world_size: int, batch: list[dict], timeout: float, on_line: Callable[[int, str], None], run_dir: Path
+) -> TorchrunResult:
     """The batch on the warm pool, reported like a launch (a failure ends the pool, as it would a launch)."""
     from launch.pool import PoolError, current
+
     start = time.monotonic()
     try:
         _, logs, seconds = current().run(world_size, {"kind": "recipes", "specs": batch}, timeout, on_line)
     except PoolError as error:
         _write_logs(run_dir, error.logs, world_size)
-        return TorchrunResult(ok=False, returncode=1, logs=error.logs, run_dir=run_dir, failed_rank=error.rank,
-                              error=str(error), timed_out=str(error).startswith("timed out after"),
-                              duration=time.monotonic() - start, command=["warm pool"])
+        return TorchrunResult(
+            ok=False,
+            returncode=1,
+            logs=error.logs,
+            run_dir=run_dir,
+            failed_rank=error.rank,
+            error=str(error),
+            timed_out=str(error).startswith("timed out after"),
+            duration=time.monotonic() - start,
+            command=["warm pool"],
+        )
     _write_logs(run_dir, logs, world_size)
-    return TorchrunResult(ok=True, returncode=0, logs=logs, run_dir=run_dir, failed_rank=None, error=None,
-                          timed_out=False, duration=seconds, command=["warm pool"])
+    return TorchrunResult(
+        ok=True,
+        returncode=0,
+        logs=logs,
+        run_dir=run_dir,
+        failed_rank=None,
+        error=None,
+        timed_out=False,
+        duration=seconds,
+        command=["warm pool"],
+    )
 
 
 def _write_logs(run_dir: Path, logs: dict[int, list[str]], world_size: int) -> None:

@@ -23,6 +23,7 @@ Why it works the way it does (measured with torch 2.13):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -31,9 +32,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Mapping, Sequence
+from typing import BinaryIO
 
 import psutil
 
@@ -76,7 +78,9 @@ class TorchrunResult:
         status = "ok" if self.ok else ("timed out" if self.timed_out else f"failed (exit {self.returncode})")
         blame = f", rank {self.failed_rank}" if self.failed_rank is not None else ""
         last = ((self.error or "").strip().splitlines() or [""])[-1][:200]
-        return f"TorchrunResult({status}{blame}, {self.duration:.1f} s, {self.run_dir}" + (f": {last})" if last else ")")
+        return f"TorchrunResult({status}{blame}, {self.duration:.1f} s, {self.run_dir}" + (
+            f": {last})" if last else ")"
+        )
 
 
 class _LineSplitter:
@@ -212,10 +216,8 @@ class _ProcessTree:
         except subprocess.TimeoutExpired:
             self._root.kill()
         _signal_and_wait(others, signal.SIGKILL, KILL_WAIT_SECONDS)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self._root.wait(timeout=KILL_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _target_entry(target: str) -> list[str]:
@@ -223,7 +225,9 @@ def _target_entry(target: str) -> list[str]:
     if target.endswith(".py") or os.path.isfile(target):
         script = Path(target).expanduser().resolve()
         if not script.is_file():
-            raise ValueError(f"script {target!r} not found (looked for {script}); pass an existing .py file or a module name")
+            raise ValueError(
+                f"script {target!r} not found (looked for {script}); pass an existing .py file or a module name"
+            )
         entry = [str(script)]
     elif target and all(part.isidentifier() for part in target.split(".")):
         entry = ["-m", target]
@@ -254,7 +258,9 @@ def _child_env(run_dir: Path, log_dir: Path, overrides: Mapping[str, str] | None
     return env
 
 
-def _watch(proc: subprocess.Popen, tree: _ProcessTree, output: _Output, start: float, timeout: float) -> list[int] | None:
+def _watch(
+    proc: subprocess.Popen, tree: _ProcessTree, output: _Output, start: float, timeout: float
+) -> list[int] | None:
     """Stream output until torchrun exits (None) or the deadline passes (the ranks still running)."""
     last_refresh, exited_at = 0.0, None
     while True:
@@ -308,11 +314,17 @@ def torchrun(
 def without_rank_prefix(rank: int, line: str) -> str:
     """A rank's line without the ``[rankN]:`` torch's distributed excepthook adds (the rank is known)."""
     prefix = f"[rank{rank}]:"
-    return line[len(prefix):].removeprefix(" ") if rank >= 0 and line.startswith(prefix) else line
+    return line[len(prefix) :].removeprefix(" ") if rank >= 0 and line.startswith(prefix) else line
 
 
-def start_agent(entry: list[str], nproc: int, args: list[str], run_dir: Path, emit: LineCallback,
-                env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen, _ProcessTree, _Output, Path]:
+def start_agent(
+    entry: list[str],
+    nproc: int,
+    args: list[str],
+    run_dir: Path,
+    emit: LineCallback,
+    env: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen, _ProcessTree, _Output, Path]:
     """Start the loopback agent running ``entry`` on ``nproc`` ranks in its own session (Ctrl-C reaches us,
     not torchrun); its process tree and output follower, and its fresh log directory (never an old run's)."""
     log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=run_dir))
@@ -323,8 +335,15 @@ def start_agent(entry: list[str], nproc: int, args: list[str], run_dir: Path, em
     return proc, _ProcessTree(proc), _Output(proc.stdout, log_dir, nproc, emit), log_dir
 
 
-def _launch(entry: list[str], nproc: int, args: list[str], timeout: float, on_line: LineCallback | None,
-            env: Mapping[str, str] | None, run_dir: Path) -> TorchrunResult:
+def _launch(
+    entry: list[str],
+    nproc: int,
+    args: list[str],
+    timeout: float,
+    on_line: LineCallback | None,
+    env: Mapping[str, str] | None,
+    run_dir: Path,
+) -> TorchrunResult:
     logs: dict[int, list[str]] = {rank: [] for rank in range(-1, nproc)}
 
     def emit(rank: int, line: str) -> None:

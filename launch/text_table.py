@@ -1,4 +1,5 @@
 """Plain-text tables and command lines for the terminal: a leaf every command module may import."""
+
 from __future__ import annotations
 
 import shlex
@@ -15,7 +16,15 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 def multinode_command(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, worker: list[str]) -> str:
     """The torchrun line (c10d rendezvous) starting ``worker`` on every node; ``command`` and ``plan`` print it."""
-    argv = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=hyper-parallel", *worker]
-    return ("# run on every node (NCCL is chosen automatically when CUDA devices are present):\n" +
-            " ".join(a if a.startswith("$") or "$" in a.split("=")[-1] else shlex.quote(a) for a in argv))
+    argv = [
+        "torchrun",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        "--rdzv-id=hyper-parallel",
+        *worker,
+    ]
+    return "# run on every node (NCCL is chosen automatically when CUDA devices are present):\n" + " ".join(
+        a if a.startswith("$") or "$" in a.split("=")[-1] else shlex.quote(a) for a in argv
+    )

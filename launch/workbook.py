@@ -15,6 +15,7 @@ Helpers for the notebooks (so their cells stay one call each):
     expect_invalid(recipe, **degrees)     the ValueError message of an invalid mesh (fails if it is valid)
     cli("check", "--world", "3", ...)     ``python -m launch ...`` in a subprocess: exit code and output
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,8 +23,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
@@ -31,10 +33,23 @@ FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 
 # ====================================================================== running the workbook
 
-READING_ORDER = ("00_start_here", "10_ddp_fsdp", "11_tensor_sequence_parallel", "13_hsdp", "12_context_parallel",
-                 "14_moe_expert_parallel", "01_mesh_algebra", "15_pipeline_parallel", "02_fully_shard_groupinfo",
-                 "03_pure_tp_fix",
-                 "04_planning_at_scale", "05_your_own_model", "90_negative_cases", "95_performance", "91_recipe_matrix")
+READING_ORDER = (
+    "00_start_here",
+    "10_ddp_fsdp",
+    "11_tensor_sequence_parallel",
+    "13_hsdp",
+    "12_context_parallel",
+    "14_moe_expert_parallel",
+    "01_mesh_algebra",
+    "15_pipeline_parallel",
+    "02_fully_shard_groupinfo",
+    "03_pure_tp_fix",
+    "04_planning_at_scale",
+    "05_your_own_model",
+    "90_negative_cases",
+    "95_performance",
+    "91_recipe_matrix",
+)
 """The learning path: concepts before mechanics (each style in 10-14 before 01-04 combine them;
 pipelines, 15, once the mesh of 01 is known), the appendix last. File names keep their numbers (tests and links use them); 00 and every notebook's
 "Next:" link give this order."""
@@ -47,29 +62,45 @@ def notebooks(folder: str | Path = NOTEBOOKS_DIR) -> list[Path]:
     return sorted(found, key=lambda p: (rank.get(p.stem, len(rank)), p.name))
 
 
-def execute_notebook(path: str | Path, output: str | Path, parameters: Mapping[str, Any] | None = None,
-                     timeout: float = 900.0) -> tuple[bool, str]:
+def execute_notebook(
+    path: str | Path, output: str | Path, parameters: Mapping[str, Any] | None = None, timeout: float = 900.0
+) -> tuple[bool, str]:
     """Run one notebook with papermill (cwd: its folder); returns (ok, error summary or "")."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
+
     path, output = Path(path), Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
-        papermill.execute_notebook(str(path), str(output), parameters=dict(parameters or {}), cwd=str(path.parent),
-                                   progress_bar=False, log_output=False, request_save_on_cell_execute=False,
-                                   execution_timeout=timeout,
-                                   # the kernel's own log is noise here (TCP-without-encryption warning on loopback,
-                                   # the KeyboardInterrupt of jupyter_client's shutdown); cell errors still fail the run
-                                   extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+        papermill.execute_notebook(
+            str(path),
+            str(output),
+            parameters=dict(parameters or {}),
+            cwd=str(path.parent),
+            progress_bar=False,
+            log_output=False,
+            request_save_on_cell_execute=False,
+            execution_timeout=timeout,
+            # the kernel's own log is noise here (TCP-without-encryption warning on loopback,
+            # the KeyboardInterrupt of jupyter_client's shutdown); cell errors still fail the run
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
+        )
     except PapermillExecutionError as error:
-        return False, f"cell {error.exec_count}: {error.ename}: {str(error.evalue).splitlines()[0] if error.evalue else ''}"
+        return (
+            False,
+            f"cell {error.exec_count}: {error.ename}: {str(error.evalue).splitlines()[0] if error.evalue else ''}",
+        )
     except Exception as error:  # kernel died, timeout, bad notebook
         return False, f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
     return True, ""
 
 
-def run_workbook(out: str | Path, only: Iterable[str] | None = None, parameters: Mapping[str, Mapping] | None = None,
-                 notebooks_dir: str | Path = NOTEBOOKS_DIR) -> int:
+def run_workbook(
+    out: str | Path,
+    only: Iterable[str] | None = None,
+    parameters: Mapping[str, Mapping] | None = None,
+    notebooks_dir: str | Path = NOTEBOOKS_DIR,
+) -> int:
     """Execute every notebook into ``out/<timestamp>/``; print one status line per notebook; 1 if any failed.
 
     Each notebook gets ``figures_dir=<root>/figures/<notebook>`` and ``runs_dir=<root>/runs/<notebook>``;
@@ -82,32 +113,45 @@ def run_workbook(out: str | Path, only: Iterable[str] | None = None, parameters:
     root.mkdir(parents=True, exist_ok=True)
     chosen = [p for p in notebooks(notebooks_dir) if only is None or any(p.stem.startswith(prefix) for prefix in only)]
     if not chosen:
-        print(f"found no notebooks in {Path(notebooks_dir).resolve()}" + (f" starting with {only}" if only else "")
-              + ": the notebooks live in the repository's notebooks/ folder, not in the installed package; "
-              "run this from a clone of the repository", file=sys.stderr)
+        print(
+            f"found no notebooks in {Path(notebooks_dir).resolve()}"
+            + (f" starting with {only}" if only else "")
+            + ": the notebooks live in the repository's notebooks/ folder, not in the installed package; "
+            "run this from a clone of the repository",
+            file=sys.stderr,
+        )
         return 1
     print(f"running {len(chosen)} notebooks into {root}", flush=True)
     from launch.report import write_reports
+
     start, failed, reports = time.monotonic(), [], []
     for path in chosen:
-        params = {FIGURE_PARAMETER: str(root / "figures" / path.stem), RUNS_PARAMETER: str(root / "runs" / path.stem),
-                  **dict((parameters or {}).get(path.stem, {}))}
+        params = {
+            FIGURE_PARAMETER: str(root / "figures" / path.stem),
+            RUNS_PARAMETER: str(root / "runs" / path.stem),
+            **dict((parameters or {}).get(path.stem, {})),
+        }
         began = time.monotonic()
         ok, error = execute_notebook(path, root / path.name, params)
         pngs = len(list((root / "figures" / path.stem).rglob("*.png")))
         written, problems = write_reports(root / "runs" / path.stem)  # one report.html per run directory
         reports += written
         status = "OK    " if ok else "FAILED"
-        print(f"{status} {path.stem:<30} {time.monotonic() - began:6.1f}s  {pngs:3d} figures  {len(written):2d} reports"
-              + (f"  {error}" if error else ""), flush=True)
+        print(
+            f"{status} {path.stem:<30} {time.monotonic() - began:6.1f}s  {pngs:3d} figures  {len(written):2d} reports"
+            + (f"  {error}" if error else ""),
+            flush=True,
+        )
         for problem in problems:
             print(f"       no report for {problem}", flush=True)
         if not ok:
             failed.append(path.stem)
     total = time.monotonic() - start
     print(f"workbook written to {root} ({len(chosen)} notebooks, {len(failed)} failed, {total:.0f}s)")
-    print(f"  executed notebooks: {root}/*.ipynb\n  figures (PNG + SVG): {root}/figures/<notebook>/<run>/"
-          f"\n  run data (metrics, traces, Chrome traces): {root}/runs/<notebook>/<run>/")
+    print(
+        f"  executed notebooks: {root}/*.ipynb\n  figures (PNG + SVG): {root}/figures/<notebook>/<run>/"
+        f"\n  run data (metrics, traces, Chrome traces): {root}/runs/<notebook>/<run>/"
+    )
     print(f"  reports (self-contained HTML, one per run): {len(reports)}")
     for report in reports:
         print(f"    {report.relative_to(root)}")
@@ -118,8 +162,16 @@ def run_workbook(out: str | Path, only: Iterable[str] | None = None, parameters:
 
 # ====================================================================== helpers for the notebooks
 
-def run_recipes(runs: Mapping[str, Mapping[str, int]], *, steps: int | None = None, out: str | Path | None = None,
-                timeout: float = 600.0, seed: int = 0, verbose: bool = True) -> dict[str, Any]:
+
+def run_recipes(
+    runs: Mapping[str, Mapping[str, int]],
+    *,
+    steps: int | None = None,
+    out: str | Path | None = None,
+    timeout: float = 600.0,
+    seed: int = 0,
+    verbose: bool = True,
+) -> dict[str, Any]:
     """Run recipes against their single-process references, one torchrun launch per world size.
 
     ``runs`` maps a label to degrees (``{"M4": {"world_size": 2, "dp_shard": 2}}``); the label is the
@@ -133,13 +185,13 @@ def run_recipes(runs: Mapping[str, Mapping[str, int]], *, steps: int | None = No
     from launch.run_dirs import new_scratch_dir
     from launch.runner import run_many, validate
     from launch.widgets.display import step_text
+
     prepared: dict[int, list[tuple[str, dict]]] = {}
     for label, given in runs.items():
         given = dict(given)
         recipe, overlap = given.pop("recipe", label), given.pop("overlap", None)
         _, dims = validate(recipe, **given)
-        spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap,
-                **dims.degrees()}
+        spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **dims.degrees()}
         prepared.setdefault(dims.world_size, []).append((label, spec))
     root = Path(out) if out is not None else new_scratch_dir("hp-notebook-")
     results: dict[str, Any] = {}
@@ -151,10 +203,17 @@ def run_recipes(runs: Mapping[str, Mapping[str, int]], *, steps: int | None = No
     for world, group in prepared.items():
         labels = [label for label, _ in group]
         if verbose:
-            print(f"launching {world} ranks for {', '.join(labels)} (one torchrun, runs one after another) ...",
-                  flush=True)
-        outcome = run_many([spec for _, spec in group], timeout=timeout, out=root,
-                           run_dirs=[root / label for label in labels], on_progress=progress)
+            print(
+                f"launching {world} ranks for {', '.join(labels)} (one torchrun, runs one after another) ...",
+                flush=True,
+            )
+        outcome = run_many(
+            [spec for _, spec in group],
+            timeout=timeout,
+            out=root,
+            run_dirs=[root / label for label in labels],
+            on_progress=progress,
+        )
         for label, result in zip(labels, outcome):
             results[label] = result
             if result.traces:
@@ -169,25 +228,34 @@ def status_line(label: str, result) -> str:
     degrees = ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k != "world_size" and v != 1)
     head = f"{'OK    ' if result.ok else 'FAILED'} {label} (world_size={summary['degrees']['world_size']}: {degrees})"
     if result.ok:
-        return (f"{head}: max |loss - reference| = {summary['max_abs_diff']:.3g}, "
-                f"max |param - reference| = {summary['max_param_diff']:.3g}")
+        return (
+            f"{head}: max |loss - reference| = {summary['max_abs_diff']:.3g}, "
+            f"max |param - reference| = {summary['max_param_diff']:.3g}"
+        )
     return f"{head}:\n{result.error}"
 
 
 def figures(result, figures_dir: str | Path | None = None, label: str | None = None, **options) -> dict[str, Any]:
     """Every figure of a run (``hyper_parallel.viz.run_figures``), saved under ``figures_dir/<label>``."""
     from hyper_parallel.viz import run_figures
+
     out_dir = Path(figures_dir) / (label or Path(result.run_dir).name) if figures_dir is not None else None
     return run_figures(result.run_dir, out_dir=out_dir, label=label, **options)
 
 
-def show_figures(result, figures_dir: str | Path | None = None, label: str | None = None,
-                 names: Iterable[str] | None = None, **options) -> dict[str, Any]:
+def show_figures(
+    result,
+    figures_dir: str | Path | None = None,
+    label: str | None = None,
+    names: Iterable[str] | None = None,
+    **options,
+) -> dict[str, Any]:
     """``figures`` and display them (all, or ``names``) each under a small heading."""
     from IPython.display import Markdown, display
+
     label = label or Path(result.run_dir).name
     drawn = figures(result, figures_dir, label, **options)
-    for name in (names or drawn):
+    for name in names or drawn:
         if name in drawn:
             display(Markdown(f"**{label} · {name.replace('_', ' ')}**"))
             display(drawn[name])
@@ -209,16 +277,36 @@ def gradient_reduction(shard: int, dp: int) -> str:
 def groupinfo_table(results: Mapping[str, Any]):
     """One row per fully_shard unit of each run: GroupInfo sizes, groups and the RS/AR decision."""
     from launch.html_table import table
+
     rows = []
     for label, result in results.items():
         for unit in result.metrics.get("units", []):
-            rows.append([label, unit["unit"], unit["rank_size"], unit["shard_size"], unit["dp_size"],
-                         f"{unit['sharded_group']['name'] or '-'} {unit['sharded_group']['ranks']}",
-                         f"{unit['unsharded_group']['name'] or '-'} {unit['unsharded_group']['ranks']}",
-                         _decision(unit)])
-    return table(["run", "unit", "rank_size", "shard_size", "dp_size", "sharded group (RS), rank 0's",
-                  "unsharded group (AR), rank 0's", "gradient reduction"], rows,
-                 caption="GroupInfo per fully_shard unit (rank 0's view): rank_size = shard_size x dp_size")
+            rows.append(
+                [
+                    label,
+                    unit["unit"],
+                    unit["rank_size"],
+                    unit["shard_size"],
+                    unit["dp_size"],
+                    f"{unit['sharded_group']['name'] or '-'} {unit['sharded_group']['ranks']}",
+                    f"{unit['unsharded_group']['name'] or '-'} {unit['unsharded_group']['ranks']}",
+                    _decision(unit),
+                ]
+            )
+    return table(
+        [
+            "run",
+            "unit",
+            "rank_size",
+            "shard_size",
+            "dp_size",
+            "sharded group (RS), rank 0's",
+            "unsharded group (AR), rank 0's",
+            "gradient reduction",
+        ],
+        rows,
+        caption="GroupInfo per fully_shard unit (rank 0's view): rank_size = shard_size x dp_size",
+    )
 
 
 def collective_counts(result, step: int | None = None, rank: int = 0) -> Counter:
@@ -235,6 +323,7 @@ def collective_counts(result, step: int | None = None, rank: int = 0) -> Counter
 def collective_table(results: Mapping[str, Any], step: int | None = None):
     """Collectives of rank 0 in one step (default: the last) per run, phase, op and group."""
     from launch.html_table import table
+
     rows = []
     for label, result in results.items():
         counts = collective_counts(result, step)
@@ -251,32 +340,54 @@ def exposure_table(results: Mapping[str, Any], step: int | None = None):
     from hyper_parallel.viz.overlap import exposure
     from hyper_parallel.viz.timeline import steps_of
     from launch.html_table import table
+
     rows = []
     for label, result in results.items():
         chosen = steps_of(result.traces)[-1] if step is None else step
         for rank, numbers in exposure(result.traces, chosen).items():
-            rows.append([label, rank, f"{numbers['compute'] * 1e3:.1f}", f"{numbers['in_flight'] * 1e3:.1f}",
-                         f"{numbers['exposed'] * 1e3:.1f}", f"{numbers['hidden'] * 1e3:.1f}"])
+            rows.append(
+                [
+                    label,
+                    rank,
+                    f"{numbers['compute'] * 1e3:.1f}",
+                    f"{numbers['in_flight'] * 1e3:.1f}",
+                    f"{numbers['exposed'] * 1e3:.1f}",
+                    f"{numbers['hidden'] * 1e3:.1f}",
+                ]
+            )
     return table(["run", "rank", "compute ms", "communication in flight ms", "exposed ms", "hidden ms"], rows)
 
 
 def numbers_table(results: Mapping[str, Any]):
     """Loss per step of each run next to its single-process reference."""
     from launch.html_table import table
+
     rows = []
     for label, result in results.items():
         losses, reference = result.metrics.get("losses", []), result.metrics.get("reference_losses", [])
         for step, (loss, ref) in enumerate(zip(losses, reference)):
             rows.append([label, step, f"{loss:.8f}", f"{ref:.8f}", f"{abs(loss - ref):.2e}"])
-        rows.append([label, "params", "", "", f"{result.metrics.get('max_param_diff', float('nan')):.2e}"
-                     + ("" if result.ok else "  ✘ " + ", ".join(result.metrics.get("mismatched_params", [])))])
-    return table(["run", "step", "loss", "single-process reference", "|difference|"], rows,
-                 caption="every step against the reference; 'params': max |param - reference| after the last step")
+        rows.append(
+            [
+                label,
+                "params",
+                "",
+                "",
+                f"{result.metrics.get('max_param_diff', float('nan')):.2e}"
+                + ("" if result.ok else "  ✘ " + ", ".join(result.metrics.get("mismatched_params", []))),
+            ]
+        )
+    return table(
+        ["run", "step", "loss", "single-process reference", "|difference|"],
+        rows,
+        caption="every step against the reference; 'params': max |param - reference| after the last step",
+    )
 
 
 def expect_invalid(recipe: str, **degrees: int) -> str:
     """The rule's message for an invalid run (``launch.validate``); AssertionError if it is valid."""
     from launch.runner import validate
+
     try:
         _, dims = validate(recipe, **degrees)
     except ValueError as error:

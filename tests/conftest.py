@@ -4,6 +4,7 @@ A launch costs 20-60 s here, so the runs are grouped into one torchrun launch pe
 size and shared: tests/test_recipes.py checks them against the references and hand-derived counts,
 tests/test_cost_model.py against the cost model's bytes and memory.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,10 @@ from hyper_parallel.recipes import RECIPES
 
 OVERLAP_OFF = ("M4", "M7", "M6", "S2")
 
-EXTRA_RUNS = (("S1", {"world_size": 8, "dp_shard": 8, "ep": 2}),
-              *((name, {**RECIPES[name].default, "overlap": False}) for name in OVERLAP_OFF))
+EXTRA_RUNS = (
+    ("S1", {"world_size": 8, "dp_shard": 8, "ep": 2}),
+    *((name, {**RECIPES[name].default, "overlap": False}) for name in OVERLAP_OFF),
+)
 """Runs outside the matrix, in the same launches: S1 on 8 shards pads the router weight ([4, 32] over
 8 ranks: 1 row each, 4 of them padding), so FSDP padding is checked against a real run too; and the
 recipes of ``OVERLAP_OFF`` on their default mesh with every collective synchronous, which
@@ -24,8 +27,11 @@ tests/test_overlap.py holds to the same numbers as the default (overlapping) run
 
 def matrix() -> list[tuple[str, int, dict]]:
     """(recipe, index, degrees) of every recipe on its default mesh (index 0) and its alternatives."""
-    return [(recipe.name, index, degrees) for recipe in RECIPES.values()
-            for index, degrees in enumerate((recipe.default, *recipe.alternatives))]
+    return [
+        (recipe.name, index, degrees)
+        for recipe in RECIPES.values()
+        for index, degrees in enumerate((recipe.default, *recipe.alternatives))
+    ]
 
 
 def run_key(recipe: str, degrees: dict) -> tuple:
@@ -68,6 +74,7 @@ def no_warm_pool():
 def process_alive(pid: int) -> bool:
     """A zombie counts as gone (an orphan may wait a while for init to reap it)."""
     import psutil
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

@@ -14,6 +14,7 @@ No timing is asserted (speed is the benchmark's printed ratio, not a test). What
   with a 16,640 B largest buffer), so no lower bound is asserted;
 * the table and the figure show one entry per configuration.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -70,18 +71,25 @@ def test_same_losses_bit_for_bit(bench):
 
 @pytest.mark.parametrize("impl", ["ours", "torch"])
 def test_collectives_per_unit(bench, impl):
-    expected = {"FSDP": "2 blocks 2 AG + 1 RS; root 1 AG + 1 RS",
-                "HSDP": "2 blocks 2 AG + 1 RS + 1 AR; root 1 AG + 1 RS + 1 AR",
-                "FSDP+TP": "2 blocks 2 AG + 1 RS; root 1 AG + 1 RS"}
+    expected = {
+        "FSDP": "2 blocks 2 AG + 1 RS; root 1 AG + 1 RS",
+        "HSDP": "2 blocks 2 AG + 1 RS + 1 AR; root 1 AG + 1 RS + 1 AR",
+        "FSDP+TP": "2 blocks 2 AG + 1 RS; root 1 AG + 1 RS",
+    }
     for row in bench.rows:
         assert row["per_unit"][impl] == expected[row["config"]], row["config"]
 
 
 def test_tensor_parallel_collectives_are_the_same_code(bench):
     row = next(row for row in bench.rows if row["config"] == "FSDP+TP")
-    tp_ops = {impl: {key: (count, row["communication"][impl]["bytes"][key])
-                     for key, count in row["communication"][impl]["count"].items() if key[1] == "tp"}
-              for impl in ("ours", "torch")}
+    tp_ops = {
+        impl: {
+            key: (count, row["communication"][impl]["bytes"][key])
+            for key, count in row["communication"][impl]["count"].items()
+            if key[1] == "tp"
+        }
+        for impl in ("ours", "torch")
+    }
     assert tp_ops["ours"] and tp_ops["ours"] == tp_ops["torch"]
 
 
@@ -103,9 +111,13 @@ def test_memory(bench):
         ours, theirs = row["peak_memory"]["ours"], row["peak_memory"]["torch"]
         assert [r for r, _ in ours] == [resident] * 4, row["config"]
         assert [r for r, _ in theirs] == [resident] * 4, row["config"]
-        largest_buffer = max(event["bytes"] for impl in ("ours", "torch")
-                             for events in load_traces(bench.directory / row["config"] / impl).values()
-                             for event in events if event["kind"] == "collective")
+        largest_buffer = max(
+            event["bytes"]
+            for impl in ("ours", "torch")
+            for events in load_traces(bench.directory / row["config"] / impl).values()
+            for event in events
+            if event["kind"] == "collective"
+        )
         # Above torch's transient peak by at most two collective buffers: one that the profiler may see freed
         # late (a buffer whose last reference gloo's thread drops), and the reduce-scatter input our overlap
         # keeps in flight while the next unit computes (torch FSDP2's reduce-scatter blocks on CPU).
@@ -115,6 +127,7 @@ def test_memory(bench):
 
 def test_table_and_figure(bench):
     from hyper_parallel.viz.benchmark import ratio_figure
+
     rows = table_rows(bench.rows)
     assert len(rows) == 3 and all(len(r) == len(TABLE_HEADER) for r in rows)
     fig = ratio_figure(bench.rows, 4)
@@ -122,11 +135,14 @@ def test_table_and_figure(bench):
     assert len(bars) == 2 * 3
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--world", "3"], "invalid choice"),
-    (["--world", "2", "--configs", "HSDP"], "unknown configuration(s) ['HSDP'] on 2 ranks"),
-    (["--steps", "0"], "--steps must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--world", "3"], "invalid choice"),
+        (["--world", "2", "--configs", "HSDP"], "unknown configuration(s) ['HSDP'] on 2 ranks"),
+        (["--steps", "0"], "--steps must be >= 1"),
+    ],
+)
 def test_bad_input_exits_2_before_any_worker(args, message):
     done = subprocess.run([sys.executable, "-m", "launch", "bench", *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr, done.stderr

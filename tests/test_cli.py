@@ -1,4 +1,5 @@
 """`python -m launch`: check, list, command and run (invalid input: tests/test_negative_cases.py)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def launch_cli(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "launch", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
     return done, time.perf_counter() - start
 
 
@@ -40,8 +42,9 @@ def test_list_shows_the_matrix():
 
 
 def test_multinode_command_uses_c10d_rendezvous():
-    done, _ = launch_cli("command", "M4", "--dp-shard", "4", "--nnodes", "2", "--nproc-per-node", "2",
-                         "--rdzv-endpoint", "node0:29500")
+    done, _ = launch_cli(
+        "command", "M4", "--dp-shard", "4", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", "node0:29500"
+    )
     assert done.returncode == 0, done.stderr
     command = done.stdout.splitlines()[-1]
     assert command.startswith("torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d")
@@ -53,8 +56,7 @@ def test_multinode_command_uses_c10d_rendezvous():
 @pytest.mark.distributed
 def test_run_writes_summary_and_traces(tmp_path):
     out = tmp_path / "m1"
-    done, _ = launch_cli("run", "M1", "--dp-shard", "2", "--steps", "2", "--out", str(out), "--quiet",
-                         "--chrome-trace")
+    done, _ = launch_cli("run", "M1", "--dp-shard", "2", "--steps", "2", "--out", str(out), "--quiet", "--chrome-trace")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "step 2/2 [####################]" in done.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -71,8 +73,12 @@ def test_run_writes_summary_and_traces(tmp_path):
     assert len(slices) == 2 * 2 * 3 and {e["name"] for e in slices} == {"all_reduce[dp_replicate+fsdp]"}
     # compute has its own track: every span of every step of each rank, between fully_shard's hooks
     compute = [e for e in chrome if e["ph"] == "X" and e["tid"] == "compute"]
-    traced = [e for rank in (0, 1) for e in json.loads((out / f"trace_rank{rank}.json").read_text())["events"]
-              if e["kind"] == "compute"]
+    traced = [
+        e
+        for rank in (0, 1)
+        for e in json.loads((out / f"trace_rank{rank}.json").read_text())["events"]
+        if e["kind"] == "compute"
+    ]
     assert compute and len(compute) == len(traced)
 
 
@@ -80,6 +86,7 @@ def test_workbook_without_notebooks_fails_loudly(tmp_path, capsys):
     """Installed as a library there is no notebooks/ folder: exit 1 and say where they are, never
     "0 notebooks, 0 failed" with status 0."""
     from launch.workbook import run_workbook
+
     (tmp_path / "empty").mkdir()
     assert run_workbook(tmp_path / "out", notebooks_dir=tmp_path / "empty") == 1
     assert "found no notebooks" in capsys.readouterr().err

@@ -1,12 +1,13 @@
 """The compute and overlap model (hyper_parallel.cost_model.compute, step_time) against hand arithmetic and
 published formulas: the 6 N + attention training-FLOPs rule, Megatron-LM's FLOPs formula with and without
 recomputation, activation checkpointing's extra forward and saved activations, and the step's overlap."""
+
 from __future__ import annotations
 
 import pytest
 
 from hyper_parallel import ParallelDims
-from hyper_parallel.cost_model import ModelConfig, PRECISIONS, estimate, get_model
+from hyper_parallel.cost_model import PRECISIONS, ModelConfig, estimate, get_model
 from hyper_parallel.cost_model.compute import step_flops
 from hyper_parallel.cost_model.hardware import get_hardware
 from hyper_parallel.cost_model.step_time import estimate_step
@@ -30,7 +31,7 @@ def test_llama_8b_flops_per_token_are_6n_plus_the_attention_term():
     per_token = flops.model * dims.world_size / (LLAMA.global_batch * LLAMA.seq_len)
     assert per_token == pytest.approx(by_hand, rel=0.02)
     assert per_token == pytest.approx(57.91e9, rel=1e-3)
-    assert flops.recompute == 0 and flops.total == flops.model   # no AC: nothing recomputed
+    assert flops.recompute == 0 and flops.total == flops.model  # no AC: nothing recomputed
     # per rank: 8192 tokens of one sequence on each of 512 ranks, ~4.7e14 FLOPs (the issue's hand estimate 5e14)
     assert flops.total == pytest.approx(per_token * S, rel=1e-12) == pytest.approx(4.74e14, rel=0.01)
 
@@ -44,10 +45,20 @@ def test_gpt_flops_equal_megatron_lm_formula(ac, megatron):
                                                   not the head's).
     A GPT-3 1.3B-like shape: h 2048, 24 layers, 16 heads, s 2048, V 51200, B 512."""
     h, layers, s, vocab, batch = 2048, 24, 2048, 51200, 512
-    gpt = ModelConfig("gpt-1.3b", vocab_size=vocab, d_model=h, n_heads=16, n_layers=layers, ffn_hidden=4 * h,
-                      seq_len=s, global_batch=batch, precision=PRECISIONS["bf16-adam"], activation_checkpointing=ac)
+    gpt = ModelConfig(
+        "gpt-1.3b",
+        vocab_size=vocab,
+        d_model=h,
+        n_heads=16,
+        n_layers=layers,
+        ffn_hidden=4 * h,
+        seq_len=s,
+        global_batch=batch,
+        precision=PRECISIONS["bf16-adam"],
+        activation_checkpointing=ac,
+    )
     head = {72: vocab / (12 * layers * h), 96: vocab / (16 * layers * h)}[megatron]
-    formula = megatron * batch * s * layers * h ** 2 * (1 + s / (6 * h) + head)
+    formula = megatron * batch * s * layers * h**2 * (1 + s / (6 * h) + head)
     dims = ParallelDims(world_size=64, dp_shard=8, tp=8)
     assert step_flops(gpt, dims).total * 64 == pytest.approx(formula, rel=1e-12)
 
@@ -63,17 +74,21 @@ def test_activation_checkpointing_adds_the_forward_and_saves_activations():
     dims = ParallelDims(world_size=8, dp_shard=8)
     tokens_per_rank = LLAMA.global_batch * S / 8
     layer_params = 2 * D * D + 2 * D * KV + 3 * D * F
-    none, selective, full = (step_flops(LLAMA.replace(activation_checkpointing=ac), dims)
-                             for ac in ("none", "selective", "full"))
+    none, selective, full = (
+        step_flops(LLAMA.replace(activation_checkpointing=ac), dims) for ac in ("none", "selective", "full")
+    )
     assert full.total - none.total == pytest.approx((2 * L * layer_params + 4 * L * S * D) * tokens_per_rank, rel=1e-12)
     assert full.recompute == pytest.approx(none.forward - 2 * D * V * tokens_per_rank, rel=1e-12)
     assert selective.recompute == pytest.approx(4 * L * S * D * tokens_per_rank, rel=1e-12)
-    assert full.model == selective.model == none.model    # MFU counts the model's FLOPs, not the recomputation
+    assert full.model == selective.model == none.model  # MFU counts the model's FLOPs, not the recomputation
     rows = LLAMA.global_batch // 8
     logits = rows * S * V * 4
     per_layer = {"none": 6 * D + 2 * KV + 4 * F, "selective": 5 * D + 2 * KV + 2 * F}
-    expected = {"none": L * per_layer["none"], "selective": L * per_layer["selective"],
-                "full": L * D + per_layer["none"]}
+    expected = {
+        "none": L * per_layer["none"],
+        "selective": L * per_layer["selective"],
+        "full": L * D + per_layer["none"],
+    }
     for ac, elements in expected.items():
         memory = estimate(LLAMA.replace(activation_checkpointing=ac), dims).memory
         assert memory.activations == int(rows * S * elements * 2 + logits), ac
@@ -111,4 +126,5 @@ def test_kv_heads_repeated_under_wide_tp_are_work_but_not_model_flops():
     extra = L * 2 * 2 * D * 128 * 8 * tokens_per_rank
     assert flops.forward - flops.model / 3 == pytest.approx(extra, rel=1e-9)
     assert step_flops(LLAMA, ParallelDims(world_size=64, dp_shard=8, tp=8)).forward == pytest.approx(
-        flops.model / 3, rel=1e-12)
+        flops.model / 3, rel=1e-12
+    )

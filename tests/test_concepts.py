@@ -5,6 +5,7 @@ each style does) of the collectives the cost model counts from its formulas: for
 the two must agree on every (op, group, phase) count. The runs' traces equal the cost model
 (tests/test_cost_model.py), so the picture a learner sees first is the one the run measures.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,10 @@ def test_ideal_schedule_of_fsdp_by_hand():
     """MLP with 2 blocks + root under FSDP: forward AG root, AG block 0, AG block 1 (3); backward the
     blocks again (2, the root keeps its parameters) and one RS per unit (3)."""
     slots = [(s.phase, s.op) for s in ideal_schedule(2, model="mlp") if s.op]
-    assert slots == [("forward", "all_gather")] * 3 + [("backward", "all_gather"), ("backward", "reduce_scatter")] * 2 \
-        + [("backward", "reduce_scatter")]
+    assert slots == [("forward", "all_gather")] * 3 + [
+        ("backward", "all_gather"),
+        ("backward", "reduce_scatter"),
+    ] * 2 + [("backward", "reduce_scatter")]
 
 
 def test_ideal_schedule_rejects_sp_without_tp():
@@ -70,10 +73,15 @@ def test_concept_figure_flow_is_one_layer_of_the_schedule(style):
     flow = next(ax for ax in fig.axes if ax.get_label() == "concept:flow")
     drawn = [p.get_gid().removeprefix("flow:") for p in flow.patches if (p.get_gid() or "").startswith("flow:")]
     assert "compute" in drawn and len(drawn) > 2
-    expected_ops = {"ddp": {"all_reduce"}, "fsdp": {"all_gather", "reduce_scatter"},
-                    "hsdp": {"all_gather", "reduce_scatter", "all_reduce"}, "tp": {"all_reduce"},
-                    "sp": {"all_gather", "reduce_scatter", "all_reduce"}, "cp": {"all_gather", "reduce_scatter"},
-                    "moe": {"all_to_all"}}[style]
+    expected_ops = {
+        "ddp": {"all_reduce"},
+        "fsdp": {"all_gather", "reduce_scatter"},
+        "hsdp": {"all_gather", "reduce_scatter", "all_reduce"},
+        "tp": {"all_reduce"},
+        "sp": {"all_gather", "reduce_scatter", "all_reduce"},
+        "cp": {"all_gather", "reduce_scatter"},
+        "moe": {"all_to_all"},
+    }[style]
     assert set(drawn) - {"compute"} == expected_ops
 
 
@@ -97,6 +105,7 @@ def test_ideal_timeline_draws_every_slot():
 def test_cp_chunks_are_the_layout_the_cp_attention_uses():
     """The schematic's chunks are the positions the run's CP attention gives each cp rank."""
     from hyper_parallel.parallel.cp import load_balanced_positions
+
     for cp in (1, 2, 4):
         size = 16 // (2 * cp)
         for rank, chunks in cp_chunks(cp).items():

@@ -9,6 +9,7 @@
 * Counts per (op, group, phase) against the hand-derived counts of tests/test_recipes.py.
 * Shapes against the real models' parameters, padding and the llama-8b preset against hand arithmetic.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -28,8 +29,9 @@ DATA_DEPENDENT = {("all_to_all", "ep"), ("all_reduce", "etp")}
 
 
 def _label(recipe: str, degrees: dict) -> str:
-    return f"{recipe}-w{degrees['world_size']}-" + "-".join(f"{k}{v}" for k, v in degrees.items()
-                                                            if k != "world_size" and v != 1)
+    return f"{recipe}-w{degrees['world_size']}-" + "-".join(
+        f"{k}{v}" for k, v in degrees.items() if k != "world_size" and v != 1
+    )
 
 
 def _is_pipeline(recipe: str) -> bool:
@@ -63,6 +65,7 @@ def _traced(result, step: int = 1) -> dict[int, dict[tuple, list[int]]]:
 
 # ------------------------------------------------------------------ against the real runs
 
+
 @pytest.mark.parametrize("recipe, degrees", list(_runs()))
 def test_bytes_of_every_collective_equal_the_traces(recipe, degrees, recipe_results):
     result = result_of(recipe, degrees, recipe_results)
@@ -94,12 +97,20 @@ def test_units_and_per_rank_parameter_bytes_equal_the_runs(recipe, degrees, reci
     assert [u.name for u in cost.units] == [unit["unit"] for unit in result.metrics["units"]]
     for unit in cost.units:
         real = measured[unit.name]
-        assert (unit.local_numel * element, unit.gathered_numel * element, unit.global_numel * element) == \
-            (real["mp_local_bytes"], real["padded_bytes"], real["global_bytes"]), unit.name
-        assert (unit.shard_size, unit.dp_size, unit.reshard_after_forward) == \
-            (real["shard_size"], real["dp_size"], real["reshard_after_forward"]), unit.name
-        assert (unit.sharded_group, unit.unsharded_group) == \
-            (real["sharded_group"]["name"], real["unsharded_group"]["name"]), unit.name
+        assert (unit.local_numel * element, unit.gathered_numel * element, unit.global_numel * element) == (
+            real["mp_local_bytes"],
+            real["padded_bytes"],
+            real["global_bytes"],
+        ), unit.name
+        assert (unit.shard_size, unit.dp_size, unit.reshard_after_forward) == (
+            real["shard_size"],
+            real["dp_size"],
+            real["reshard_after_forward"],
+        ), unit.name
+        assert (unit.sharded_group, unit.unsharded_group) == (
+            real["sharded_group"]["name"],
+            real["unsharded_group"]["name"],
+        ), unit.name
         for kind in ("sharded_group", "unsharded_group"):  # rank 0's groups, from the mesh arithmetic
             if real[kind]["name"]:
                 mine = next(g for g in group_ranks(dims, real[kind]["name"]) if 0 in g)
@@ -138,7 +149,10 @@ def test_sequence_schemes_figure_shows_traced_bytes_equal_to_the_model(recipe_re
     (rank 0) and each black tick the cost model's, and both are the hand-derived numbers of
     test_sequence_scheme_bytes_per_layer_by_hand (K = 4 KiB at cp 4)."""
     from hyper_parallel.viz.volume import sequence_schemes, sequence_traffic
-    runs = {r: (result_of(r, CP4, recipe_results).traces, result_of(r, CP4, recipe_results).metrics) for r in SCHEME_RUNS}
+
+    runs = {
+        r: (result_of(r, CP4, recipe_results).traces, result_of(r, CP4, recipe_results).metrics) for r in SCHEME_RUNS
+    }
     by_hand = {"A-CP": 32768, "M5-R": 24576, "M5-U": 16384}  # per layer, forward = backward
     for recipe, (traces, _) in runs.items():
         assert sequence_traffic(traces, 1) == {"forward": 2 * by_hand[recipe], "backward": 2 * by_hand[recipe]}
@@ -154,6 +168,7 @@ def test_sequence_schemes_figure_shows_traced_bytes_equal_to_the_model(recipe_re
 
 # ------------------------------------------------------------------ no workers
 
+
 def test_sequence_scheme_bytes_per_layer_by_hand():
     """The small model (8 rows, seq 16, 4 heads of 8, float32) on cp ranks, per layer on one rank, with
     K = 8 rows * (16 / cp) tokens * 4 heads * 8 * 4 bytes (one of this rank's q, k, v): 8 KiB at cp 2,
@@ -164,11 +179,15 @@ def test_sequence_scheme_bytes_per_layer_by_hand():
     ulysses:    q/k/v (3 K) and the output (K) all-to-all'd in each phase: 4 K per phase, 8 K (cp-1)/cp sent.
     """
     from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
+
     small = get_model("small")
     expected = {  # (scheme, cp): (forward, backward, sent)
-        ("all_gather", 2): (32768, 32768, 32768), ("all_gather", 4): (32768, 32768, 49152),
-        ("ring", 2): (16384, 16384, 32768), ("ring", 4): (24576, 24576, 49152),
-        ("ulysses", 2): (32768, 32768, 32768), ("ulysses", 4): (16384, 16384, 24576),
+        ("all_gather", 2): (32768, 32768, 32768),
+        ("all_gather", 4): (32768, 32768, 49152),
+        ("ring", 2): (16384, 16384, 32768),
+        ("ring", 4): (24576, 24576, 49152),
+        ("ulysses", 2): (32768, 32768, 32768),
+        ("ulysses", 4): (16384, 16384, 24576),
     }
     for (scheme, cp), (forward, backward, sent) in expected.items():
         got = sequence_bytes_per_layer(small.replace(sequence_scheme=scheme), ParallelDims(world_size=cp, cp=cp), 8)
@@ -188,8 +207,9 @@ def test_ulysses_head_rule_in_the_cost_model():
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix()
-                                             if _is_pipeline(r)])
+@pytest.mark.parametrize(
+    "recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix() if _is_pipeline(r)]
+)
 def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_results):
     """Every rank's send/recv bytes of one step, by phase, equal cost_model.pipeline.p2p_bytes.
 
@@ -200,6 +220,7 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
     sends 16384 B forward and 8192 B backward. TP (P2) changes nothing: every tp rank sends its replica.
     """
     from hyper_parallel.cost_model.pipeline import boundary_bytes, p2p_bytes
+
     result = result_of(recipe, degrees, recipe_results)
     assert result.ok, result.error
     dims = ParallelDims(**degrees)
@@ -207,18 +228,21 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
     message = boundary_bytes(rows=8 // dims.dp // notes["microbatches"], seq_len=16, d_model=32)
     assert message == notes["boundary_bytes"]
     for rank, events in result.traces.items():
-        traced = {key: 0 for key in (("send", "forward"), ("recv", "forward"), ("send", "backward"),
-                                     ("recv", "backward"))}
+        traced = {
+            key: 0 for key in (("send", "forward"), ("recv", "forward"), ("send", "backward"), ("recv", "backward"))
+        }
         for event in events:
             if event["kind"] == "collective" and event["group"] == "pp" and event["step"] == 1:
                 traced[(event["op"], event["phase"])] += event["bytes"]
-        expected = p2p_bytes(dims.pp, dims.coordinates(rank)["pp"], notes["microbatches"], message,
-                             notes["stages_per_rank"])
+        expected = p2p_bytes(
+            dims.pp, dims.coordinates(rank)["pp"], notes["microbatches"], message, notes["stages_per_rank"]
+        )
         assert traced == expected, (rank, traced, expected)
 
 
-@pytest.mark.parametrize("recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix()
-                                             if not _is_pipeline(r)])
+@pytest.mark.parametrize(
+    "recipe, degrees", [pytest.param(r, d, id=_label(r, d)) for r, _, d in matrix() if not _is_pipeline(r)]
+)
 def test_counts_equal_the_hand_derived_counts(recipe, degrees):
     counts = estimate(recipe_model(recipe), ParallelDims(**degrees)).counts()
     assert counts == dict(+expected_collectives(recipe, degrees))  # unary + drops zero counts
@@ -228,14 +252,25 @@ def test_presets_describe_the_recipes_models():
     from hyper_parallel.models.mlp import MLP, MLPConfig
     from hyper_parallel.models.transformer import Transformer, TransformerConfig
     from hyper_parallel.recipes import dense, moe, transformer
+
     small, small_moe, mlp = get_model("small"), get_model("small-moe"), get_model("small-mlp")
     real = TransformerConfig()
-    assert (small.vocab_size, small.d_model, small.n_heads, small.n_layers, small.ffn_hidden, small.seq_len) == \
-        (real.vocab_size, real.d_model, real.n_heads, real.n_layers, real.hidden, real.seq_len)
+    assert (small.vocab_size, small.d_model, small.n_heads, small.n_layers, small.ffn_hidden, small.seq_len) == (
+        real.vocab_size,
+        real.d_model,
+        real.n_heads,
+        real.n_layers,
+        real.hidden,
+        real.seq_len,
+    )
     assert small.global_batch == transformer.GLOBAL_BATCH and mlp.global_batch == dense.GLOBAL_BATCH
     m = moe.MOE_CONFIG
-    assert (small_moe.moe_layers, small_moe.num_experts, small_moe.top_k, small_moe.moe_hidden) == \
-        (m.moe_layers, m.num_experts, m.top_k, m.moe_hidden) and m.shared_expert
+    assert (small_moe.moe_layers, small_moe.num_experts, small_moe.top_k, small_moe.moe_hidden) == (
+        m.moe_layers,
+        m.num_experts,
+        m.top_k,
+        m.moe_hidden,
+    ) and m.shared_expert
     single = ParallelDims(world_size=1)
     for config, model in ((small, Transformer(real)), (small_moe, Transformer(m)), (mlp, MLP(MLPConfig()))):
         units = {u.name: u for u in build_units(config, single)}
@@ -289,10 +324,12 @@ def test_invalid_layouts_raise_the_rules_message():
 def test_cost_model_does_not_import_torch():
     import subprocess
     import sys
-    code = ("import sys; from hyper_parallel.cost_model import estimate, get_model; "
-            "from hyper_parallel.cost_model.ranking import rank_layouts; from hyper_parallel import ParallelDims; "
-            "estimate(get_model('moe-16e'), ParallelDims(world_size=64, dp_shard=64, ep=8)); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+
+    code = (
+        "import sys; from hyper_parallel.cost_model import estimate, get_model; "
+        "from hyper_parallel.cost_model.ranking import rank_layouts; from hyper_parallel import ParallelDims; "
+        "estimate(get_model('moe-16e'), ParallelDims(world_size=64, dp_shard=64, ep=8)); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-

@@ -6,6 +6,7 @@ One torchrun launch per world size (2 and 4 ranks) runs every case of
 tests/workers/cp_attention_cases.py; the tests below assert on what each rank wrote. The layout
 functions and the cp-of-one path need no process group and are tested in this process.
 """
+
 import json
 from pathlib import Path
 
@@ -15,8 +16,12 @@ import torch.nn.functional as F
 
 from hyper_parallel import trace
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.parallel.cp import (context_parallel_attention, load_balanced_positions, shard_sequence,
-                                        unshard_sequence)
+from hyper_parallel.parallel.cp import (
+    context_parallel_attention,
+    load_balanced_positions,
+    shard_sequence,
+    unshard_sequence,
+)
 from hyper_parallel.parallel.ulysses import ulysses_attention
 from launch.supervisor import torchrun
 
@@ -25,12 +30,16 @@ TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 
 # seq_len 16: chunks of 16 / (2*cp); rank i holds chunk i and chunk 2*cp-1-i
 POSITIONS_16 = {
-    2: [[0, 1, 2, 3, 12, 13, 14, 15],          # chunks 0 and 3
-        [4, 5, 6, 7, 8, 9, 10, 11]],           # chunks 1 and 2
-    4: [[0, 1, 14, 15],                        # chunks 0 and 7
-        [2, 3, 12, 13],                        # chunks 1 and 6
-        [4, 5, 10, 11],                        # chunks 2 and 5
-        [6, 7, 8, 9]],                         # chunks 3 and 4
+    2: [
+        [0, 1, 2, 3, 12, 13, 14, 15],  # chunks 0 and 3
+        [4, 5, 6, 7, 8, 9, 10, 11],
+    ],  # chunks 1 and 2
+    4: [
+        [0, 1, 14, 15],  # chunks 0 and 7
+        [2, 3, 12, 13],  # chunks 1 and 6
+        [4, 5, 10, 11],  # chunks 2 and 5
+        [6, 7, 8, 9],
+    ],  # chunks 3 and 4
 }
 
 
@@ -56,7 +65,7 @@ def test_matches_unsplit_attention_forward_and_gradients(ranks):
     """Output and q/k/v gradients equal float64 SDPA on the full sequence (causal, non-causal, GQA; K/V
     all-gather, ring and Ulysses)."""
     worst = {}
-    for rank, layout, entry, case in _cases(ranks):
+    for rank, layout, _entry, case in _cases(ranks):
         assert case["out_dtype"] == case["dtype"]
         for name, err in case["errors"].items():
             label = f"rank {rank} {layout} {case['impl']} causal={case['causal']} {case['dtype']} kv_heads={case['kv_heads']} S={case['seq_len']} {name}"
@@ -86,7 +95,11 @@ def test_every_impl_ran_on_every_layout(ranks):
         for layout, entry in rank["layouts"].items():
             cp_size = len(entry["cp_ranks"])
             ran = sorted((c["impl"], c["kv_heads"], c["causal"], c["dtype"]) for c in entry["cases"])
-            ulysses = [("ulysses", 4, False, "float32"), ("ulysses", 4, True, "float32"), ("ulysses", 4, True, "float64")]
+            ulysses = [
+                ("ulysses", 4, False, "float32"),
+                ("ulysses", 4, True, "float32"),
+                ("ulysses", 4, True, "float64"),
+            ]
             ulysses += [("ulysses", 2, True, "float32")] if cp_size <= 2 else []
             assert [c for c in ran if c[0] == "ulysses"] == sorted(ulysses), (rank["rank"], layout)
             assert len([c for c in ran if c[0] != "ulysses"]) == 8, (rank["rank"], layout)
@@ -120,12 +133,17 @@ def test_communication_per_attention_call(ranks):
         if cp_size == 1:
             assert events == [], where
             continue
-        assert all(e["group"] == "cp" and e["ranks"] == cp_ranks and e["dtype"] == case["dtype"]
-                   for e in case["events"]), where
+        assert all(
+            e["group"] == "cp" and e["ranks"] == cp_ranks and e["dtype"] == case["dtype"] for e in case["events"]
+        ), where
         unshard = [("all_gather", "other", "unshard", case["out_bytes"])]
         if case["impl"] == "all_gather":
             kv = 2 * case["kv_bytes"]
-            expected = [("all_gather", "forward", "attention", kv)] + unshard + [("reduce_scatter", "backward", "attention", kv)]
+            expected = (
+                [("all_gather", "forward", "attention", kv)]
+                + unshard
+                + [("reduce_scatter", "backward", "attention", kv)]
+            )
         elif case["impl"] == "ulysses":
             q, kv = case["out_bytes"] // cp_size, 2 * case["local_kv_bytes"]
             inputs = [q + kv] if case["kv_heads"] == 4 else [q, kv]
@@ -134,15 +152,18 @@ def test_communication_per_attention_call(ranks):
             expected = forward + unshard + backward
         else:
             block = 2 * case["local_kv_bytes"]
-            expected = ([("all_to_all", "forward", "attention", block)] * (cp_size - 1) + unshard
-                        + [("all_to_all", "backward", "attention", block)] * (cp_size - 1))
+            expected = (
+                [("all_to_all", "forward", "attention", block)] * (cp_size - 1)
+                + unshard
+                + [("all_to_all", "backward", "attention", block)] * (cp_size - 1)
+            )
         assert events == expected, where
 
 
 @pytest.mark.distributed
 def test_invalid_layouts_raise_in_workers(ranks):
     for rank in ranks:
-        for layout, entry in rank["layouts"].items():
+        for _layout, entry in rank["layouts"].items():
             if len(entry["cp_ranks"]) == 1:
                 continue
             cp_size = len(entry["cp_ranks"])
@@ -151,7 +172,8 @@ def test_invalid_layouts_raise_in_workers(ranks):
             assert "load_balanced_positions" in entry["invalid"]["wrong_positions"]
             assert "load_balanced_positions" in entry["invalid"]["ulysses_wrong_positions"]
             assert entry["invalid"]["ulysses_heads"].startswith(
-                f"ValueError: Ulysses gives each of the cp={cp_size} ranks whole heads: query heads ({cp_size + 1})")
+                f"ValueError: Ulysses gives each of the cp={cp_size} ranks whole heads: query heads ({cp_size + 1})"
+            )
 
 
 def test_load_balanced_positions_hand_derived():
@@ -180,7 +202,9 @@ def test_cp_group_of_one_is_plain_attention_without_communication(causal, scale)
     q, k, v = (torch.randn(2, 4, 10, 8, generator=gen, requires_grad=True) for _ in range(3))  # odd chunks ok
     positions = shard_sequence(torch.arange(10), 0, solo)
     with trace.record() as rec:
-        out = unshard_sequence(context_parallel_attention(q, k, v, solo, positions, causal=causal, scale=scale), 2, solo)
+        out = unshard_sequence(
+            context_parallel_attention(q, k, v, solo, positions, causal=causal, scale=scale), 2, solo
+        )
         out.sum().backward()
     assert rec.events == []
     ref_in = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]

@@ -24,6 +24,7 @@ with "setStorage ... storage of size 0"), freeze_between_steps, mesh_1_2_2_tied_
 root mesh"), modules_as_one_unit, ignored_params, clip_grad_norm and eval_no_grad (both with tied
 weights).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,9 +40,21 @@ WORKER = Path(__file__).parent / "workers" / "drop_in_cases.py"
 LOSS_RTOL = 1e-5
 REF_GRAD_ATOL = 1e-6
 REF_PARAM_ATOL = 5e-5
-BIT_IDENTICAL = ("plain", "tied", "frozen", "freeze_between_steps", "mesh_2_1_2_tp", "frozen_hsdp",
-                 "activation_checkpointing", "keep_after_forward", "reshard_to_two_after_forward", "modules_as_one_unit", "ignored_params",
-                 "clip_grad_norm", "common_fsdp_mlp")
+BIT_IDENTICAL = (
+    "plain",
+    "tied",
+    "frozen",
+    "freeze_between_steps",
+    "mesh_2_1_2_tp",
+    "frozen_hsdp",
+    "activation_checkpointing",
+    "keep_after_forward",
+    "reshard_to_two_after_forward",
+    "modules_as_one_unit",
+    "ignored_params",
+    "clip_grad_norm",
+    "common_fsdp_mlp",
+)
 CLOSE_TO_TORCH = ("mesh_1_2_2_tied_tp_sp",)
 NO_REFERENCE = ("ignored_params",)  # ignored gradients are not reduced: each rank trains its own copy
 REFERENCE_ONLY = ("moe_expert_parallel",)  # FSDP2's divide factor needs PREMUL_SUM, which gloo lacks
@@ -136,9 +149,15 @@ def test_reshard_to_two_after_forward_gathers_over_two_in_backward(results):
     pos_embeddings 512 + norm 64 + output 1024 = 2624 elements = 10,496 B."""
     for rank, per_rank in enumerate(results):
         pair = [0, 1] if rank < 2 else [2, 3]
-        expected = sorted([("backward", unit, pair, size) for unit, size in
-                           (("layers.0", 50304), ("layers.1", 50304), ("root", 10496))]
-                          + [("forward", unit, [0, 1, 2, 3], size) for unit, size in
-                             (("layers.0", 50304), ("layers.1", 50304), ("root", 10496))])
+        expected = sorted(
+            [
+                ("backward", unit, pair, size)
+                for unit, size in (("layers.0", 50304), ("layers.1", 50304), ("root", 10496))
+            ]
+            + [
+                ("forward", unit, [0, 1, 2, 3], size)
+                for unit, size in (("layers.0", 50304), ("layers.1", 50304), ("root", 10496))
+            ]
+        )
         got = [tuple(event) for event in per_rank["reshard_to_two_after_forward"]["facts"]["all_gathers"]]
         assert [(p, u, list(r), b) for p, u, r, b in got] == [(p, u, list(r), b) for p, u, r, b in expected], rank

@@ -4,6 +4,7 @@ What FSDP2 offers and we support behaves as FSDP2 documents it; what we do not s
 error naming it (never a silent ignore). The numbers of these features are checked against FSDP2 in
 tests/test_drop_in.py; here: classes, errors, roles, meshes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -68,7 +69,9 @@ def test_unsupported_arguments_are_refused(world):
     fully_shard(nn.Linear(8, 8), mesh=world, offload_policy=OffloadPolicy())  # FSDP2's default: accepted
 
 
-@pytest.mark.parametrize("k, resolved, group", [(1, False, None), (8, True, None), (2, True, [0, 1]), (4, True, [0, 1, 2, 3])])
+@pytest.mark.parametrize(
+    "k, resolved, group", [(1, False, None), (8, True, None), (2, True, [0, 1]), (4, True, [0, 1, 2, 3])]
+)
 def test_reshard_after_forward_int(world, k, resolved, group):
     """As FSDP2: 1 is False, the shard size is True, otherwise the group of k consecutive shard ranks."""
     state = fully_shard(nn.Linear(8, 8), mesh=world, reshard_after_forward=k)._hp_state
@@ -102,8 +105,11 @@ def test_tied_weight_is_one_sharded_parameter(world):
 def test_weight_shared_by_two_units_names_both(world):
     model = Tied()
     fully_shard(model.embed, mesh=world)
-    with pytest.raises(ValueError, match=r"parameter head.weight is shared with weight of the fully_shard unit "
-                                         r"Embedding.*one unit holds every module using it"):
+    with pytest.raises(
+        ValueError,
+        match=r"parameter head.weight is shared with weight of the fully_shard unit "
+        r"Embedding.*one unit holds every module using it",
+    ):
         fully_shard(model, mesh=world)
 
 

@@ -5,6 +5,7 @@ case of tests/workers/ep_cases.py with both token dispatchers (``dispatch="all_t
 ``"all_gather"``); the tests below read its per-rank results. A few single-process tests of the
 reference MoE and the permutation helpers run without workers.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,13 +102,16 @@ def runs(tmp_path_factory):
 
 def _case(runs, world: int, name: str, dispatch: str | None = "all_to_all") -> dict[int, dict]:
     """Per rank: the results of one dispatch (``None``: both, and their comparison)."""
-    return {rank: per_rank[name] if dispatch is None else per_rank[name][dispatch]
-            for rank, per_rank in runs[world].items()}
+    return {
+        rank: per_rank[name] if dispatch is None else per_rank[name][dispatch] for rank, per_rank in runs[world].items()
+    }
 
 
 def _seen(result: dict) -> dict[str, list[tuple]]:
-    return {phase: [(op, group, ranks_, dtype) for ph, op, group, ranks_, dtype, _ in result["events"] if ph == phase]
-            for phase in ("forward", "backward")}
+    return {
+        phase: [(op, group, ranks_, dtype) for ph, op, group, ranks_, dtype, _ in result["events"] if ph == phase]
+        for phase in ("forward", "backward")
+    }
 
 
 # ----- numbers --------------------------------------------------------------------------------------
@@ -236,15 +240,22 @@ def test_reference_moe_is_the_weighted_sum_of_its_experts(top_k, shared):
     tokens = x.reshape(-1, 8)
     weights, indices = moe.router(tokens)
     assert torch.allclose(weights.sum(-1), torch.ones(10))
-    expected = torch.stack([
-        sum(weights[t, j] * expert_mlp(tokens[t], moe.experts.w1[indices[t, j]], moe.experts.w2[indices[t, j]])
-            for j in range(top_k)) for t in range(10)])
+    expected = torch.stack(
+        [
+            sum(
+                weights[t, j] * expert_mlp(tokens[t], moe.experts.w1[indices[t, j]], moe.experts.w2[indices[t, j]])
+                for j in range(top_k)
+            )
+            for t in range(10)
+        ]
+    )
     if shared:
         expected = expected + moe.shared(tokens)
     assert torch.allclose(moe(x).reshape(-1, 8), expected, atol=1e-6)
     names = [name for name, _ in moe.named_parameters()]
     assert names == ["router.gate.weight", "experts.w1", "experts.w2"] + (
-        ["shared.w1.weight", "shared.w2.weight"] if shared else [])
+        ["shared.w1.weight", "shared.w2.weight"] if shared else []
+    )
 
 
 def test_same_seed_builds_the_same_moe():

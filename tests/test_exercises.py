@@ -5,10 +5,11 @@ the checker: the cost model's counts for the recipes' default meshes, hand-made 
 counts and bytes, ParallelDims' rules, ``cp_chunks``. ``None`` (not answered yet) must pass quietly
 with the hint, because papermill runs every notebook with its answers open.
 """
+
 from __future__ import annotations
 
-import inspect
 import importlib
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -16,14 +17,32 @@ import pytest
 from hyper_parallel.cost_model import estimate, get_model, recipe_model
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.viz import cp_chunks
-from launch.exercises import (EXERCISES, RIGHT, UNANSWERED, WRONG, ask, check, check_fits, collective_count,
-                              drifted, fewer_wire_bytes, parameter_bytes, show_solution, wire_bytes_per_rank)
+from launch.exercises import (
+    EXERCISES,
+    RIGHT,
+    UNANSWERED,
+    WRONG,
+    ask,
+    check,
+    check_fits,
+    collective_count,
+    drifted,
+    fewer_wire_bytes,
+    parameter_bytes,
+    show_solution,
+    wire_bytes_per_rank,
+)
 from launch.lessons import recipe_sources, tradeoff_rows
 from launch.workbook import gradient_reduction
 
-DEFAULTS = {"M1": dict(world_size=2, dp_shard=2), "M4": dict(world_size=2, dp_shard=2), "M2": dict(world_size=2, tp=2),
-            "M7": dict(world_size=4, dp_replicate=2, dp_shard=2), "S1": dict(world_size=4, dp_shard=4, ep=2),
-            "S2": dict(world_size=4, dp_shard=2, tp=2, ep=2, etp=2)}
+DEFAULTS = {
+    "M1": dict(world_size=2, dp_shard=2),
+    "M4": dict(world_size=2, dp_shard=2),
+    "M2": dict(world_size=2, tp=2),
+    "M7": dict(world_size=4, dp_replicate=2, dp_shard=2),
+    "S1": dict(world_size=4, dp_shard=4, ep=2),
+    "S2": dict(world_size=4, dp_shard=2, tp=2, ep=2, etp=2),
+}
 COUNTED = {  # exercise: (recipe, op, group, phase, the count its solution states)
     "00.1": ("M4", "reduce_scatter", None, None, 3),
     "10.1": ("M4", "all_gather", None, None, 5),
@@ -36,8 +55,11 @@ COUNTED = {  # exercise: (recipe, op, group, phase, the count its solution state
 
 def _cost_model_count(recipe, op, group, phase):
     counts = estimate(recipe_model(recipe), ParallelDims(**DEFAULTS[recipe])).counts()
-    return sum(n for (o, g, p), n in counts.items()
-               if (op is None or o == op) and (group is None or g == group) and (phase is None or p == phase))
+    return sum(
+        n
+        for (o, g, p), n in counts.items()
+        if (op is None or o == op) and (group is None or g == group) and (phase is None or p == phase)
+    )
 
 
 @pytest.mark.parametrize("key", sorted(COUNTED))
@@ -52,15 +74,25 @@ def test_count_exercises_right_and_wrong_against_the_cost_model(key, capsys):
 
 
 def _event(op, group, ranks, nbytes, phase="forward", step=1):
-    return {"kind": "collective", "op": op, "group": group, "ranks": ranks, "bytes": nbytes, "phase": phase,
-            "step": step}
+    return {
+        "kind": "collective",
+        "op": op,
+        "group": group,
+        "ranks": ranks,
+        "bytes": nbytes,
+        "phase": phase,
+        "step": step,
+    }
 
 
 def test_collective_count_reads_the_last_step_of_a_trace():
     """Two steps on rank 0: step 0 has 4 all-gathers, step 1 (the last) 3 and one reduce-scatter;
     init-phase collectives never count."""
-    events = [_event("all_gather", "fsdp", [0, 1], 8, step=0)] * 4 + [_event("all_gather", "fsdp", [0, 1], 8)] * 3 \
+    events = (
+        [_event("all_gather", "fsdp", [0, 1], 8, step=0)] * 4
+        + [_event("all_gather", "fsdp", [0, 1], 8)] * 3
         + [_event("reduce_scatter", "fsdp", [0, 1], 8, "backward"), _event("all_gather", "fsdp", [0, 1], 8, "init")]
+    )
     traces = {0: events}
     assert collective_count(traces, "all_gather") == 3
     assert collective_count(traces, "all_gather", phase="backward") == 0
@@ -71,8 +103,10 @@ def test_collective_count_reads_the_last_step_of_a_trace():
 def test_wire_bytes_and_11_2_right_and_wrong(capsys):
     """2 ranks: an all-reduce of 1000 B sends 2(n-1)/n = 1000 B, an all-gather and a reduce-scatter of
     1000 B send 500 B each: 'M2' (two all-reduces) 2000 B, 'M3' (AG + RS) 1000 B."""
-    runs = {"M2": {0: [_event("all_reduce", "tp", [0, 1], 1000)] * 2},
-            "M3": {0: [_event("all_gather", "tp", [0, 1], 1000), _event("reduce_scatter", "tp", [0, 1], 1000)]}}
+    runs = {
+        "M2": {0: [_event("all_reduce", "tp", [0, 1], 1000)] * 2},
+        "M3": {0: [_event("all_gather", "tp", [0, 1], 1000), _event("reduce_scatter", "tp", [0, 1], 1000)]},
+    }
     assert wire_bytes_per_rank(runs["M2"]) == 2000 and wire_bytes_per_rank(runs["M3"]) == 1000
     truth = fewer_wire_bytes(runs, ["M2", "M3"])
     assert check("11.2", "M3", truth) == RIGHT and check("11.2", "m3", truth) == RIGHT
@@ -93,13 +127,13 @@ def test_13_2_fits_right_and_wrong():
     (8 B) are 16 N bytes, divided by dp_shard: about 119.7 GiB / dp_shard, so dp_shard 8 keeps
     15.0 GiB (fits 16), dp_shard 4 keeps 29.9 GiB (does not)."""
     n = estimate(get_model("llama-8b-like"), ParallelDims(world_size=1)).parameter_count
-    assert 16 * n / 8 / 2 ** 30 < 16 < 16 * n / 4 / 2 ** 30
+    assert 16 * n / 8 / 2**30 < 16 < 16 * n / 4 / 2**30
     kwargs = dict(model="llama-8b-like", world_size=64, budget_gib=16, need={"dp_replicate": ">1", "tp": 1, "cp": 1})
     assert check_fits("13.2", {"dp_replicate": 8, "dp_shard": 8}, **kwargs) == RIGHT
     assert check_fits("13.2", {"dp_replicate": 4, "dp_shard": 16}, **kwargs) == RIGHT
-    assert check_fits("13.2", {"dp_replicate": 16, "dp_shard": 4}, **kwargs) == WRONG   # 29.9 GiB
-    assert check_fits("13.2", {"dp_replicate": 1, "dp_shard": 64}, **kwargs) == WRONG   # fits, but not HSDP
-    assert check_fits("13.2", {"dp_replicate": 3, "dp_shard": 3}, **kwargs) == WRONG    # 9 != 64 ranks
+    assert check_fits("13.2", {"dp_replicate": 16, "dp_shard": 4}, **kwargs) == WRONG  # 29.9 GiB
+    assert check_fits("13.2", {"dp_replicate": 1, "dp_shard": 64}, **kwargs) == WRONG  # fits, but not HSDP
+    assert check_fits("13.2", {"dp_replicate": 3, "dp_shard": 3}, **kwargs) == WRONG  # 9 != 64 ranks
     assert check_fits("13.2", "dp_shard=8", **kwargs) == WRONG
     assert check_fits("13.2", None, **kwargs) == UNANSWERED
 
@@ -129,13 +163,23 @@ def test_95_1_block_collectives_of_a_benchmark_row():
     """HSDP per block: 2 AG + 1 RS on fsdp and 1 AR on dp_replicate = 4 (the root 3, the tp all-gather
     of an FSDP+TP block is not on an FSDP group)."""
     from collections import Counter
-    block = Counter({("all_gather", "fsdp"): 2, ("reduce_scatter", "fsdp"): 1, ("all_reduce", "dp_replicate"): 1,
-                     ("all_gather", "tp"): 3})
+
+    block = Counter(
+        {
+            ("all_gather", "fsdp"): 2,
+            ("reduce_scatter", "fsdp"): 1,
+            ("all_reduce", "dp_replicate"): 1,
+            ("all_gather", "tp"): 3,
+        }
+    )
     root = Counter({("all_gather", "fsdp"): 1, ("reduce_scatter", "fsdp"): 1, ("all_reduce", "dp_replicate"): 1})
-    row = {"config": "HSDP", "communication": {"ours": {"per_unit": {"root": root, "layers.0": block,
-                                                                     "layers.1": block}}}}
+    row = {
+        "config": "HSDP",
+        "communication": {"ours": {"per_unit": {"root": root, "layers.0": block, "layers.1": block}}},
+    }
     bench = SimpleNamespace(rows=[row])
     from launch.exercises import block_collectives
+
     truth = block_collectives(bench, "HSDP")
     assert truth == 4
     assert check("95.1", 4, truth) == RIGHT and check("95.1", 3, truth) == WRONG
@@ -158,6 +202,7 @@ def test_every_exercise_is_tested_and_unanswered_passes(capsys):
 
 
 # ---------------------------------------------------------------- launch.lessons
+
 
 @pytest.mark.parametrize("recipe", ["M1", "M3", "M7", "S1"])
 def test_recipe_code_is_the_code_that_runs(recipe):

@@ -2,6 +2,7 @@
 
 The numbers below are derived by hand from the intervals written in each test.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,20 @@ from hyper_parallel.viz.timeline import timeline
 
 
 def collective(op, start, end, step=1, phase="backward", **extra):
-    return {"kind": "collective", "op": op, "group": "fsdp", "ranks": [0, 1], "bytes": 64, "dtype": "float32",
-            "phase": phase, "module": "blocks.0", "step": step, "t_start": start, "t_end": end, **extra}
+    return {
+        "kind": "collective",
+        "op": op,
+        "group": "fsdp",
+        "ranks": [0, 1],
+        "bytes": 64,
+        "dtype": "float32",
+        "phase": phase,
+        "module": "blocks.0",
+        "step": step,
+        "t_start": start,
+        "t_end": end,
+        **extra,
+    }
 
 
 def compute(start, end, step=1, phase="backward", module="blocks.1"):
@@ -29,8 +42,12 @@ def test_interval_arithmetic():
 def test_exposed_is_in_flight_without_compute():
     """An async all-gather in flight 1.0-4.0 s while compute runs 0.5-3.0 s: 2.0 s hidden, 1.0 s exposed;
     a synchronous reduce-scatter 5.0-5.5 s with no compute: all 0.5 s exposed. Step 2's events are ignored."""
-    events = [compute(0.5, 3.0), collective("all_gather", 1.0, 4.0, asynchronous=True, t_wait=3.5),
-              collective("reduce_scatter", 5.0, 5.5), collective("all_gather", 7.0, 9.0, step=2)]
+    events = [
+        compute(0.5, 3.0),
+        collective("all_gather", 1.0, 4.0, asynchronous=True, t_wait=3.5),
+        collective("reduce_scatter", 5.0, 5.5),
+        collective("all_gather", 7.0, 9.0, step=2),
+    ]
     numbers = step_exposure(events, step=1)
     assert numbers["in_flight"] == pytest.approx(3.5)
     assert numbers["exposed"] == pytest.approx(1.5)
@@ -42,8 +59,9 @@ def test_exposed_is_in_flight_without_compute():
 def test_timeline_draws_compute_and_in_flight_parts():
     """One compute span per rank and one async collective per rank: two compute strips, two pale in-flight
     parts (issue to wait) and two solid collective bars (wait to end)."""
-    traces = {rank: [compute(0.0, 2.0), collective("all_gather", 0.5, 3.0, asynchronous=True, t_wait=2.5)]
-              for rank in (0, 1)}
+    traces = {
+        rank: [compute(0.0, 2.0), collective("all_gather", 0.5, 3.0, asynchronous=True, t_wait=2.5)] for rank in (0, 1)
+    }
     fig = timeline(traces, step=1, align=False)
     ax = fig.axes[0]
     gids = [patch.get_gid() for patch in ax.patches]

@@ -18,6 +18,7 @@ Before their fixes (checked by running the worker against the previous fsdp pack
 frozen_layer_two_backwards_of_one_forward passed before too; it guards the counters reset at the end
 of each backward.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,14 @@ from launch.supervisor import torchrun
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).parent / "workers" / "fsdp_edge_cases.py"
-GRADIENT_CASES = ("list_unit_frozen_first", "frozen_unit_called_twice", "frozen_layer_two_backwards_of_one_forward",
-                  "loss_on_a_feature_not_the_output", "backward_raises_then_training_goes_on",
-                  "reshard_to_subgroup_then_weights_change")
+GRADIENT_CASES = (
+    "list_unit_frozen_first",
+    "frozen_unit_called_twice",
+    "frozen_layer_two_backwards_of_one_forward",
+    "loss_on_a_feature_not_the_output",
+    "backward_raises_then_training_goes_on",
+    "reshard_to_subgroup_then_weights_change",
+)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ Model: ``MLP(MLPConfig(d_in=16, d_model=32, hidden=64, d_out=6, n_blocks=2, seq_
 batch 8. fully_shard units: ``blocks.0``, ``blocks.1`` and the root (``inp`` + ``head``, named "root").
 d_out=6 does not split over 4 ranks: the head is padded to 8 rows and rank 3 holds empty shards.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,14 +56,24 @@ LAUNCH_TIMEOUT = {4: 300.0, 8: 360.0}
 
 # ------------------------------------------------------------------ hand-derived sizes (fp32: 4 bytes)
 # Parameters per unit (MLPConfig above). nn.Linear(i, o).weight is [o, i].
-BLOCK_PARAMS = {"norm.weight": (32,), "w1.weight": (64, 32), "w1.bias": (64,), "w2.weight": (32, 64),
-                "w2.bias": (32,)}  # 4224 elements
+BLOCK_PARAMS = {
+    "norm.weight": (32,),
+    "w1.weight": (64, 32),
+    "w1.bias": (64,),
+    "w2.weight": (32, 64),
+    "w2.bias": (32,),
+}  # 4224 elements
 ROOT_PARAMS = {"inp.weight": (32, 16), "inp.bias": (32,), "head.weight": (6, 32), "head.bias": (6,)}  # 742
 # The same block after tensor parallelism over tp=2 (what one tp rank holds): w1 colwise Shard(0),
 # w2 rowwise Shard(1), norm weight and w2 bias replicated. FSDP then shards axis 1 of w1.weight
 # (axis 0 is TP's) and axis 0 of everything else (w1.bias: strided).
-BLOCK_TP2_LOCAL = {"norm.weight": ((32,), 0), "w1.weight": ((32, 32), 1), "w1.bias": ((32,), 0),
-                   "w2.weight": ((32, 32), 0), "w2.bias": ((32,), 0)}  # 2144 elements
+BLOCK_TP2_LOCAL = {
+    "norm.weight": ((32,), 0),
+    "w1.weight": ((32, 32), 1),
+    "w1.bias": ((32,), 0),
+    "w2.weight": ((32, 32), 0),
+    "w2.bias": ((32,), 0),
+}  # 2144 elements
 
 # The all-gather output / reduce-scatter input of a unit: every parameter padded along its FSDP axis
 # to a multiple of the shard size, times 4 bytes (the flat buffer the collective moves).
@@ -124,10 +135,18 @@ def _launch(world_size: int, tmp_path_factory) -> Run:
     keep = os.environ.get("FULLY_SHARD_RESULTS")
     run_dir = Path(keep) / str(world_size) if keep else tmp_path_factory.mktemp(f"fully_shard_{world_size}")
     if keep and all((run_dir / f"fully_shard_rank{r}.json").exists() for r in range(world_size)):
-        return Run(world_size, {r: json.loads((run_dir / f"fully_shard_rank{r}.json").read_text())["cases"]
-                                for r in range(world_size)}, 0.0)
-    result = torchrun(str(WORKER), world_size, args=["--cases", "all", "--tolerances", json.dumps(TOLERANCES)],
-                      timeout=LAUNCH_TIMEOUT[world_size], run_dir=run_dir)
+        return Run(
+            world_size,
+            {r: json.loads((run_dir / f"fully_shard_rank{r}.json").read_text())["cases"] for r in range(world_size)},
+            0.0,
+        )
+    result = torchrun(
+        str(WORKER),
+        world_size,
+        args=["--cases", "all", "--tolerances", json.dumps(TOLERANCES)],
+        timeout=LAUNCH_TIMEOUT[world_size],
+        run_dir=run_dir,
+    )
     if not result.ok:
         pytest.fail(f"{world_size}-rank launch failed:\n{result.error}", pytrace=False)
     cases = {}
@@ -160,7 +179,8 @@ def assert_numbers(results: dict[int, dict], pair: str = "ours-ref", steps: int 
                 entry = result["numbers"][label]
                 assert entry["ratio"] <= 1.0, (
                     f"rank {rank} {label}: {entry['worst']} differs by {entry['per'][entry['worst']]['max_abs']:.3g} "
-                    f"(rtol={entry['rtol']}, atol={entry['atol']})")
+                    f"(rtol={entry['rtol']}, atol={entry['atol']})"
+                )
 
 
 def ratios(result: dict, label: str) -> dict[str, float]:
@@ -188,8 +208,11 @@ ANY = "<any unit>"  # module wildcard, used for exactly one event (see sp_activa
 
 
 def collectives(result: dict, step: int) -> Counter:
-    return Counter((e["phase"], e["op"], e["module"], e["group"], tuple(e["ranks"]), e["bytes"], e["dtype"])
-                   for e in result["collectives"] if e["step"] == step)
+    return Counter(
+        (e["phase"], e["op"], e["module"], e["group"], tuple(e["ranks"]), e["bytes"], e["dtype"])
+        for e in result["collectives"]
+        if e["step"] == step
+    )
 
 
 def _match(actual: Counter, want: Counter) -> tuple[Counter, Counter]:
@@ -216,13 +239,27 @@ def assert_collectives(results: dict[int, dict], expected, steps=(0, 1)):
             missing, unexpected = _match(collectives(result, step), Counter(expected(rank, step)))
             assert not missing and not unexpected, (
                 f"rank {rank} step {step}:\n  missing    {sorted(missing.items())}\n"
-                f"  unexpected {sorted(unexpected.items())}")
+                f"  unexpected {sorted(unexpected.items())}"
+            )
         other = sorted({e["step"] for e in result["collectives"]} - set(steps))
         assert not other, f"rank {rank}: collectives in unexpected steps {other}"
 
 
-def fsdp_unit(module, group, ranks, nbytes, *, root=False, ar_group=None, ar_ranks=None, ar_bytes=None,
-              ag_dtype="float32", ag_bytes=None, rs_dtype="float32", reduce=True):
+def fsdp_unit(
+    module,
+    group,
+    ranks,
+    nbytes,
+    *,
+    root=False,
+    ar_group=None,
+    ar_ranks=None,
+    ar_bytes=None,
+    ag_dtype="float32",
+    ag_bytes=None,
+    rs_dtype="float32",
+    reduce=True,
+):
     """One sharded unit per step: AG in forward; AG again in backward unless it is the root (the
     root is not resharded after forward, as in FSDP2); RS (+ AR on the replicate group) in backward."""
     gathered = ag_bytes or nbytes
@@ -240,9 +277,20 @@ def hsdp_step(fsdp_ranks, replicate_ranks, block_bytes):
     """The root and both blocks under HSDP: each reduce-scatters on fsdp, then all-reduces its shard
     (half the buffer: fsdp has 2 ranks) on dp_replicate, unless ``replicate_ranks`` is None."""
     group = "dp_replicate" if replicate_ranks else None
-    return [event for module, nbytes in (("root", ROOT_S2), ("blocks.0", block_bytes), ("blocks.1", block_bytes))
-            for event in fsdp_unit(module, "fsdp", fsdp_ranks, nbytes, root=module == "root", ar_group=group,
-                                   ar_ranks=replicate_ranks, ar_bytes=nbytes // 2)]
+    return [
+        event
+        for module, nbytes in (("root", ROOT_S2), ("blocks.0", block_bytes), ("blocks.1", block_bytes))
+        for event in fsdp_unit(
+            module,
+            "fsdp",
+            fsdp_ranks,
+            nbytes,
+            root=module == "root",
+            ar_group=group,
+            ar_ranks=replicate_ranks,
+            ar_bytes=nbytes // 2,
+        )
+    ]
 
 
 def sp_activations(ranks, nbytes, scatter_adjoint_module=ANY):
@@ -256,8 +304,12 @@ def sp_activations(ranks, nbytes, scatter_adjoint_module=ANY):
     see test_trace_labels_the_roots_backward_activation_collective_with_root."""
     events = [ag(FWD, "root", "tp", ranks, nbytes), ag(BWD, scatter_adjoint_module, "tp", ranks, nbytes)]
     for block in ("blocks.0", "blocks.1"):
-        events += [ag(FWD, block, "tp", ranks, nbytes), (FWD, "reduce_scatter", block, "tp", tuple(ranks), nbytes, "float32"),
-                   ag(BWD, block, "tp", ranks, nbytes), rs(block, "tp", ranks, nbytes)]
+        events += [
+            ag(FWD, block, "tp", ranks, nbytes),
+            (FWD, "reduce_scatter", block, "tp", tuple(ranks), nbytes, "float32"),
+            ag(BWD, block, "tp", ranks, nbytes),
+            rs(block, "tp", ranks, nbytes),
+        ]
     return events
 
 
@@ -267,11 +319,19 @@ def assert_group_facts(results, params, shard_size, dp_size, rank_size, sharded,
         facts = result["facts"]["params"]
         for name in params:
             fact = facts[name]
-            assert (fact["shard_size"], fact["dp_size"], fact["rank_size"]) == (shard_size, dp_size, rank_size), (rank, name, fact)
-            assert (fact["sharded"]["name"], fact["sharded"]["ranks"], fact["sharded"]["size"]) == \
-                (*sharded[rank], shard_size), (rank, name, fact["sharded"])
-            assert (fact["unsharded"]["name"], fact["unsharded"]["ranks"], fact["unsharded"]["size"]) == \
-                (*unsharded[rank], dp_size), (rank, name, fact["unsharded"])
+            assert (fact["shard_size"], fact["dp_size"], fact["rank_size"]) == (shard_size, dp_size, rank_size), (
+                rank,
+                name,
+                fact,
+            )
+            assert (fact["sharded"]["name"], fact["sharded"]["ranks"], fact["sharded"]["size"]) == (
+                *sharded[rank],
+                shard_size,
+            ), (rank, name, fact["sharded"])
+            assert (fact["unsharded"]["name"], fact["unsharded"]["ranks"], fact["unsharded"]["size"]) == (
+                *unsharded[rank],
+                dp_size,
+            ), (rank, name, fact["unsharded"])
 
 
 def split_placements(text: str) -> list[str]:
@@ -289,8 +349,11 @@ def split_placements(text: str) -> list[str]:
 
 
 def placements(result: dict, step: int) -> Counter:
-    return Counter((e["param"], tuple(e["mesh_dims"]), e["before"], e["after"], e["phase"])
-                   for e in result["placements"] if e["step"] == step)
+    return Counter(
+        (e["param"], tuple(e["mesh_dims"]), e["before"], e["after"], e["phase"])
+        for e in result["placements"]
+        if e["step"] == step
+    )
 
 
 def unit_transitions(params: dict[str, tuple], root: bool) -> Counter:
@@ -302,8 +365,12 @@ def unit_transitions(params: dict[str, tuple], root: bool) -> Counter:
         if root:
             sequence = [(sharded, unsharded, FWD), (unsharded, sharded, BWD)]
         else:
-            sequence = [(sharded, unsharded, FWD), (unsharded, sharded, FWD),
-                        (sharded, unsharded, BWD), (unsharded, sharded, BWD)]
+            sequence = [
+                (sharded, unsharded, FWD),
+                (unsharded, sharded, FWD),
+                (sharded, unsharded, BWD),
+                (unsharded, sharded, BWD),
+            ]
         for before, after, phase in sequence:
             events[(name, tuple(dims), before, after, phase)] += 1
     return events
@@ -331,14 +398,23 @@ def test_case1_fsdp_1d_reduce_scatter_only(run4):
 
     def expected(rank, step):
         g = FSDP4[rank]
-        return (fsdp_unit("root", "fsdp", g, ROOT_S4, root=True)
-                + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S4) + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S4))
+        return (
+            fsdp_unit("root", "fsdp", g, ROOT_S4, root=True)
+            + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S4)
+            + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S4)
+        )
 
     assert_collectives(results, expected)
     assert sorted(results[0]["facts"]["params"]) == sorted(ALL_NAMES)
-    assert_group_facts(results, ALL_NAMES, shard_size=4, dp_size=1, rank_size=4,
-                       sharded={r: ("fsdp", FSDP4[r]) for r in range(4)},
-                       unsharded={0: ("", [0]), 1: ("", [1]), 2: ("", [2]), 3: ("", [3])})
+    assert_group_facts(
+        results,
+        ALL_NAMES,
+        shard_size=4,
+        dp_size=1,
+        rank_size=4,
+        sharded={r: ("fsdp", FSDP4[r]) for r in range(4)},
+        unsharded={0: ("", [0]), 1: ("", [1]), 2: ("", [2]), 3: ("", [3])},
+    )
     for rank, result in results.items():
         head = result["facts"]["params"]["head.weight"]
         assert head["placements"] == "(S(0))" and head["mesh_dims"] == ["fsdp"]
@@ -367,9 +443,15 @@ def test_case2_hsdp_reduce_scatter_then_all_reduce(run4):
 
     assert_collectives(results, expected)
     # the HSDP example of docs/design.md §3 (rank_size 8, shard 4, dp 2); here rank_size 4 = shard 2 x dp 2
-    assert_group_facts(results, ALL_NAMES, shard_size=2, dp_size=2, rank_size=4,
-                       sharded={r: ("fsdp", HSDP_FSDP[r]) for r in range(4)},
-                       unsharded={r: ("dp_replicate", HSDP_REP[r]) for r in range(4)})
+    assert_group_facts(
+        results,
+        ALL_NAMES,
+        shard_size=2,
+        dp_size=2,
+        rank_size=4,
+        sharded={r: ("fsdp", HSDP_FSDP[r]) for r in range(4)},
+        unsharded={r: ("dp_replicate", HSDP_REP[r]) for r in range(4)},
+    )
     assert results[0]["facts"]["params"]["blocks.0.w1.weight"]["placements"] == "(R, S(0))"
 
 
@@ -412,19 +494,35 @@ def test_case3_dp_tp_keeps_tp_placement_and_reduces_on_dp_groups(run8):
     for rank, result in results.items():
         for step in (0, 1):
             assert placements(result, step) == expected_placements, (rank, step)
-        assert result["facts"]["forward_w1"] == {str(step): {"type": "DTensor", "mesh_dims": ["tp"], "placements": "(S(0))",
-                                                             "local_shape": [32, 32]} for step in (0, 1)}
-    assert_group_facts(results, ALL_NAMES, shard_size=2, dp_size=2, rank_size=4,
-                       sharded={r: ("fsdp", MESH8_FSDP[r]) for r in range(8)},
-                       unsharded={r: ("dp_replicate", MESH8_REP[r]) for r in range(8)})
+        assert result["facts"]["forward_w1"] == {
+            str(step): {"type": "DTensor", "mesh_dims": ["tp"], "placements": "(S(0))", "local_shape": [32, 32]}
+            for step in (0, 1)
+        }
+    assert_group_facts(
+        results,
+        ALL_NAMES,
+        shard_size=2,
+        dp_size=2,
+        rank_size=4,
+        sharded={r: ("fsdp", MESH8_FSDP[r]) for r in range(8)},
+        unsharded={r: ("dp_replicate", MESH8_REP[r]) for r in range(8)},
+    )
 
 
 # ================================================================== case 4: dp x tp x ep (8 ranks)
 
 # ParallelDims(8, dp_shard=4, tp=2, ep=2, etp=2). Dense (dp_replicate 1, fsdp 4, tp 2): rank = 2*fsdp + tp.
 # Sparse (dp_replicate 1, efsdp 2, ep 2, etp 2): rank = 4*efsdp + 2*ep + etp.
-EP_FSDP = {0: [0, 2, 4, 6], 1: [1, 3, 5, 7], 2: [0, 2, 4, 6], 3: [1, 3, 5, 7],
-           4: [0, 2, 4, 6], 5: [1, 3, 5, 7], 6: [0, 2, 4, 6], 7: [1, 3, 5, 7]}
+EP_FSDP = {
+    0: [0, 2, 4, 6],
+    1: [1, 3, 5, 7],
+    2: [0, 2, 4, 6],
+    3: [1, 3, 5, 7],
+    4: [0, 2, 4, 6],
+    5: [1, 3, 5, 7],
+    6: [0, 2, 4, 6],
+    7: [1, 3, 5, 7],
+}
 EP_EFSDP = {0: [0, 4], 1: [1, 5], 2: [2, 6], 3: [3, 7], 4: [0, 4], 5: [1, 5], 6: [2, 6], 7: [3, 7]}
 
 
@@ -451,15 +549,22 @@ def test_case4_dp_tp_ep_unshard_changes_only_the_fsdp_dim(run8):
             fsdp_index = 1
             assert changed == [fsdp_index], event
         fact = result["facts"]["params"]["experts.weight"]
-        assert (fact["shape"], fact["local_shape"], fact["placements"]) == ([4, 32, 32], [2, 16, 16], "(R, S(1), S(0), S(2))")
+        assert (fact["shape"], fact["local_shape"], fact["placements"]) == (
+            [4, 32, 32],
+            [2, 16, 16],
+            "(R, S(1), S(0), S(2))",
+        )
         assert (fact["shard_size"], fact["dp_size"], fact["rank_size"]) == (2, 1, 2)
         assert (fact["sharded"]["name"], fact["sharded"]["ranks"]) == ("efsdp", EP_EFSDP[rank])
         assert (fact["unsharded"]["name"], fact["unsharded"]["ranks"]) == ("dp_replicate", [rank])
 
     def expected(rank, step):
         g, eg = EP_FSDP[rank], EP_EFSDP[rank]
-        return (fsdp_unit("root", "fsdp", g, ROOT_S4, root=True) + fsdp_unit("block", "fsdp", g, BLOCK_TP2_S4)
-                + fsdp_unit("experts", "efsdp", eg, EXPERTS_S2))
+        return (
+            fsdp_unit("root", "fsdp", g, ROOT_S4, root=True)
+            + fsdp_unit("block", "fsdp", g, BLOCK_TP2_S4)
+            + fsdp_unit("experts", "efsdp", eg, EXPERTS_S2)
+        )
 
     assert_collectives(results, expected)
 
@@ -482,6 +587,7 @@ def _pure_tp_expected(fixed: bool, scatter_adjoint_module: str = ANY):
             if fixed:
                 events.append(ar(block, "tp", tp, (32 + 32) * 4))  # norm.weight + w2.bias summed over tp
         return events
+
     return expected
 
 
@@ -489,9 +595,15 @@ def test_case5_pure_tp_all_reduce_on_unsharded_dp_group_no_reduce_scatter(run4):
     results = run4.case("c5_pure_tp_fixed")
     assert_collectives(results, _pure_tp_expected(fixed=True))
     # the pure-TP example "rank_size 8, shard 1, dp 8 -> AR(8) only"; here rank 2, shard 1, dp 2
-    assert_group_facts(results, ALL_NAMES, shard_size=1, dp_size=2, rank_size=2,
-                       sharded={r: ("", [r]) for r in range(4)},
-                       unsharded={r: ("dp_replicate+fsdp", PTP_DP[r]) for r in range(4)})
+    assert_group_facts(
+        results,
+        ALL_NAMES,
+        shard_size=1,
+        dp_size=2,
+        rank_size=2,
+        sharded={r: ("", [r]) for r in range(4)},
+        unsharded={r: ("dp_replicate+fsdp", PTP_DP[r]) for r in range(4)},
+    )
 
 
 def test_case5_pure_tp_fix_matches_reference_and_keeps_replicas_equal(run4):
@@ -547,9 +659,15 @@ def test_case6_pure_tp_dp_replicate_tp_mesh_all_reduce_only(run4):
     dp 2, rank 2: AR of the whole unit on dp_replicate [0,2] | [1,3], no RS / AG."""
     results = run4.case("c6_dp_replicate_tp")
     assert_numbers(results, "ours-ref")
-    assert_group_facts(results, BLOCK_NAMES + list(ROOT_PARAMS), shard_size=1, dp_size=2, rank_size=2,
-                       sharded={r: ("", [r]) for r in range(4)},
-                       unsharded={r: ("dp_replicate", REP_TP_REP[r]) for r in range(4)})
+    assert_group_facts(
+        results,
+        BLOCK_NAMES + list(ROOT_PARAMS),
+        shard_size=1,
+        dp_size=2,
+        rank_size=2,
+        sharded={r: ("", [r]) for r in range(4)},
+        unsharded={r: ("dp_replicate", REP_TP_REP[r]) for r in range(4)},
+    )
 
     def expected(rank, step):
         rep, tp = REP_TP_REP[rank], REP_TP_TP[rank]
@@ -569,9 +687,15 @@ def test_case7_full_mesh_is_not_mistaken_for_pure_tp(run8):
     rank 4: AG + RS on fsdp, AR of the shard on dp_replicate, partial AR of the shard over tp."""
     results = run8.case("c7_full_mesh")
     assert_numbers(results, "ours-ref")
-    assert_group_facts(results, BLOCK_NAMES + list(ROOT_PARAMS), shard_size=2, dp_size=2, rank_size=4,
-                       sharded={r: ("fsdp", MESH8_FSDP[r]) for r in range(8)},
-                       unsharded={r: ("dp_replicate", MESH8_REP[r]) for r in range(8)})
+    assert_group_facts(
+        results,
+        BLOCK_NAMES + list(ROOT_PARAMS),
+        shard_size=2,
+        dp_size=2,
+        rank_size=4,
+        sharded={r: ("fsdp", MESH8_FSDP[r]) for r in range(8)},
+        unsharded={r: ("dp_replicate", MESH8_REP[r]) for r in range(8)},
+    )
     for name in ("blocks.0.w1.weight", "inp.weight"):  # one layout per parameter on the full mesh
         assert results[0]["facts"]["params"][name]["mesh_dims"] == ["dp_replicate", "fsdp", "tp"]
     assert results[0]["facts"]["params"]["blocks.0.w1.weight"]["placements"] == "(R, S(1), S(0))"
@@ -580,9 +704,13 @@ def test_case7_full_mesh_is_not_mistaken_for_pure_tp(run8):
     def expected(rank, step):
         g, rep, tp = MESH8_FSDP[rank], MESH8_REP[rank], MESH8_TP[rank]
         events = sp_activations(tp, 2 * 8 * 32 * 4)  # dp = 4: 2 rows per rank
-        events += fsdp_unit("root", "fsdp", g, ROOT_S2, root=True, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=ROOT_S2 // 2)
+        events += fsdp_unit(
+            "root", "fsdp", g, ROOT_S2, root=True, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=ROOT_S2 // 2
+        )
         for block in ("blocks.0", "blocks.1"):
-            events += fsdp_unit(block, "fsdp", g, BLOCK_TP2_S2, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=BLOCK_TP2_S2 // 2)
+            events += fsdp_unit(
+                block, "fsdp", g, BLOCK_TP2_S2, ar_group="dp_replicate", ar_ranks=rep, ar_bytes=BLOCK_TP2_S2 // 2
+            )
             events.append(ar(block, "tp", tp, (32 + 32) // 2 * 4))  # this rank's shard of norm.weight + w2.bias
         return events
 
@@ -593,9 +721,15 @@ def test_case7_full_mesh_4_ranks_same_layout_as_case5_shards(run4):
     """Case 5's layout (fsdp=2, tp=2) but the full mesh and None: RS on fsdp instead of AR; dp 1."""
     results = run4.case("c7_full_mesh_4")
     assert_numbers(results, "ours-ref")
-    assert_group_facts(results, ALL_NAMES, shard_size=2, dp_size=1, rank_size=2,
-                       sharded={r: ("fsdp", PTP_DP[r]) for r in range(4)},
-                       unsharded={r: ("dp_replicate", [r]) for r in range(4)})
+    assert_group_facts(
+        results,
+        ALL_NAMES,
+        shard_size=2,
+        dp_size=1,
+        rank_size=2,
+        sharded={r: ("fsdp", PTP_DP[r]) for r in range(4)},
+        unsharded={r: ("dp_replicate", [r]) for r in range(4)},
+    )
 
     def expected(rank, step):
         g, tp = PTP_DP[rank], PTP_TP[rank]
@@ -624,8 +758,9 @@ def test_case8_mixed_precision_matches_torch_fsdp2_and_reference_within_bf16_bou
                 assert params["tol"] == "bf16_ref" and params["ratio"] <= 1.0, (rank, pair, step, params["worst"])
         # the bf16 run is measurably not the fp32 one (so the looser bound is needed, and the test can fail)
         assert result["numbers"]["grad0:ours-ref"]["max_abs"] > 1e-4
-        assert result["facts"]["dtypes"] == {step: {"params": ["torch.float32"], "grads": ["torch.float32"]}
-                                             for step in ("0", "1")}
+        assert result["facts"]["dtypes"] == {
+            step: {"params": ["torch.float32"], "grads": ["torch.float32"]} for step in ("0", "1")
+        }
 
 
 def test_case8_all_gather_in_bf16_reduce_scatter_in_fp32(run4):
@@ -633,9 +768,11 @@ def test_case8_all_gather_in_bf16_reduce_scatter_in_fp32(run4):
 
     def expected(rank, step):
         g = FSDP4[rank]
-        return (fsdp_unit("root", "fsdp", g, ROOT_S4, root=True, ag_dtype="bfloat16", ag_bytes=ROOT_S4 // 2)
-                + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S4, ag_dtype="bfloat16", ag_bytes=BLOCK_S4 // 2)
-                + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S4, ag_dtype="bfloat16", ag_bytes=BLOCK_S4 // 2))
+        return (
+            fsdp_unit("root", "fsdp", g, ROOT_S4, root=True, ag_dtype="bfloat16", ag_bytes=ROOT_S4 // 2)
+            + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S4, ag_dtype="bfloat16", ag_bytes=BLOCK_S4 // 2)
+            + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S4, ag_dtype="bfloat16", ag_bytes=BLOCK_S4 // 2)
+        )
 
     assert_collectives(results, expected)
 
@@ -652,12 +789,14 @@ def test_case9_gradient_accumulation_fsdp_sync_off_then_on(run4):
 
     def expected(rank, micro):
         g, sync = FSDP4[rank], micro % 2 == 1
-        return (fsdp_unit("root", "fsdp", g, ROOT_S4, root=True, reduce=sync)
-                + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S4, reduce=sync)
-                + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S4, reduce=sync))
+        return (
+            fsdp_unit("root", "fsdp", g, ROOT_S4, root=True, reduce=sync)
+            + fsdp_unit("blocks.0", "fsdp", g, BLOCK_S4, reduce=sync)
+            + fsdp_unit("blocks.1", "fsdp", g, BLOCK_S4, reduce=sync)
+        )
 
     assert_collectives(results, expected, steps=(0, 1, 2, 3))
-    for rank, result in results.items():
+    for _rank, result in results.items():
         assert result["facts"]["grad_after_first_micro"] == {"0": [], "1": []}  # nothing reduced yet
 
 
@@ -720,7 +859,9 @@ def test_case10_dtensor_state_dict_survives_torch_save(run4):
 def test_trace_labels_the_roots_backward_activation_collective_with_root(run4):
     """Regression: once a unit's gradients are reduced, the label returns to the enclosing unit."""
     results = run4.case("c5_pure_tp_fixed")
-    assert_collectives(results, lambda rank, step: _pure_tp_expected(fixed=True, scatter_adjoint_module="root")(rank, step))
+    assert_collectives(
+        results, lambda rank, step: _pure_tp_expected(fixed=True, scatter_adjoint_module="root")(rank, step)
+    )
 
 
 def test_fully_shard_accepts_tp_params_after_the_mesh_was_rebuilt(run4):

@@ -3,6 +3,7 @@
 torch's "fake" process-group backend lets us build real DeviceMeshes for 8 ranks without workers;
 nothing here communicates (fully_shard's init issues no collective).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,18 +31,21 @@ def views():
 # mesh dims -> (replicate dims, shard dim) for enable_param_shard = None / True / False, derived from the rules:
 # tp/ep/etp model-parallel; dp_replicate replicates; of two other dims the outer replicates, one other shards;
 # None shards iff the shard dim has size > 1; False turns the shard dim into a replica dim.
-@pytest.mark.parametrize("dims, enable, replicate, shard", [
-    (("fsdp",), None, (), "fsdp"),
-    (("dp_replicate", "fsdp"), None, ("dp_replicate",), "fsdp"),
-    (("dp_replicate", "fsdp"), False, ("dp_replicate", "fsdp"), None),
-    (("dp_replicate", "fsdp"), True, ("dp_replicate",), "fsdp"),
-    (("dp_replicate", "fsdp", "tp"), None, ("dp_replicate",), "fsdp"),
-    (("tp",), None, (), None),
-    (("dp_replicate", "tp"), None, ("dp_replicate",), None),
-    (("dp",), None, (), "dp"),
-    (("dp", "cp"), None, ("dp", "cp"), None),   # cp has size 1 here: nothing to shard over
-    (("dp", "cp"), True, ("dp",), "cp"),
-])
+@pytest.mark.parametrize(
+    "dims, enable, replicate, shard",
+    [
+        (("fsdp",), None, (), "fsdp"),
+        (("dp_replicate", "fsdp"), None, ("dp_replicate",), "fsdp"),
+        (("dp_replicate", "fsdp"), False, ("dp_replicate", "fsdp"), None),
+        (("dp_replicate", "fsdp"), True, ("dp_replicate",), "fsdp"),
+        (("dp_replicate", "fsdp", "tp"), None, ("dp_replicate",), "fsdp"),
+        (("tp",), None, (), None),
+        (("dp_replicate", "tp"), None, ("dp_replicate",), None),
+        (("dp",), None, (), "dp"),
+        (("dp", "cp"), None, ("dp", "cp"), None),  # cp has size 1 here: nothing to shard over
+        (("dp", "cp"), True, ("dp",), "cp"),
+    ],
+)
 def test_roles(views, dims, enable, replicate, shard):
     roles = resolve_roles(views[dims], enable)
     assert roles.replicate_dims == replicate and roles.shard_dim == shard
@@ -50,10 +54,10 @@ def test_roles(views, dims, enable, replicate, shard):
 
 def test_group_sizes_follow_rfc_examples(views):
     hsdp = ParallelDims(world_size=8, dp_replicate=2, dp_shard=4).build_mesh("cpu")
-    roles = resolve_roles(hsdp["dp_replicate", "fsdp"], None)   # rank_size 8, shard 4, dp 2
+    roles = resolve_roles(hsdp["dp_replicate", "fsdp"], None)  # rank_size 8, shard 4, dp 2
     assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 4, 2)
     pure = ParallelDims(world_size=8, dp_shard=8).build_mesh("cpu")
-    roles = resolve_roles(pure["dp_replicate", "fsdp"], False)   # rank_size 8, shard 1, dp 8
+    roles = resolve_roles(pure["dp_replicate", "fsdp"], False)  # rank_size 8, shard 1, dp 8
     assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 1, 8)
 
 
@@ -99,10 +103,10 @@ def test_layout_of_a_colwise_weight(views):
     weight, bias = layer.weight, layer.bias
     assert weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
     assert weight.placements == (Replicate(), Shard(1), Shard(0))
-    assert weight.to_local().shape == (2, 3)            # [4/tp, 6/fsdp]
-    strided = bias.placements[1]                        # 1-D: same axis, strided after tp
+    assert weight.to_local().shape == (2, 3)  # [4/tp, 6/fsdp]
+    strided = bias.placements[1]  # 1-D: same axis, strided after tp
     assert isinstance(strided, _StridedShard) and strided.dim == 0 and strided.split_factor == 2
-    assert bias.to_local().shape == (1,)                # 4/tp = 2, then 2/fsdp = 1
+    assert bias.to_local().shape == (1,)  # 4/tp = 2, then 2/fsdp = 1
     assert weight.sharded_group_info.name == "fsdp" and weight.sharded_group_info.ranks == (0, 2)
     assert weight.unsharded_group_info.name == "dp_replicate" and weight.unsharded_group_info.ranks == (0, 4)
     assert (weight.rank_size, weight.shard_size, weight.dp_size) == (4, 2, 2)

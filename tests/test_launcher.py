@@ -121,7 +121,9 @@ def test_nonzero_exit_without_traceback_is_reported(tmp_path):
 def test_hang_in_collective_is_ended_at_the_timeout(tmp_path):
     arrivals = {}
     started = time.monotonic()
-    result = _launch("hang", tmp_path, timeout=HANG_TIMEOUT, on_line=lambda r, line: arrivals.setdefault(line, time.monotonic()))
+    result = _launch(
+        "hang", tmp_path, timeout=HANG_TIMEOUT, on_line=lambda r, line: arrivals.setdefault(line, time.monotonic())
+    )
     assert not result.ok and result.timed_out
     assert result.error.startswith("timed out after 15 s")
     if "rank 0 entering all_reduce" not in result.logs[0]:

@@ -7,6 +7,8 @@ joins), wait until rank 0 is blocked, look at the sockets of every process under
 psutil, then kill the kernel.  Survivors are looked for by the pids psutil saw and by those the
 workers wrote themselves, independently of the launcher.
 """
+
+import contextlib
 import ipaddress
 import os
 import selectors
@@ -61,8 +63,12 @@ def test_hanging_ranks_die_with_their_launcher_and_listen_on_loopback_only(tmp_p
     process: its own cleanup never runs, so only the kernel's parent-death signal can end the
     agent and the ranks.  While they run, every listening socket of the agent (the rendezvous
     store) and of each worker (gloo) must be on a loopback address (127.0.0.0/8 or ::1)."""
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(WORKER), str(tmp_path)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL, str(WORKER), str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     tree, listening = [], {}
     try:
         _wait_for_line(kernel, "0 rank 0 entering all_reduce", START_TIMEOUT)
@@ -80,14 +86,14 @@ def test_hanging_ranks_die_with_their_launcher_and_listen_on_loopback_only(tmp_p
         time.sleep(0.1)
     survivors = [pid for pid in pids if process_alive(pid)]
     for pid in survivors:  # so a failure does not leave ranks hanging on the machine
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()
-        except psutil.NoSuchProcess:
-            pass
     assert len(workers) == 2 and workers < {proc.pid for proc in tree}
     assert not survivors, f"still running {GONE_WITHIN:g} s after the launcher died"
     assert all(listening[pid] for pid in pids), f"a process listened on nothing, so the check saw nothing: {listening}"
-    off_loopback = {pid: ips for pid, ips in listening.items() if not all(ipaddress.ip_address(ip).is_loopback for ip in ips)}
+    off_loopback = {
+        pid: ips for pid, ips in listening.items() if not all(ipaddress.ip_address(ip).is_loopback for ip in ips)
+    }
     assert not off_loopback, f"listening on a non-loopback address: {off_loopback}"
 
 
@@ -119,9 +125,8 @@ def test_two_launches_at_once_both_succeed(tmp_path, monkeypatch):
 
 
 def test_a_directory_in_use_is_refused_to_a_second_launch(tmp_path):
-    with run_dirs.claimed(tmp_path):
-        with pytest.raises(RuntimeError, match="another launch that is still running"):
-            launch.torchrun(str(WORKER), 2, args=["ok"], run_dir=tmp_path)
+    with run_dirs.claimed(tmp_path), pytest.raises(RuntimeError, match="another launch that is still running"):
+        launch.torchrun(str(WORKER), 2, args=["ok"], run_dir=tmp_path)
     with run_dirs.claimed(tmp_path):  # released once the first launch is over
         pass
 

@@ -5,11 +5,12 @@ Every expected number below is written literally or derived by the simple arithm
 to it, never by calling the library's own helpers. Single process; the DeviceMesh tests use
 torch's "fake" process-group backend, so no worker is started.
 """
+
 from __future__ import annotations
 
+import ast
 import contextlib
 import itertools
-import ast
 import re
 
 import pytest
@@ -39,95 +40,194 @@ def _is_valid(**kwargs) -> bool:
 
 INVALID = [
     # --- world-size equation with an explicit dp_shard ---
-    pytest.param(dict(world_size=8, dp_shard=2, tp=2),
-                 ["world-size equation violated", "1*2*1*2*1 = 4 != world_size=8",
-                  "nearest valid choice: dp_shard=4 (or dp_shard=-1)"], id="ws-dp_shard-too-small"),
-    pytest.param(dict(world_size=8, dp_replicate=2, dp_shard=4, tp=2),
-                 ["world-size equation violated", "2*4*1*2*1 = 16 != world_size=8",
-                  "nearest valid choice: dp_shard=2"], id="ws-dp_shard-too-big"),
-    pytest.param(dict(world_size=8, dp_shard=3),
-                 ["world-size equation violated", "1*3*1*1*1 = 3 != world_size=8",
-                  "nearest valid choice: dp_shard=8"], id="ws-dp_shard-3"),
-    pytest.param(dict(world_size=4, dp_replicate=2, dp_shard=2, cp=2),
-                 ["world-size equation violated", "2*2*2*1*1 = 8 != world_size=4",
-                  "nearest valid choice: dp_shard=1"], id="ws-cp-overflows"),
-    pytest.param(dict(world_size=64, dp_replicate=2, dp_shard=4, cp=2, tp=2),
-                 ["world-size equation violated", "2*4*2*2*1 = 32 != world_size=64",
-                  "nearest valid choice: dp_shard=8"], id="ws-64"),
-    pytest.param(dict(world_size=8, dp_replicate=3, dp_shard=2),
-                 ["world-size equation violated", "3*2*1*1*1 = 6 != world_size=8",
-                  "the other degrees multiply to 3, which does not divide world_size=8",
-                  "run on world_size=6 ranks"], id="ws-dp_replicate-3"),
+    pytest.param(
+        dict(world_size=8, dp_shard=2, tp=2),
+        [
+            "world-size equation violated",
+            "1*2*1*2*1 = 4 != world_size=8",
+            "nearest valid choice: dp_shard=4 (or dp_shard=-1)",
+        ],
+        id="ws-dp_shard-too-small",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_replicate=2, dp_shard=4, tp=2),
+        ["world-size equation violated", "2*4*1*2*1 = 16 != world_size=8", "nearest valid choice: dp_shard=2"],
+        id="ws-dp_shard-too-big",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_shard=3),
+        ["world-size equation violated", "1*3*1*1*1 = 3 != world_size=8", "nearest valid choice: dp_shard=8"],
+        id="ws-dp_shard-3",
+    ),
+    pytest.param(
+        dict(world_size=4, dp_replicate=2, dp_shard=2, cp=2),
+        ["world-size equation violated", "2*2*2*1*1 = 8 != world_size=4", "nearest valid choice: dp_shard=1"],
+        id="ws-cp-overflows",
+    ),
+    pytest.param(
+        dict(world_size=64, dp_replicate=2, dp_shard=4, cp=2, tp=2),
+        ["world-size equation violated", "2*4*2*2*1 = 32 != world_size=64", "nearest valid choice: dp_shard=8"],
+        id="ws-64",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_replicate=3, dp_shard=2),
+        [
+            "world-size equation violated",
+            "3*2*1*1*1 = 6 != world_size=8",
+            "the other degrees multiply to 3, which does not divide world_size=8",
+            "run on world_size=6 ranks",
+        ],
+        id="ws-dp_replicate-3",
+    ),
     # --- dp_shard=-1 cannot be inferred ---
-    pytest.param(dict(world_size=6, cp=4),
-                 ["cannot infer dp_shard", "world_size=6 is not divisible by dp_replicate*cp*tp*pp = 1*4*1*1 = 4",
-                  "nearest valid world_size: 8"], id="infer-cp4-ws6-tie-goes-up"),
-    pytest.param(dict(world_size=8, tp=3),
-                 ["cannot infer dp_shard", "1*1*3*1 = 3", "nearest valid world_size: 9"], id="infer-tp3"),
-    pytest.param(dict(world_size=8, dp_replicate=2, cp=2, tp=4),
-                 ["cannot infer dp_shard", "2*2*4*1 = 16", "nearest valid world_size: 16"], id="infer-too-many"),
-    pytest.param(dict(world_size=10, tp=4),
-                 ["cannot infer dp_shard", "world_size=10", "1*1*4*1 = 4", "nearest valid world_size: 12"],
-                 id="infer-tp4-ws10"),
-    pytest.param(dict(world_size=7, dp_replicate=2),
-                 ["cannot infer dp_shard", "2*1*1*1 = 2", "nearest valid world_size: 8"], id="infer-ws7"),
+    pytest.param(
+        dict(world_size=6, cp=4),
+        [
+            "cannot infer dp_shard",
+            "world_size=6 is not divisible by dp_replicate*cp*tp*pp = 1*4*1*1 = 4",
+            "nearest valid world_size: 8",
+        ],
+        id="infer-cp4-ws6-tie-goes-up",
+    ),
+    pytest.param(
+        dict(world_size=8, tp=3),
+        ["cannot infer dp_shard", "1*1*3*1 = 3", "nearest valid world_size: 9"],
+        id="infer-tp3",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_replicate=2, cp=2, tp=4),
+        ["cannot infer dp_shard", "2*2*4*1 = 16", "nearest valid world_size: 16"],
+        id="infer-too-many",
+    ),
+    pytest.param(
+        dict(world_size=10, tp=4),
+        ["cannot infer dp_shard", "world_size=10", "1*1*4*1 = 4", "nearest valid world_size: 12"],
+        id="infer-tp4-ws10",
+    ),
+    pytest.param(
+        dict(world_size=7, dp_replicate=2),
+        ["cannot infer dp_shard", "2*1*1*1 = 2", "nearest valid world_size: 8"],
+        id="infer-ws7",
+    ),
     # --- pp is a factor of the world-size equation like the others ---
-    pytest.param(dict(world_size=8, pp=3),
-                 ["cannot infer dp_shard", "1*1*1*3 = 3", "nearest valid world_size: 9"], id="infer-pp3"),
-    pytest.param(dict(world_size=16, dp_shard=4, pp=2, tp=4),
-                 ["world-size equation violated", "1*4*1*4*2 = 32 != world_size=16"], id="ws-pp2"),
+    pytest.param(
+        dict(world_size=8, pp=3),
+        ["cannot infer dp_shard", "1*1*1*3 = 3", "nearest valid world_size: 9"],
+        id="infer-pp3",
+    ),
+    pytest.param(
+        dict(world_size=16, dp_shard=4, pp=2, tp=4),
+        ["world-size equation violated", "1*4*1*4*2 = 32 != world_size=16"],
+        id="ws-pp2",
+    ),
     # --- etp > 1 requires ep > 1 ---
-    pytest.param(dict(world_size=8, tp=2, etp=2),
-                 ["etp=2 requires ep > 1", "set etp=1", "etp in {1, tp=2}"], id="etp2-ep1"),
-    pytest.param(dict(world_size=8, tp=4, etp=4),
-                 ["etp=4 requires ep > 1", "etp in {1, tp=4}"], id="etp4-ep1"),
-    pytest.param(dict(world_size=8, etp=2),
-                 ["etp=2 requires ep > 1", "etp in {1, tp=1}"], id="etp2-ep1-tp1"),
+    pytest.param(
+        dict(world_size=8, tp=2, etp=2), ["etp=2 requires ep > 1", "set etp=1", "etp in {1, tp=2}"], id="etp2-ep1"
+    ),
+    pytest.param(dict(world_size=8, tp=4, etp=4), ["etp=4 requires ep > 1", "etp in {1, tp=4}"], id="etp4-ep1"),
+    pytest.param(dict(world_size=8, etp=2), ["etp=2 requires ep > 1", "etp in {1, tp=1}"], id="etp2-ep1-tp1"),
     # --- with ep > 1, etp must be 1 or tp ---
-    pytest.param(dict(world_size=8, tp=4, ep=2, etp=2),
-                 ["with ep=2, etp must be 1 or equal to tp=4; got etp=2"], id="etp-between"),
-    pytest.param(dict(world_size=8, tp=2, ep=2, etp=4),
-                 ["with ep=2, etp must be 1 or equal to tp=2; got etp=4"], id="etp-above-tp"),
-    pytest.param(dict(world_size=8, ep=2, etp=2),
-                 ["with ep=2, etp must be 1 or equal to tp=1; got etp=2"], id="etp-tp1"),
+    pytest.param(
+        dict(world_size=8, tp=4, ep=2, etp=2),
+        ["with ep=2, etp must be 1 or equal to tp=4; got etp=2"],
+        id="etp-between",
+    ),
+    pytest.param(
+        dict(world_size=8, tp=2, ep=2, etp=4),
+        ["with ep=2, etp must be 1 or equal to tp=2; got etp=4"],
+        id="etp-above-tp",
+    ),
+    pytest.param(
+        dict(world_size=8, ep=2, etp=2), ["with ep=2, etp must be 1 or equal to tp=1; got etp=2"], id="etp-tp1"
+    ),
     # --- etp == tp: ep % cp == 0 and (dp_shard*cp) % ep == 0 ---
-    pytest.param(dict(world_size=8, cp=4, tp=2, ep=2, etp=2),
-                 ["ep=2 does not fit the mesh", "etp == tp: EP borrows all of cp and part of dp_shard",
-                  "ep must be a multiple of cp=4 and divide dp_shard*cp=4", "valid ep: [4]"],
-                 id="etp=tp-ep-not-multiple-of-cp"),
-    pytest.param(dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=3, etp=2),
-                 ["ep=3 does not fit the mesh", "etp == tp", "multiple of cp=2 and divide dp_shard*cp=4",
-                  "valid ep: [2, 4]"], id="etp=tp-ep3"),
-    pytest.param(dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=8, etp=2),
-                 ["ep=8 does not fit the mesh", "etp == tp", "divide dp_shard*cp=4", "valid ep: [2, 4]"],
-                 id="etp=tp-ep-does-not-divide-pool"),
-    pytest.param(dict(world_size=8, dp_replicate=2, cp=2, tp=2, ep=4, etp=2),
-                 ["ep=4 does not fit the mesh", "etp == tp", "multiple of cp=2 and divide dp_shard*cp=2",
-                  "valid ep: [2]"], id="etp=tp-dp_replicate-not-borrowed"),
-    pytest.param(dict(world_size=8, ep=3),
-                 ["ep=3 does not fit the mesh", "etp == tp", "multiple of cp=1 and divide dp_shard*cp=8",
-                  "valid ep: [2, 4, 8]"], id="tp1-ep3"),
-    pytest.param(dict(world_size=8, tp=8, ep=2, etp=8),
-                 ["ep=2 does not fit the mesh", "etp == tp", "divide dp_shard*cp=1",
-                  "no ep > 1 fits these degrees with etp=8", "valid (ep, etp) with etp=1: [(8, 1)]"],
-                 id="etp=tp-no-ep-fits"),
+    pytest.param(
+        dict(world_size=8, cp=4, tp=2, ep=2, etp=2),
+        [
+            "ep=2 does not fit the mesh",
+            "etp == tp: EP borrows all of cp and part of dp_shard",
+            "ep must be a multiple of cp=4 and divide dp_shard*cp=4",
+            "valid ep: [4]",
+        ],
+        id="etp=tp-ep-not-multiple-of-cp",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=3, etp=2),
+        ["ep=3 does not fit the mesh", "etp == tp", "multiple of cp=2 and divide dp_shard*cp=4", "valid ep: [2, 4]"],
+        id="etp=tp-ep3",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=8, etp=2),
+        ["ep=8 does not fit the mesh", "etp == tp", "divide dp_shard*cp=4", "valid ep: [2, 4]"],
+        id="etp=tp-ep-does-not-divide-pool",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_replicate=2, cp=2, tp=2, ep=4, etp=2),
+        ["ep=4 does not fit the mesh", "etp == tp", "multiple of cp=2 and divide dp_shard*cp=2", "valid ep: [2]"],
+        id="etp=tp-dp_replicate-not-borrowed",
+    ),
+    pytest.param(
+        dict(world_size=8, ep=3),
+        ["ep=3 does not fit the mesh", "etp == tp", "multiple of cp=1 and divide dp_shard*cp=8", "valid ep: [2, 4, 8]"],
+        id="tp1-ep3",
+    ),
+    pytest.param(
+        dict(world_size=8, tp=8, ep=2, etp=8),
+        [
+            "ep=2 does not fit the mesh",
+            "etp == tp",
+            "divide dp_shard*cp=1",
+            "no ep > 1 fits these degrees with etp=8",
+            "valid (ep, etp) with etp=1: [(8, 1)]",
+        ],
+        id="etp=tp-no-ep-fits",
+    ),
     # --- etp == 1 (tp > 1): ep % (cp*tp) == 0 and (dp_shard*cp*tp) % ep == 0 ---
-    pytest.param(dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1),
-                 ["ep=2 does not fit the mesh", "etp == 1: EP borrows all of cp*tp and part of dp_shard",
-                  "ep must be a multiple of cp*tp=4 and divide dp_shard*cp*tp=8", "valid ep: [4, 8]"],
-                 id="etp1-ep-not-multiple-of-cp*tp"),
-    pytest.param(dict(world_size=8, tp=4, ep=2),
-                 ["ep=2 does not fit the mesh", "etp == 1", "multiple of cp*tp=4 and divide dp_shard*cp*tp=8",
-                  "valid ep: [4, 8]"], id="etp1-tp4-ep2"),
-    pytest.param(dict(world_size=8, dp_replicate=2, dp_shard=2, tp=2, ep=8, etp=1),
-                 ["ep=8 does not fit the mesh", "etp == 1", "multiple of cp*tp=2 and divide dp_shard*cp*tp=4",
-                  "valid ep: [2, 4]"], id="etp1-ep-does-not-divide-pool"),
-    pytest.param(dict(world_size=16, dp_replicate=2, dp_shard=2, cp=2, tp=2, ep=16, etp=1),
-                 ["ep=16 does not fit the mesh", "etp == 1", "divide dp_shard*cp*tp=8", "valid ep: [4, 8]"],
-                 id="etp1-ep16"),
-    pytest.param(dict(world_size=8, tp=2, ep=6, etp=1),
-                 ["ep=6 does not fit the mesh", "etp == 1", "multiple of cp*tp=2 and divide dp_shard*cp*tp=8",
-                  "valid ep: [2, 4, 8]"], id="etp1-ep6"),
+    pytest.param(
+        dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1),
+        [
+            "ep=2 does not fit the mesh",
+            "etp == 1: EP borrows all of cp*tp and part of dp_shard",
+            "ep must be a multiple of cp*tp=4 and divide dp_shard*cp*tp=8",
+            "valid ep: [4, 8]",
+        ],
+        id="etp1-ep-not-multiple-of-cp*tp",
+    ),
+    pytest.param(
+        dict(world_size=8, tp=4, ep=2),
+        [
+            "ep=2 does not fit the mesh",
+            "etp == 1",
+            "multiple of cp*tp=4 and divide dp_shard*cp*tp=8",
+            "valid ep: [4, 8]",
+        ],
+        id="etp1-tp4-ep2",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_replicate=2, dp_shard=2, tp=2, ep=8, etp=1),
+        [
+            "ep=8 does not fit the mesh",
+            "etp == 1",
+            "multiple of cp*tp=2 and divide dp_shard*cp*tp=4",
+            "valid ep: [2, 4]",
+        ],
+        id="etp1-ep-does-not-divide-pool",
+    ),
+    pytest.param(
+        dict(world_size=16, dp_replicate=2, dp_shard=2, cp=2, tp=2, ep=16, etp=1),
+        ["ep=16 does not fit the mesh", "etp == 1", "divide dp_shard*cp*tp=8", "valid ep: [4, 8]"],
+        id="etp1-ep16",
+    ),
+    pytest.param(
+        dict(world_size=8, tp=2, ep=6, etp=1),
+        [
+            "ep=6 does not fit the mesh",
+            "etp == 1",
+            "multiple of cp*tp=2 and divide dp_shard*cp*tp=8",
+            "valid ep: [2, 4, 8]",
+        ],
+        id="etp1-ep6",
+    ),
     # --- bad types ---
     pytest.param(dict(world_size=8.0), ["world_size must be an integer, got 8.0"], id="float-world"),
     pytest.param(dict(world_size=8, tp="2"), ["tp must be an integer, got '2'"], id="str-tp"),
@@ -141,12 +241,19 @@ INVALID = [
     pytest.param(dict(world_size=-8), ["world_size must be >= 1, got world_size=-8"], id="negative-world"),
     pytest.param(dict(world_size=8, tp=0), ["tp must be >= 1, got tp=0"], id="zero-tp"),
     pytest.param(dict(world_size=8, cp=-1), ["cp must be >= 1, got cp=-1"], id="minus-one-cp"),
-    pytest.param(dict(world_size=8, dp_replicate=0), ["dp_replicate must be >= 1, got dp_replicate=0"],
-                 id="zero-dp_replicate"),
-    pytest.param(dict(world_size=8, dp_shard=0), ["dp_shard must be >= 1 (or -1 to infer it), got dp_shard=0"],
-                 id="zero-dp_shard"),
-    pytest.param(dict(world_size=8, dp_shard=-2), ["dp_shard must be >= 1 (or -1 to infer it), got dp_shard=-2"],
-                 id="minus-two-dp_shard"),
+    pytest.param(
+        dict(world_size=8, dp_replicate=0), ["dp_replicate must be >= 1, got dp_replicate=0"], id="zero-dp_replicate"
+    ),
+    pytest.param(
+        dict(world_size=8, dp_shard=0),
+        ["dp_shard must be >= 1 (or -1 to infer it), got dp_shard=0"],
+        id="zero-dp_shard",
+    ),
+    pytest.param(
+        dict(world_size=8, dp_shard=-2),
+        ["dp_shard must be >= 1 (or -1 to infer it), got dp_shard=-2"],
+        id="minus-two-dp_shard",
+    ),
     pytest.param(dict(world_size=8, pp=0), ["pp must be >= 1, got pp=0"], id="zero-pp"),
     pytest.param(dict(world_size=8, ep=0), ["ep must be >= 1, got ep=0"], id="zero-ep"),
 ]
@@ -196,9 +303,16 @@ def test_invalid_degrees_raise_with_their_own_message(kwargs, fragments):
 
 def test_invalid_case_count_and_rule_coverage():
     assert len(INVALID) >= 30
-    rules = ["world-size equation violated", "cannot infer dp_shard",
-             "requires ep > 1", "must be 1 or equal to tp", "etp == tp", "etp == 1",
-             "must be an integer", "must be >= 1"]
+    rules = [
+        "world-size equation violated",
+        "cannot infer dp_shard",
+        "requires ep > 1",
+        "must be 1 or equal to tp",
+        "etp == tp",
+        "etp == 1",
+        "must be an integer",
+        "must be >= 1",
+    ]
     for rule in rules:
         assert sum(any(rule in f for f in p.values[1]) for p in INVALID) >= 2, rule
 
@@ -223,18 +337,38 @@ def test_pp_is_the_outermost_dim_of_every_view():
     assert "pp" not in dict(ParallelDims(world_size=8).views()["dense"])  # pp=1 views unchanged
 
 
-@pytest.mark.parametrize("dims_kwargs, model, fragments", [
-    (dict(world_size=4, pp=2), dict(n_layers=3),
-     ["n_layers=3 must be divisible by pp*stages_per_rank = 2*1 = 2", "valid pp for 3 layers: [3]",
-      "nearest valid n_layers: 4"]),
-    (dict(world_size=4, pp=2), dict(n_layers=4, stages_per_rank=4),
-     ["n_layers=4 must be divisible by pp*stages_per_rank = 2*4 = 8", "nearest valid n_layers: 8"]),
-    (dict(world_size=8, pp=4), dict(n_layers=8, microbatches=2),
-     ["microbatches=2 must be >= the number of stages pp*stages_per_rank = 4"]),
-    (dict(world_size=4, pp=2, dp_shard=2), dict(n_layers=4, microbatches=3, global_batch=8),
-     ["each data-parallel rank's 4 rows (global_batch=8 / dp=2) must split into microbatches=3",
-      "valid microbatches: [2, 4]"]),
-])
+@pytest.mark.parametrize(
+    "dims_kwargs, model, fragments",
+    [
+        (
+            dict(world_size=4, pp=2),
+            dict(n_layers=3),
+            [
+                "n_layers=3 must be divisible by pp*stages_per_rank = 2*1 = 2",
+                "valid pp for 3 layers: [3]",
+                "nearest valid n_layers: 4",
+            ],
+        ),
+        (
+            dict(world_size=4, pp=2),
+            dict(n_layers=4, stages_per_rank=4),
+            ["n_layers=4 must be divisible by pp*stages_per_rank = 2*4 = 8", "nearest valid n_layers: 8"],
+        ),
+        (
+            dict(world_size=8, pp=4),
+            dict(n_layers=8, microbatches=2),
+            ["microbatches=2 must be >= the number of stages pp*stages_per_rank = 4"],
+        ),
+        (
+            dict(world_size=4, pp=2, dp_shard=2),
+            dict(n_layers=4, microbatches=3, global_batch=8),
+            [
+                "each data-parallel rank's 4 rows (global_batch=8 / dp=2) must split into microbatches=3",
+                "valid microbatches: [2, 4]",
+            ],
+        ),
+    ],
+)
 def test_pipeline_model_rules(dims_kwargs, model, fragments):
     """Each pipeline rule raises with its numbers; the suggested fix (first valid value) passes."""
     dims = ParallelDims(**dims_kwargs)
@@ -259,37 +393,70 @@ def test_etp_requires_ep_is_checked_before_etp_in_1_tp():
 # --------------------------------------------------------------------------------------------
 
 # (dims kwargs, check_model kwargs, expected fragments or None for "accepted", hinted kwargs or None)
-D_CP = dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=2)     # tp*2*cp = 8, dp = 2, ep = 2, etp = 2
-D_CP_TP1 = dict(world_size=4, cp=2)                              # tp*2*cp = 4
-D_HSDP_TP = dict(world_size=8, dp_replicate=2, tp=2)              # dp_shard = 2, dp = 4, cp = 1
-D_TP4 = dict(world_size=8, tp=4)                                  # dp_shard = 2, dp = 2
+D_CP = dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=2)  # tp*2*cp = 8, dp = 2, ep = 2, etp = 2
+D_CP_TP1 = dict(world_size=4, cp=2)  # tp*2*cp = 4
+D_HSDP_TP = dict(world_size=8, dp_replicate=2, tp=2)  # dp_shard = 2, dp = 4, cp = 1
+D_TP4 = dict(world_size=8, tp=4)  # dp_shard = 2, dp = 2
 D_EP_ETP1 = dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=4, etp=1)
 D_64 = dict(world_size=64, dp_replicate=2, dp_shard=4, cp=2, tp=4, ep=8, etp=1)  # dp = 8
 
 CHECK_MODEL = [
     # seq_len % (tp*2*cp) with cp > 1
-    pytest.param(D_CP, dict(seq_len=12), ["seq_len=12 must be divisible by tp*2*cp = 2*2*2 = 8",
-                                          "nearest valid seq_len: 16"], dict(seq_len=16), id="cp-seq12"),
-    pytest.param(D_CP, dict(seq_len=4), ["seq_len=4 must be divisible by tp*2*cp = 2*2*2 = 8",
-                                         "nearest valid seq_len: 8"], dict(seq_len=8), id="cp-seq4-not-lcm"),
-    pytest.param(D_CP, dict(seq_len=13, sequence_parallel=True), ["seq_len=13", "= 8", "nearest valid seq_len: 16"],
-                 dict(seq_len=16, sequence_parallel=True), id="cp-seq13-sp"),
+    pytest.param(
+        D_CP,
+        dict(seq_len=12),
+        ["seq_len=12 must be divisible by tp*2*cp = 2*2*2 = 8", "nearest valid seq_len: 16"],
+        dict(seq_len=16),
+        id="cp-seq12",
+    ),
+    pytest.param(
+        D_CP,
+        dict(seq_len=4),
+        ["seq_len=4 must be divisible by tp*2*cp = 2*2*2 = 8", "nearest valid seq_len: 8"],
+        dict(seq_len=8),
+        id="cp-seq4-not-lcm",
+    ),
+    pytest.param(
+        D_CP,
+        dict(seq_len=13, sequence_parallel=True),
+        ["seq_len=13", "= 8", "nearest valid seq_len: 16"],
+        dict(seq_len=16, sequence_parallel=True),
+        id="cp-seq13-sp",
+    ),
     pytest.param(D_CP, dict(seq_len=16), None, None, id="cp-seq16-ok"),
     pytest.param(D_CP, dict(seq_len=24, sequence_parallel=True), None, None, id="cp-seq24-sp-ok"),
-    pytest.param(D_CP_TP1, dict(seq_len=6), ["seq_len=6 must be divisible by tp*2*cp = 1*2*2 = 4",
-                                             "nearest valid seq_len: 8"], dict(seq_len=8), id="cp-tp1-seq6"),
+    pytest.param(
+        D_CP_TP1,
+        dict(seq_len=6),
+        ["seq_len=6 must be divisible by tp*2*cp = 1*2*2 = 4", "nearest valid seq_len: 8"],
+        dict(seq_len=8),
+        id="cp-tp1-seq6",
+    ),
     pytest.param(D_CP_TP1, dict(seq_len=4), None, None, id="cp-tp1-seq4-ok"),
     # seq_len % tp with sequence parallelism and cp == 1
-    pytest.param(D_HSDP_TP, dict(seq_len=7, sequence_parallel=True),
-                 ["seq_len=7 must be divisible by tp=2 with sequence parallelism", "nearest valid seq_len: 8"],
-                 dict(seq_len=8, sequence_parallel=True), id="sp-seq7"),
+    pytest.param(
+        D_HSDP_TP,
+        dict(seq_len=7, sequence_parallel=True),
+        ["seq_len=7 must be divisible by tp=2 with sequence parallelism", "nearest valid seq_len: 8"],
+        dict(seq_len=8, sequence_parallel=True),
+        id="sp-seq7",
+    ),
     pytest.param(D_HSDP_TP, dict(seq_len=7), None, None, id="no-sp-seq7-ok"),
     pytest.param(D_HSDP_TP, dict(seq_len=8, sequence_parallel=True), None, None, id="sp-seq8-ok"),
-    pytest.param(D_TP4, dict(seq_len=10, sequence_parallel=True),
-                 ["seq_len=10 must be divisible by tp=4 with sequence parallelism", "nearest valid seq_len: 12"],
-                 dict(seq_len=12, sequence_parallel=True), id="sp-tp4-seq10"),
-    pytest.param(D_TP4, dict(seq_len=9, sequence_parallel=True), ["seq_len=9", "tp=4", "nearest valid seq_len: 8"],
-                 dict(seq_len=8, sequence_parallel=True), id="sp-tp4-seq9"),
+    pytest.param(
+        D_TP4,
+        dict(seq_len=10, sequence_parallel=True),
+        ["seq_len=10 must be divisible by tp=4 with sequence parallelism", "nearest valid seq_len: 12"],
+        dict(seq_len=12, sequence_parallel=True),
+        id="sp-tp4-seq10",
+    ),
+    pytest.param(
+        D_TP4,
+        dict(seq_len=9, sequence_parallel=True),
+        ["seq_len=9", "tp=4", "nearest valid seq_len: 8"],
+        dict(seq_len=8, sequence_parallel=True),
+        id="sp-tp4-seq9",
+    ),
     # num_experts % ep
     pytest.param(D_CP, dict(num_experts=3), ["num_experts=3 must be divisible by ep=2"], None, id="experts3-ep2"),
     pytest.param(D_CP, dict(num_experts=4), None, None, id="experts4-ep2-ok"),
@@ -299,30 +466,63 @@ CHECK_MODEL = [
     pytest.param(D_TP4, dict(num_heads=6), ["num_heads=6 must be divisible by tp=4"], None, id="heads6-tp4"),
     pytest.param(D_TP4, dict(num_heads=8), None, None, id="heads8-tp4-ok"),
     # hidden % tp
-    pytest.param(D_TP4, dict(hidden_sizes=(64, 30)), ["hidden size 30 must be divisible by tp=4",
-                                                      "nearest valid size: 32"], dict(hidden_sizes=(64, 32)),
-                 id="hidden30-tp4"),
+    pytest.param(
+        D_TP4,
+        dict(hidden_sizes=(64, 30)),
+        ["hidden size 30 must be divisible by tp=4", "nearest valid size: 32"],
+        dict(hidden_sizes=(64, 32)),
+        id="hidden30-tp4",
+    ),
     pytest.param(D_TP4, dict(hidden_sizes=(64, 32, 128)), None, None, id="hidden-tp4-ok"),
-    pytest.param(D_EP_ETP1, dict(hidden_sizes=(33,)), ["hidden size 33 must be divisible by tp=2",
-                                                      "nearest valid size: 34"], dict(hidden_sizes=(34,)),
-                 id="hidden33-tp2"),
+    pytest.param(
+        D_EP_ETP1,
+        dict(hidden_sizes=(33,)),
+        ["hidden size 33 must be divisible by tp=2", "nearest valid size: 34"],
+        dict(hidden_sizes=(34,)),
+        id="hidden33-tp2",
+    ),
     # expert hidden % etp
-    pytest.param(D_CP, dict(expert_hidden_sizes=(33,)), ["hidden size 33 must be divisible by etp=2",
-                                                         "nearest valid size: 34"], dict(expert_hidden_sizes=(34,)),
-                 id="expert-hidden33-etp2"),
+    pytest.param(
+        D_CP,
+        dict(expert_hidden_sizes=(33,)),
+        ["hidden size 33 must be divisible by etp=2", "nearest valid size: 34"],
+        dict(expert_hidden_sizes=(34,)),
+        id="expert-hidden33-etp2",
+    ),
     pytest.param(D_EP_ETP1, dict(expert_hidden_sizes=(33,)), None, None, id="expert-hidden33-etp1-ok"),
     # global_batch % dp (dp = dp_replicate*dp_shard; cp does not enter)
-    pytest.param(D_HSDP_TP, dict(global_batch=6),
-                 ["global_batch=6 must be divisible by dp = dp_replicate*dp_shard = 4", "nearest valid global_batch: 8"],
-                 dict(global_batch=8), id="batch6-dp4"),
+    pytest.param(
+        D_HSDP_TP,
+        dict(global_batch=6),
+        ["global_batch=6 must be divisible by dp = dp_replicate*dp_shard = 4", "nearest valid global_batch: 8"],
+        dict(global_batch=8),
+        id="batch6-dp4",
+    ),
     pytest.param(D_HSDP_TP, dict(global_batch=8), None, None, id="batch8-dp4-ok"),
     pytest.param(D_CP, dict(global_batch=6), None, None, id="batch6-dp2-cp-ignored-ok"),
-    pytest.param(D_64, dict(global_batch=12), ["global_batch=12 must be divisible by dp = dp_replicate*dp_shard = 8",
-                                               "nearest valid global_batch: 16"], dict(global_batch=16),
-                 id="batch12-dp8"),
+    pytest.param(
+        D_64,
+        dict(global_batch=12),
+        ["global_batch=12 must be divisible by dp = dp_replicate*dp_shard = 8", "nearest valid global_batch: 16"],
+        dict(global_batch=16),
+        id="batch12-dp8",
+    ),
     # everything at once, all fine
-    pytest.param(D_CP, dict(seq_len=64, sequence_parallel=True, global_batch=4, num_experts=8, num_heads=4,
-                            hidden_sizes=(32, 64), expert_hidden_sizes=(16,)), None, None, id="all-ok"),
+    pytest.param(
+        D_CP,
+        dict(
+            seq_len=64,
+            sequence_parallel=True,
+            global_batch=4,
+            num_experts=8,
+            num_heads=4,
+            hidden_sizes=(32, 64),
+            expert_hidden_sizes=(16,),
+        ),
+        None,
+        None,
+        id="all-ok",
+    ),
 ]
 
 
@@ -349,27 +549,28 @@ def test_check_model(dims_kwargs, model, fragments, hinted):
 
 VALID = [
     # kwargs                                                          dp_shard fsdp dp dp_cp efsdp
-    pytest.param(dict(world_size=1),                                       (1, 1, 1, 1, 1), id="ws1"),
-    pytest.param(dict(world_size=8),                                       (8, 8, 8, 8, 8), id="fsdp8"),
-    pytest.param(dict(world_size=8, tp=2),                                 (4, 4, 4, 4, 8), id="fsdp4-tp2"),
-    pytest.param(dict(world_size=8, dp_replicate=2, tp=2),                 (2, 2, 4, 4, 4), id="hsdp-tp"),
-    pytest.param(dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=2),  (2, 4, 2, 4, 2), id="C-grid"),
-    pytest.param(dict(world_size=8, cp=2, tp=2, ep=4),                     (2, 4, 2, 4, 2), id="ep4-etp1"),
-    pytest.param(dict(world_size=8, cp=2, tp=2, ep=8),                     (2, 4, 2, 4, 1), id="ep8-etp1"),
-    pytest.param(dict(world_size=8, cp=4, tp=2, ep=4, etp=2),              (1, 4, 1, 4, 1), id="cp4-ep4-etp2"),
-    pytest.param(dict(world_size=8, tp=8),                                 (1, 1, 1, 1, 8), id="pure-tp8"),
-    pytest.param(dict(world_size=8, tp=8, ep=8),                           (1, 1, 1, 1, 1), id="tp8-ep8"),
-    pytest.param(dict(world_size=8, dp_shard=8, ep=8),                     (8, 8, 8, 8, 1), id="fsdp8-ep8"),
-    pytest.param(dict(world_size=8, dp_replicate=2, tp=2, ep=2, etp=2),    (2, 2, 4, 4, 1), id="hsdp-ep2-etp2"),
-    pytest.param(dict(world_size=8, dp_replicate=2, tp=2, ep=4),           (2, 2, 4, 4, 1), id="hsdp-ep4-etp1"),
-    pytest.param(dict(world_size=12, dp_replicate=3, tp=2),                (2, 2, 6, 6, 4), id="ws12"),
-    pytest.param(dict(world_size=6, cp=3),                                 (2, 6, 2, 6, 6), id="cp3"),
-    pytest.param(dict(world_size=16, dp_replicate=4),                      (4, 4, 16, 16, 4), id="ddp4x4"),
-    pytest.param(dict(world_size=8, pp=1, dp_shard=-1, cp=2),              (4, 8, 4, 8, 8), id="explicit-pp1"),
-    pytest.param(dict(world_size=64, dp_replicate=2, dp_shard=4, cp=2, tp=4, ep=4, etp=4),
-                 (4, 8, 8, 16, 2), id="64-ep4-etp4"),
-    pytest.param(dict(world_size=64, dp_replicate=2, cp=2, tp=4, ep=16),  (4, 8, 8, 16, 2), id="64-ep16-etp1"),
-    pytest.param(dict(world_size=64, dp_replicate=2, cp=2, tp=4, ep=8),   (4, 8, 8, 16, 4), id="64-ep8-etp1"),
+    pytest.param(dict(world_size=1), (1, 1, 1, 1, 1), id="ws1"),
+    pytest.param(dict(world_size=8), (8, 8, 8, 8, 8), id="fsdp8"),
+    pytest.param(dict(world_size=8, tp=2), (4, 4, 4, 4, 8), id="fsdp4-tp2"),
+    pytest.param(dict(world_size=8, dp_replicate=2, tp=2), (2, 2, 4, 4, 4), id="hsdp-tp"),
+    pytest.param(dict(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=2), (2, 4, 2, 4, 2), id="C-grid"),
+    pytest.param(dict(world_size=8, cp=2, tp=2, ep=4), (2, 4, 2, 4, 2), id="ep4-etp1"),
+    pytest.param(dict(world_size=8, cp=2, tp=2, ep=8), (2, 4, 2, 4, 1), id="ep8-etp1"),
+    pytest.param(dict(world_size=8, cp=4, tp=2, ep=4, etp=2), (1, 4, 1, 4, 1), id="cp4-ep4-etp2"),
+    pytest.param(dict(world_size=8, tp=8), (1, 1, 1, 1, 8), id="pure-tp8"),
+    pytest.param(dict(world_size=8, tp=8, ep=8), (1, 1, 1, 1, 1), id="tp8-ep8"),
+    pytest.param(dict(world_size=8, dp_shard=8, ep=8), (8, 8, 8, 8, 1), id="fsdp8-ep8"),
+    pytest.param(dict(world_size=8, dp_replicate=2, tp=2, ep=2, etp=2), (2, 2, 4, 4, 1), id="hsdp-ep2-etp2"),
+    pytest.param(dict(world_size=8, dp_replicate=2, tp=2, ep=4), (2, 2, 4, 4, 1), id="hsdp-ep4-etp1"),
+    pytest.param(dict(world_size=12, dp_replicate=3, tp=2), (2, 2, 6, 6, 4), id="ws12"),
+    pytest.param(dict(world_size=6, cp=3), (2, 6, 2, 6, 6), id="cp3"),
+    pytest.param(dict(world_size=16, dp_replicate=4), (4, 4, 16, 16, 4), id="ddp4x4"),
+    pytest.param(dict(world_size=8, pp=1, dp_shard=-1, cp=2), (4, 8, 4, 8, 8), id="explicit-pp1"),
+    pytest.param(
+        dict(world_size=64, dp_replicate=2, dp_shard=4, cp=2, tp=4, ep=4, etp=4), (4, 8, 8, 16, 2), id="64-ep4-etp4"
+    ),
+    pytest.param(dict(world_size=64, dp_replicate=2, cp=2, tp=4, ep=16), (4, 8, 8, 16, 2), id="64-ep16-etp1"),
+    pytest.param(dict(world_size=64, dp_replicate=2, cp=2, tp=4, ep=8), (4, 8, 8, 16, 4), id="64-ep8-etp1"),
 ]
 
 
@@ -441,8 +642,12 @@ GROUPS_B2 = {**GROUPS_B, "efsdp": [[0], [1], [2], [3], [4], [5], [6], [7]], "ep"
 # Layout B3: same dense dims, ep = 2, etp = tp = 2 (EP borrows dp_shard): efsdp = 2*1*2 // 4 = 1;
 #   sparse view (2, efsdp=1, ep=2, etp=2)
 LAYOUT_B3 = dict(world_size=8, dp_replicate=2, tp=2, ep=2, etp=2)
-GROUPS_B3 = {**GROUPS_B, "efsdp": [[0], [1], [2], [3], [4], [5], [6], [7]],
-             "ep": [[0, 2], [1, 3], [4, 6], [5, 7]], "etp": [[0, 1], [2, 3], [4, 5], [6, 7]]}
+GROUPS_B3 = {
+    **GROUPS_B,
+    "efsdp": [[0], [1], [2], [3], [4], [5], [6], [7]],
+    "ep": [[0, 2], [1, 3], [4, 6], [5, 7]],
+    "etp": [[0, 1], [2, 3], [4, 5], [6, 7]],
+}
 
 
 def _groups_64(ep: int, etp: int) -> dict[str, list[list[int]]]:
@@ -465,14 +670,10 @@ def _groups_64(ep: int, etp: int) -> dict[str, list[list[int]]]:
         return ((r * DS + s) * CP + c) * TP + t
 
     g = {
-        "dp_replicate": [[rank(r, s, c, t) for r in range(R)]
-                         for s in range(DS) for c in range(CP) for t in range(TP)],
-        "dp_shard": [[rank(r, s, c, t) for s in range(DS)]
-                     for r in range(R) for c in range(CP) for t in range(TP)],
-        "cp": [[rank(r, s, c, t) for c in range(CP)]
-               for r in range(R) for s in range(DS) for t in range(TP)],
-        "tp": [[rank(r, s, c, t) for t in range(TP)]
-               for r in range(R) for s in range(DS) for c in range(CP)],
+        "dp_replicate": [[rank(r, s, c, t) for r in range(R)] for s in range(DS) for c in range(CP) for t in range(TP)],
+        "dp_shard": [[rank(r, s, c, t) for s in range(DS)] for r in range(R) for c in range(CP) for t in range(TP)],
+        "cp": [[rank(r, s, c, t) for c in range(CP)] for r in range(R) for s in range(DS) for t in range(TP)],
+        "tp": [[rank(r, s, c, t) for t in range(TP)] for r in range(R) for s in range(DS) for c in range(CP)],
         # fsdp = dp_shard*cp: fixed (r, t), vary (s, c)
         "fsdp": [[rank(r, s, c, t) for s in range(DS) for c in range(CP)] for r in range(R) for t in range(TP)],
         # dp = dp_replicate*dp_shard: fixed (c, t), vary (r, s)
@@ -481,16 +682,33 @@ def _groups_64(ep: int, etp: int) -> dict[str, list[list[int]]]:
         "dp_cp": [[rank(r, s, c, t) for r in range(R) for s in range(DS) for c in range(CP)] for t in range(TP)],
     }
     if (ep, etp) == (4, 4):
-        g["ep"] = [[rank(r, 2 * s_hi + s_lo, c, t) for s_lo in range(2) for c in range(CP)]
-                   for r in range(R) for s_hi in range(2) for t in range(TP)]
-        g["efsdp"] = [[rank(r, 2 * s_hi + s_lo, c, t) for s_hi in range(2)]
-                      for r in range(R) for s_lo in range(2) for c in range(CP) for t in range(TP)]
+        g["ep"] = [
+            [rank(r, 2 * s_hi + s_lo, c, t) for s_lo in range(2) for c in range(CP)]
+            for r in range(R)
+            for s_hi in range(2)
+            for t in range(TP)
+        ]
+        g["efsdp"] = [
+            [rank(r, 2 * s_hi + s_lo, c, t) for s_hi in range(2)]
+            for r in range(R)
+            for s_lo in range(2)
+            for c in range(CP)
+            for t in range(TP)
+        ]
         g["etp"] = g["tp"]
     elif (ep, etp) == (16, 1):
-        g["ep"] = [[rank(r, 2 * s_hi + s_lo, c, t) for s_lo in range(2) for c in range(CP) for t in range(TP)]
-                   for r in range(R) for s_hi in range(2)]
-        g["efsdp"] = [[rank(r, 2 * s_hi + s_lo, c, t) for s_hi in range(2)]
-                      for r in range(R) for s_lo in range(2) for c in range(CP) for t in range(TP)]
+        g["ep"] = [
+            [rank(r, 2 * s_hi + s_lo, c, t) for s_lo in range(2) for c in range(CP) for t in range(TP)]
+            for r in range(R)
+            for s_hi in range(2)
+        ]
+        g["efsdp"] = [
+            [rank(r, 2 * s_hi + s_lo, c, t) for s_hi in range(2)]
+            for r in range(R)
+            for s_lo in range(2)
+            for c in range(CP)
+            for t in range(TP)
+        ]
     elif (ep, etp) == (8, 1):
         g["ep"] = [[rank(r, s, c, t) for c in range(CP) for t in range(TP)] for r in range(R) for s in range(DS)]
         g["efsdp"] = g["dp_shard"]
@@ -520,7 +738,7 @@ def test_hand_derivation_64_sanity():
     assert [0, 4] in g["cp"] and [33, 37] in g["cp"]
     assert [1, 9, 17, 25] in g["dp_shard"]
     assert [5, 37] in g["dp_replicate"]
-    assert [0, 4, 8, 12] in g["ep"] and [16, 20, 24, 28] in g["ep"]   # s_lo in {0,1}, c in {0,1}
+    assert [0, 4, 8, 12] in g["ep"] and [16, 20, 24, 28] in g["ep"]  # s_lo in {0,1}, c in {0,1}
     assert [0, 16] in g["efsdp"]
     assert _groups_64(16, 1)["ep"][0] == list(range(16))
     assert _groups_64(8, 1)["ep"][1] == list(range(8, 16))
@@ -567,6 +785,7 @@ def test_group_of_and_unknown_dim():
 # --------------------------------------------------------------------------------------------
 # 5. the same lists read from real DeviceMeshes (fake process-group backend, one process)
 # --------------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def fake_process_group(world_size: int, rank: int):
@@ -634,11 +853,12 @@ def test_device_mesh_groups(kwargs, expected, rank):
             assert ep_mesh.mesh_dim_names == ("ep",)
             assert ep_mesh.size() == dims.ep
             assert sorted(ep_mesh.mesh.tolist()) == next(g for g in expected["ep"] if rank in g)
-            assert views.sparse.mesh_dim_names == (("dp_replicate", "efsdp", "ep", "etp") if dims.etp > 1
-                                                   else ("dp_replicate", "efsdp", "ep"))
+            assert views.sparse.mesh_dim_names == (
+                ("dp_replicate", "efsdp", "ep", "etp") if dims.etp > 1 else ("dp_replicate", "efsdp", "ep")
+            )
         else:
             with pytest.raises(ValueError, match=r"no sparse \(expert\) mesh: ep=1"):
-                views.sparse
+                _ = views.sparse
 
         # unknown dims, and dims of one view in the wrong order
         with pytest.raises(ValueError, match=r"no view has the dims \('foo',\)"):
@@ -660,14 +880,17 @@ def test_build_mesh_needs_matching_process_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         dims.build_mesh("cpu")
-    with fake_process_group(4, 0):
-        with pytest.raises(ValueError, match=r"the process group has 4 ranks but ParallelDims.world_size=8"):
-            dims.build_mesh("cpu")
+    with (
+        fake_process_group(4, 0),
+        pytest.raises(ValueError, match=r"the process group has 4 ranks but ParallelDims.world_size=8"),
+    ):
+        dims.build_mesh("cpu")
 
 
 # --------------------------------------------------------------------------------------------
 # valid_choices
 # --------------------------------------------------------------------------------------------
+
 
 def _key(dims: ParallelDims):
     return tuple(getattr(dims, n) for n in ("world_size",) + DEGREES)
@@ -697,8 +920,13 @@ def test_valid_choices_2_literal():
     # (dp_replicate, dp_shard, cp, tp, ep, etp), enumerated by hand for 2 ranks:
     # tp=2 with ep=2 needs etp=1 (etp=tp=2 would need dp_shard*cp=1 divisible by ep=2)
     expected = {
-        (1, 2, 1, 1, 1, 1), (1, 2, 1, 1, 2, 1), (2, 1, 1, 1, 1, 1), (1, 1, 2, 1, 1, 1),
-        (1, 1, 2, 1, 2, 1), (1, 1, 1, 2, 1, 1), (1, 1, 1, 2, 2, 1),
+        (1, 2, 1, 1, 1, 1),
+        (1, 2, 1, 1, 2, 1),
+        (2, 1, 1, 1, 1, 1),
+        (1, 1, 2, 1, 1, 1),
+        (1, 1, 2, 1, 2, 1),
+        (1, 1, 1, 2, 1, 1),
+        (1, 1, 1, 2, 2, 1),
     }
     got = [(d.dp_replicate, d.dp_shard, d.cp, d.tp, d.ep, d.etp) for d in valid_choices(2)]
     assert len(got) == len(expected)

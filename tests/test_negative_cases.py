@@ -1,5 +1,6 @@
 """Negative cases: each illegal configuration exits non-zero with its rule's message,
 fast, before any worker starts (no run directory appears). The same list is in the README."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,25 +13,45 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 NEGATIVE_CASES = [
-    pytest.param(["run", "S2", "--world", "8", "--dp-shard", "4", "--tp", "2", "--ep", "2", "--etp", "4"],
-                 "with ep=2, etp must be 1 or equal to tp=2; got etp=4", id="illegal-etp"),
-    pytest.param(["run", "M6", "--world", "8", "--dp-shard", "2", "--cp", "2", "--tp", "2", "--etp", "2"],
-                 "etp=2 requires ep > 1", id="etp-without-ep"),
-    pytest.param(["run", "M7", "--world", "8", "--dp-replicate", "2", "--dp-shard", "2"],
-                 "world-size equation violated: dp_replicate*dp_shard*cp*tp*pp = 2*2*1*1*1 = 4 != world_size=8",
-                 id="world-size-mismatch"),
-    pytest.param(["run", "M6", "--world", "16", "--dp-shard", "1", "--cp", "4", "--tp", "4"],
-                 "seq_len=16 must be divisible by tp*2*cp = 4*2*4 = 32", id="seq-len-not-divisible"),
-    pytest.param(["run", "S1", "--world", "8", "--dp-shard", "8", "--ep", "8"],
-                 "num_experts=4 must be divisible by ep=8", id="experts-not-divisible"),
-    pytest.param(["run", "M4", "--world", "4", "--dp-shard", "2", "--pp", "2"],
-                 "recipe M4 (FSDP only) does not pipeline: it needs pp=1, got pp=2", id="pp-on-a-recipe-without-stages"),
+    pytest.param(
+        ["run", "S2", "--world", "8", "--dp-shard", "4", "--tp", "2", "--ep", "2", "--etp", "4"],
+        "with ep=2, etp must be 1 or equal to tp=2; got etp=4",
+        id="illegal-etp",
+    ),
+    pytest.param(
+        ["run", "M6", "--world", "8", "--dp-shard", "2", "--cp", "2", "--tp", "2", "--etp", "2"],
+        "etp=2 requires ep > 1",
+        id="etp-without-ep",
+    ),
+    pytest.param(
+        ["run", "M7", "--world", "8", "--dp-replicate", "2", "--dp-shard", "2"],
+        "world-size equation violated: dp_replicate*dp_shard*cp*tp*pp = 2*2*1*1*1 = 4 != world_size=8",
+        id="world-size-mismatch",
+    ),
+    pytest.param(
+        ["run", "M6", "--world", "16", "--dp-shard", "1", "--cp", "4", "--tp", "4"],
+        "seq_len=16 must be divisible by tp*2*cp = 4*2*4 = 32",
+        id="seq-len-not-divisible",
+    ),
+    pytest.param(
+        ["run", "S1", "--world", "8", "--dp-shard", "8", "--ep", "8"],
+        "num_experts=4 must be divisible by ep=8",
+        id="experts-not-divisible",
+    ),
+    pytest.param(
+        ["run", "M4", "--world", "4", "--dp-shard", "2", "--pp", "2"],
+        "recipe M4 (FSDP only) does not pipeline: it needs pp=1, got pp=2",
+        id="pp-on-a-recipe-without-stages",
+    ),
     pytest.param(["run", "M99"], "unknown recipe 'M99'", id="unknown-recipe"),
-    pytest.param(["run", "M4", "--dp-shard", "2", "--tp", "2"], "recipe M4 (FSDP only) needs tp=1",
-                 id="recipe-constraint"),
-    pytest.param(["check", "--world", "8", "--tp", "4", "--ep", "2"],
-                 "ep=2 does not fit the mesh (etp == 1: EP borrows all of cp*tp and part of dp_shard)",
-                 id="ep-does-not-fit"),
+    pytest.param(
+        ["run", "M4", "--dp-shard", "2", "--tp", "2"], "recipe M4 (FSDP only) needs tp=1", id="recipe-constraint"
+    ),
+    pytest.param(
+        ["check", "--world", "8", "--tp", "4", "--ep", "2"],
+        "ep=2 does not fit the mesh (etp == 1: EP borrows all of cp*tp and part of dp_shard)",
+        id="ep-does-not-fit",
+    ),
 ]
 
 
@@ -39,8 +60,9 @@ def test_negative_case_exits_before_any_worker(args, message, tmp_path):
     out = tmp_path / "run"
     extra = ["--out", str(out)] if args[0] == "run" else []
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "launch", *args, *extra], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", *args, *extra], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     seconds = time.perf_counter() - start
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr

@@ -6,6 +6,7 @@ any cell error; the executed notebook must hold its figures (image/png outputs),
 under ``figures_dir``, and print its closing check (numerics matched the reference, or the
 notebook's own checks where no worker runs).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,6 +48,7 @@ def stdout(nb) -> str:
 
 # ------------------------------------------------------------------ committed notebooks
 
+
 def test_the_workbook_has_every_notebook():
     assert sorted(NOTEBOOKS) == sorted(name for name, _, _ in EXPECTED)
 
@@ -69,7 +71,6 @@ def test_notebooks_come_in_reading_order_and_link_the_next_one():
         assert markdown[-1].startswith("**Next:**") and f"({following}.ipynb)" in markdown[-1], (name, markdown[-1])
 
 
-
 def test_no_notebook_cites_documents_a_learner_does_not_have():
     for name, path in NOTEBOOKS.items():
         text = path.read_text()
@@ -80,6 +81,7 @@ def test_no_notebook_cites_documents_a_learner_does_not_have():
 def test_progress_lines_number_steps_as_the_figures_do():
     """A 2-step run's progress lines say steps 0 and 1, like the timelines' "step 1" and the tables."""
     from launch.widgets.display import step_text
+
     lines = [step_text({"step": done, "steps": 2, "loss": 1.0, "reference": 1.0}) for done in (1, 2)]
     assert lines[0].startswith("step 0 (1/2 done)") and lines[1].startswith("step 1 (2/2 done)")
 
@@ -105,8 +107,13 @@ def test_committed_notebook_is_clean_and_has_a_parameters_cell(name):
 
 # ------------------------------------------------------------------ executed notebooks
 
-SAVES_FIGURES = {"00_start_here", "01_mesh_algebra", "02_fully_shard_groupinfo", "03_pure_tp_fix",
-                 "04_planning_at_scale"}
+SAVES_FIGURES = {
+    "00_start_here",
+    "01_mesh_algebra",
+    "02_fully_shard_groupinfo",
+    "03_pure_tp_fix",
+    "04_planning_at_scale",
+}
 """Notebooks whose test also saves the figures (PNG + SVG) to figures_dir; the others only display
 them: saving every figure of every run would add a minute to this file on a 2-core machine."""
 
@@ -157,6 +164,7 @@ def test_notebook_runs_with_non_default_degrees(tmp_path):
 
 # ------------------------------------------------------------------ make workbook
 
+
 def test_run_workbook_writes_executed_notebooks_and_reports_each(tmp_path, capsys):
     assert run_workbook(tmp_path, only=["90"]) == 0
     out = capsys.readouterr().out
@@ -168,8 +176,12 @@ def test_run_workbook_writes_executed_notebooks_and_reports_each(tmp_path, capsy
 def test_run_workbook_fails_when_a_notebook_fails(tmp_path, capsys):
     folder = tmp_path / "notebooks"
     folder.mkdir()
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("figures_dir = None\nruns_dir = None"),
-                                         nbformat.v4.new_code_cell("assert 1 + 1 == 3, 'arithmetic'")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("figures_dir = None\nruns_dir = None"),
+            nbformat.v4.new_code_cell("assert 1 + 1 == 3, 'arithmetic'"),
+        ]
+    )
     nb.cells[0].metadata["tags"] = ["parameters"]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, folder / "50_broken.ipynb")

@@ -12,6 +12,7 @@ launches. Checked here, from the runs' traces and metrics:
   is waited for only after blocks.0's backward compute has begun;
 * at most one unit gathered ahead: no two prefetched all-gathers are in flight at once.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -27,13 +28,13 @@ pytestmark = pytest.mark.distributed
 
 def pair(name: str, recipe_results):
     default = RECIPES[name].default
-    return (result_of(name, default, recipe_results),
-            result_of(name, {**default, "overlap": False}, recipe_results))
+    return (result_of(name, default, recipe_results), result_of(name, {**default, "overlap": False}, recipe_results))
 
 
 def collectives(events: list[dict]) -> Counter:
-    return Counter((e["step"], e["op"], e["group"], e["bytes"], e["module"]) for e in events
-                   if e["kind"] == "collective")
+    return Counter(
+        (e["step"], e["op"], e["group"], e["bytes"], e["module"]) for e in events if e["kind"] == "collective"
+    )
 
 
 @pytest.mark.parametrize("name", OVERLAP_OFF)
@@ -50,8 +51,9 @@ def test_overlap_changes_no_number(recipe_results, name):
 
 
 def spans(events: list[dict], kind: str, module: str, phase: str, step: int = 1) -> list[dict]:
-    return [e for e in events if e["kind"] == kind and e["module"] == module and e["phase"] == phase
-            and e["step"] == step]
+    return [
+        e for e in events if e["kind"] == kind and e["module"] == module and e["phase"] == phase and e["step"] == step
+    ]
 
 
 def test_order_of_issue_in_backward(recipe_results):
@@ -70,8 +72,11 @@ def test_order_of_issue_in_backward(recipe_results):
 def test_at_most_one_unit_gathered_ahead(recipe_results, name):
     on, _ = pair(name, recipe_results)
     for rank, events in on.traces.items():
-        ahead = sorted((e["t_start"], e["t_end"]) for e in events
-                       if e["kind"] == "collective" and e["op"] == "all_gather" and e.get("asynchronous"))
+        ahead = sorted(
+            (e["t_start"], e["t_end"])
+            for e in events
+            if e["kind"] == "collective" and e["op"] == "all_gather" and e.get("asynchronous")
+        )
         assert ahead, rank
         assert all(later[0] >= earlier[1] for earlier, later in zip(ahead, ahead[1:])), rank
 

@@ -5,6 +5,7 @@ torch ran (order of forwards/backwards per rank) and the microbatches alive at o
 No launch of its own: the runs are the recipe matrix's (P1, P1-G, P1-I, P2), checked against the
 reference and the hand-derived collectives in tests/test_recipes.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -32,12 +33,24 @@ def test_p2p_bytes_by_hand():
     """pp=2, 4 microbatches of a 2048-B message: stage 0 sends 8192 B forward, receives 8192 B backward;
     stage 1 the reverse. Interleaved (stages 0, 2 on rank 0; 1, 3 on rank 1): rank 0 sends forward from
     both stages (16384 B) and backward only from stage 2 (8192 B)."""
-    assert p2p_bytes(2, 0, 4, 2048) == {("send", "forward"): 8192, ("recv", "forward"): 0,
-                                        ("send", "backward"): 0, ("recv", "backward"): 8192}
-    assert p2p_bytes(2, 1, 4, 2048) == {("send", "forward"): 0, ("recv", "forward"): 8192,
-                                        ("send", "backward"): 8192, ("recv", "backward"): 0}
-    assert p2p_bytes(2, 0, 4, 2048, stages_per_rank=2) == {("send", "forward"): 16384, ("recv", "forward"): 8192,
-                                                           ("send", "backward"): 8192, ("recv", "backward"): 16384}
+    assert p2p_bytes(2, 0, 4, 2048) == {
+        ("send", "forward"): 8192,
+        ("recv", "forward"): 0,
+        ("send", "backward"): 0,
+        ("recv", "backward"): 8192,
+    }
+    assert p2p_bytes(2, 1, 4, 2048) == {
+        ("send", "forward"): 0,
+        ("recv", "forward"): 8192,
+        ("send", "backward"): 8192,
+        ("recv", "backward"): 0,
+    }
+    assert p2p_bytes(2, 0, 4, 2048, stages_per_rank=2) == {
+        ("send", "forward"): 16384,
+        ("recv", "forward"): 8192,
+        ("send", "backward"): 8192,
+        ("recv", "backward"): 16384,
+    }
 
 
 def test_plan_lines_at_8192_ranks_by_hand():
@@ -49,26 +62,50 @@ def test_plan_lines_at_8192_ranks_by_hand():
     from hyper_parallel import ParallelDims
     from hyper_parallel.cost_model import get_model
     from hyper_parallel.cost_model.pipeline import plan_lines
+
     dims = ParallelDims(world_size=8192, tp=8, pp=4)
     text = "\n".join(plan_lines(get_model("llama-8b-like"), dims))
     assert "pp=4 stages of 8 layers, 1 microbatch(es) of 2 rows" in text
     assert "WARNING: 1 microbatch(es) < pp=4" in text and "bubble (p-1)/(m+p-1) = 75%" in text
     assert "512.0 MiB sent + received (128.00 MiB per microbatch each way)" in text
     text = "\n".join(plan_lines(get_model("llama-8b-like").replace(micro_batch=1), dims))
-    assert "WARNING: 2 microbatch(es) < pp=4" in text and "gpipe  bubble (p-1)/(m+p-1) = 60%; stage 0 holds 2 microbatch" in text
+    assert (
+        "WARNING: 2 microbatch(es) < pp=4" in text
+        and "gpipe  bubble (p-1)/(m+p-1) = 60%; stage 0 holds 2 microbatch" in text
+    )
     assert "1f1b   bubble (p-1)/(m+p-1) = 60%; stage 0 holds 2 microbatch" in text
 
 
 def _synthetic_gpipe() -> dict[int, list[dict]]:
     """GPipe, p=2, m=2, every forward and backward 1 s: rank 0 F0 [0,1] F1 [1,2] B0 [4,5] B1 [5,6];
     rank 1 F0 [1,2] F1 [2,3] B0 [3,4] B1 [4,5]. Span 6 s, each rank busy 4 s: idle 1/3 = the formula."""
+
     def action(kind, mb, start, stage):
-        return {"kind": "pipeline", "action": kind, "phase": kind, "stage": stage, "microbatch": mb, "step": 1,
-                "t_start": float(start), "t_end": float(start + 1)}
-    return {0: [action("forward", 0, 0, 0), action("forward", 1, 1, 0), action("backward", 0, 4, 0),
-                action("backward", 1, 5, 0)],
-            1: [action("forward", 0, 1, 1), action("forward", 1, 2, 1), action("backward", 0, 3, 1),
-                action("backward", 1, 4, 1)]}
+        return {
+            "kind": "pipeline",
+            "action": kind,
+            "phase": kind,
+            "stage": stage,
+            "microbatch": mb,
+            "step": 1,
+            "t_start": float(start),
+            "t_end": float(start + 1),
+        }
+
+    return {
+        0: [
+            action("forward", 0, 0, 0),
+            action("forward", 1, 1, 0),
+            action("backward", 0, 4, 0),
+            action("backward", 1, 5, 0),
+        ],
+        1: [
+            action("forward", 0, 1, 1),
+            action("forward", 1, 2, 1),
+            action("backward", 0, 3, 1),
+            action("backward", 1, 4, 1),
+        ],
+    }
 
 
 def test_measured_bubble_of_an_ideal_schedule_is_the_formula():
@@ -84,9 +121,12 @@ def test_measured_bubble_of_an_ideal_schedule_is_the_formula():
 
 
 def _order(events: list[dict]) -> list[str]:
-    return [f"{e['action'][0].upper()}{e['microbatch']}"
-            for e in sorted((e for e in events if e.get("kind") == "pipeline" and e["step"] == 1),
-                            key=lambda e: e["t_start"])]
+    return [
+        f"{e['action'][0].upper()}{e['microbatch']}"
+        for e in sorted(
+            (e for e in events if e.get("kind") == "pipeline" and e["step"] == 1), key=lambda e: e["t_start"]
+        )
+    ]
 
 
 def _peak_alive(order: list[str]) -> int:
@@ -107,8 +147,10 @@ def test_runs_follow_the_schedule_and_its_activation_bound(recipe, schedule, rec
     degrees = RECIPES[recipe].default
     result = result_of(recipe, degrees, recipe_results)
     assert result.ok, result.error
-    expected = {"gpipe": ["F0 F1 F2 F3 B0 B1 B2 B3"] * 2,
-                "1f1b": ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"]}[schedule]
+    expected = {
+        "gpipe": ["F0 F1 F2 F3 B0 B1 B2 B3"] * 2,
+        "1f1b": ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
+    }[schedule]
     for rank, events in result.traces.items():
         stage = rank // (degrees["world_size"] // degrees["pp"])
         order = _order(events)

@@ -1,6 +1,7 @@
 """`python -m launch plan`: layouts of thousands of ranks checked on DeviceMeshes of torch's fake process
 group, against rank lists and node placements derived by hand from the mesh order; invalid input;
 ``--compare`` against the cost model's own numbers; the torchrun command against ``launch command``."""
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,13 @@ def plan(*args: str) -> tuple[int, dict | str, str]:
 
 def test_4096_ranks_in_seconds_with_hand_derived_rank_lists():
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "launch", "plan", *LAYOUT_4096, "--model", "llama-8b-like",
-                           "--rank", "1000", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", "plan", *LAYOUT_4096, "--model", "llama-8b-like", "--rank", "1000", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     seconds = time.perf_counter() - start
     assert done.returncode == 0, done.stderr
     assert seconds < 60, f"plan took {seconds:.1f}s"  # about 4 s here; torch's import is most of it
@@ -52,24 +58,36 @@ def test_4096_ranks_in_seconds_with_hand_derived_rank_lists():
     assert groups["dp_shard"]["rank_group"] == [rank_of(1, s, 0, 8) for s in range(16)]
     assert groups["dp_shard"]["rank_group"][:3] == [520, 552, 584]
     assert groups["tp"]["first_groups"][0] == list(range(16))
-    assert groups["dp_shard"]["first_groups"] == [[rank_of(0, s, 0, 0) for s in range(16)],
-                                                  [rank_of(0, s, 0, 1) for s in range(16)]]
+    assert groups["dp_shard"]["first_groups"] == [
+        [rank_of(0, s, 0, 0) for s in range(16)],
+        [rank_of(0, s, 0, 1) for s in range(16)],
+    ]
     # fsdp = dp_shard x cp flattened: every (dp_shard, cp) pair, dp_shard outer
     assert groups["fsdp"]["rank_group"] == [rank_of(1, s, c, 8) for s in range(16) for c in range(2)]
     assert {dim: (g["size"], g["count"]) for dim, g in groups.items()} == {
-        "dp_replicate": (8, 512), "dp_shard": (16, 256), "cp": (2, 2048), "tp": (16, 256), "fsdp": (32, 128),
-        "dp": (128, 32), "dp_cp": (256, 16)}
+        "dp_replicate": (8, 512),
+        "dp_shard": (16, 256),
+        "cp": (2, 2048),
+        "tp": (16, 256),
+        "fsdp": (32, 128),
+        "dp": (128, 32),
+        "dp_cp": (256, 16),
+    }
 
 
 @pytest.mark.parametrize("gpus_per_node", [8, 16, 32])
 def test_groups_crossing_node_boundaries(gpus_per_node):
-    code, doc, err = plan(*LAYOUT_4096, "--model", "llama-8b-like", "--rank", "1000", "--gpus-per-node",
-                          str(gpus_per_node), "--json")
+    code, doc, err = plan(
+        *LAYOUT_4096, "--model", "llama-8b-like", "--rank", "1000", "--gpus-per-node", str(gpus_per_node), "--json"
+    )
     assert code == 0, err
     groups = doc["plan"]["groups"]
-    hand = {"tp": [rank_of(1, 15, 0, t) for t in range(16)], "cp": [rank_of(1, 15, c, 8) for c in range(2)],
-            "dp_shard": [rank_of(1, s, 0, 8) for s in range(16)],
-            "dp_replicate": [rank_of(r, 15, 0, 8) for r in range(8)]}
+    hand = {
+        "tp": [rank_of(1, 15, 0, t) for t in range(16)],
+        "cp": [rank_of(1, 15, c, 8) for c in range(2)],
+        "dp_shard": [rank_of(1, s, 0, 8) for s in range(16)],
+        "dp_replicate": [rank_of(r, 15, 0, 8) for r in range(8)],
+    }
     for dim, ranks in hand.items():
         nodes = len({rank // gpus_per_node for rank in ranks})  # node n holds ranks [n*G, (n+1)*G)
         assert groups[dim]["rank_group"] == ranks
@@ -97,13 +115,16 @@ def test_8192_ranks():
     assert doc["plan"]["command"].splitlines()[-1].startswith("torchrun --nnodes=1024 --nproc-per-node=8")
 
 
-@pytest.mark.parametrize("degrees", [
-    ["--world", "8", "--dp-replicate", "2", "--dp-shard", "2"],           # world-size equation
-    ["--world", "8", "--dp-shard", "4", "--tp", "2", "--ep", "2", "--etp", "4"],  # illegal etp
-    ["--world", "8", "--tp", "4", "--ep", "2"],                            # ep does not fit
-    ["--world", "4", "--dp-shard", "2", "--pp", "3"],                      # pp in the world-size equation
-    ["--world", "4096", "--dp-replicate", "3"],                            # dp_shard cannot be inferred
-])
+@pytest.mark.parametrize(
+    "degrees",
+    [
+        ["--world", "8", "--dp-replicate", "2", "--dp-shard", "2"],  # world-size equation
+        ["--world", "8", "--dp-shard", "4", "--tp", "2", "--ep", "2", "--etp", "4"],  # illegal etp
+        ["--world", "8", "--tp", "4", "--ep", "2"],  # ep does not fit
+        ["--world", "4", "--dp-shard", "2", "--pp", "3"],  # pp in the world-size equation
+        ["--world", "4096", "--dp-replicate", "3"],  # dp_shard cannot be inferred
+    ],
+)
 def test_invalid_degrees_exit_2_with_the_message_of_launch_check(degrees, capsys):
     assert cli.main(["check", *degrees]) == 2
     check_error = capsys.readouterr().err
@@ -111,14 +132,21 @@ def test_invalid_degrees_exit_2_with_the_message_of_launch_check(degrees, capsys
     assert code == 2 and err == check_error and err.startswith("error: ")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--world", "64", "--tp", "64", "--model", "llama-8b-like"], "num_heads=32 must be divisible by tp=64"),
-    (["--world", "16", "--cp", "4", "--tp", "4", "--model", "small"], "seq_len=16 must be divisible by tp*2*cp"),
-    (["--world", "64", "--dp-shard", "64", "--ep", "32", "--model", "moe-16e"],
-     "num_experts=16 must be divisible by ep=32"),
-    (["--world", "4096", "--gpus-per-node", "12", "--model", "llama-8b-like"],
-     "gpus_per_node=12 must be >= 1 and divide world_size=4096"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--world", "64", "--tp", "64", "--model", "llama-8b-like"], "num_heads=32 must be divisible by tp=64"),
+        (["--world", "16", "--cp", "4", "--tp", "4", "--model", "small"], "seq_len=16 must be divisible by tp*2*cp"),
+        (
+            ["--world", "64", "--dp-shard", "64", "--ep", "32", "--model", "moe-16e"],
+            "num_experts=16 must be divisible by ep=32",
+        ),
+        (
+            ["--world", "4096", "--gpus-per-node", "12", "--model", "llama-8b-like"],
+            "gpus_per_node=12 must be >= 1 and divide world_size=4096",
+        ),
+    ],
+)
 def test_invalid_for_the_model_exits_2(args, message):
     code, _, err = plan(*args)
     assert code == 2 and message in err
@@ -126,8 +154,22 @@ def test_invalid_for_the_model_exits_2(args, message):
 
 @pytest.mark.parametrize("sort", ["time", "memory"])
 def test_compare_ranks_layouts_by_the_models_own_numbers(sort):
-    code, doc, err = plan("--world", "64", "--tp", "8", "--model", "llama-8b-like", "--compare", "--sort", sort,
-                          "--top", "6", "--memory-gib", "40", "--json")
+    code, doc, err = plan(
+        "--world",
+        "64",
+        "--tp",
+        "8",
+        "--model",
+        "llama-8b-like",
+        "--compare",
+        "--sort",
+        sort,
+        "--top",
+        "6",
+        "--memory-gib",
+        "40",
+        "--json",
+    )
     assert code == 0, err
     shown = doc["compare"]
     config = get_model("llama-8b-like")
@@ -140,7 +182,7 @@ def test_compare_ranks_layouts_by_the_models_own_numbers(sort):
             continue
         seconds = estimate_step(cost, 8, hardware).seconds
         serial = sum(c.seconds for c in timed_collectives(cost, 8, hardware.bandwidth))
-        fits = cost.memory.total <= (40 - 8) * 1024 ** 3   # --memory-gib 40 minus the 8 GiB reserve
+        fits = cost.memory.total <= (40 - 8) * 1024**3  # --memory-gib 40 minus the 8 GiB reserve
         key = (not fits, seconds, cost.memory.total) if sort == "time" else (not fits, cost.memory.total, seconds)
         expected.append((key, dims.degrees(), cost.memory.total, seconds, fits, serial))
     expected.sort(key=lambda row: row[0])
@@ -169,7 +211,9 @@ def test_text_output_and_the_command_of_launch_command():
     code, text, err = plan(*layout, "--model", "small", "--gpus-per-node", "8", "--compare")
     assert code == 0, err
     assert "groups crossing node boundaries with 8 GPUs per node: dp_replicate, dp, dp_cp" in text
-    assert "time per collective: ring collectives" in text and ("<- this plan" in text or "this plan's layout is #" in text)
+    assert "time per collective: ring collectives" in text and (
+        "<- this plan" in text or "this plan's layout is #" in text
+    )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli.main(["command", "C", *layout, "--nnodes", "2", "--nproc-per-node", "8"]) == 0
@@ -179,7 +223,8 @@ def test_text_output_and_the_command_of_launch_command():
 def test_plan_widget_offers_only_valid_values_and_explains_invalid_ones():
     from launch.plan import torchrun_command
     from launch.widgets.plan_widget import PlanWidget
-    widget = PlanWidget("llama-8b-like", world_size=64, tp=8)   # dp_shard inferred: 8
+
+    widget = PlanWidget("llama-8b-like", world_size=64, tp=8)  # dp_shard inferred: 8
     assert widget.error is None and widget.degrees["dp_shard"] == 8
     offered = {name: [value for _, value in selector.options] for name, selector in widget.selectors.items()}
     # 32 heads: tp up to 32; a dense model: no experts; every power of two of 64 ranks for the data dims
@@ -200,5 +245,5 @@ def test_plan_widget_offers_only_valid_values_and_explains_invalid_ones():
     assert f"MFU {widget.step.middle.mfu:.0%}" in widget.status.value
     assert widget.command == torchrun_command(widget.config, widget.dims, 8, "$MASTER_ADDR:29500")
     assert {ax.get_label() for ax in widget.figure.axes} == {"memory", "communication"}
-    widget.set(world_size=128)   # a new world: the nearest valid layout of 128 ranks
+    widget.set(world_size=128)  # a new world: the nearest valid layout of 128 ranks
     assert widget.error is None and widget.dims.world_size == 128

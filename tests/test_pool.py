@@ -8,6 +8,7 @@
 * ``%%torchrun``: each rank's output streamed with its rank, the cell's value per rank, names kept for
   the next cell, an error shown without raising, ``--restart`` forgets the names.
 """
+
 from __future__ import annotations
 
 import io
@@ -24,13 +25,20 @@ pytestmark = pytest.mark.distributed
 
 
 def collectives(result) -> dict[int, Counter]:
-    return {rank: Counter((e["step"], e["op"], e["group"], e["bytes"], e["module"]) for e in events
-                          if e["kind"] == "collective") for rank, events in result.traces.items()}
+    return {
+        rank: Counter(
+            (e["step"], e["op"], e["group"], e["bytes"], e["module"]) for e in events if e["kind"] == "collective"
+        )
+        for rank, events in result.traces.items()
+    }
 
 
 def pool_workers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if any("launch.pool_worker" in part for part in _cmdline(p))]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if any("launch.pool_worker" in part for part in _cmdline(p))
+    ]
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
@@ -47,8 +55,10 @@ def fresh_pool():
     shutdown_pool()
 
 
-@pytest.mark.parametrize("recipe, degrees", [("M4", {"world_size": 2, "dp_shard": 2}),
-                                             ("M7", {"world_size": 4, "dp_replicate": 2, "dp_shard": 2})])
+@pytest.mark.parametrize(
+    "recipe, degrees",
+    [("M4", {"world_size": 2, "dp_shard": 2}), ("M7", {"world_size": 4, "dp_replicate": 2, "dp_shard": 2})],
+)
 def test_warm_runs_equal_a_fresh_launch(tmp_path, recipe, degrees):
     fresh = launch.run(recipe, steps=2, out=tmp_path / "fresh", pool=False, **degrees)
     warm = [launch.run(recipe, steps=2, out=tmp_path / f"warm{i}", **degrees) for i in range(2)]
@@ -78,7 +88,7 @@ def test_a_killed_rank_ends_the_pool(fresh_pool):
 def test_a_hang_is_ended_at_the_timeout_with_the_stacks(fresh_pool):
     with pytest.raises(PoolError, match=r"timed out after 5 s; ranks still running: \[0, 1\]") as failure:
         fresh_pool.run(2, {"kind": "code", "code": "import time\ntime.sleep(600)"}, 5)
-    assert "<%%torchrun cell>\", line 2" in str(failure.value)  # each rank's stack at the deadline: the sleep
+    assert '<%%torchrun cell>", line 2' in str(failure.value)  # each rank's stack at the deadline: the sleep
     assert not pool_workers()
     assert fresh_pool.run(2, {"kind": "code", "code": "1"}, 60)[0][0]["ok"]
 

@@ -5,6 +5,7 @@ reference (fp32, rtol 1e-5); the same recipe gives the same losses on every mesh
 batch is fixed per recipe); and the collectives of one step, read from rank 0's trace, equal the
 counts derived by hand below.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -16,7 +17,7 @@ import launch
 from hyper_parallel import ParallelDims
 from hyper_parallel.recipes import RECIPES
 
-LAYERS = 2          # TransformerConfig.n_layers and MLPConfig.n_blocks
+LAYERS = 2  # TransformerConfig.n_layers and MLPConfig.n_blocks
 UNITS = LAYERS + 1  # one fully_shard unit per block + the root
 
 
@@ -29,8 +30,9 @@ def runs():
 
 
 def step_collectives(result: launch.RunResult, step: int = 1) -> Counter:
-    return Counter((e["op"], e["group"], e["phase"]) for e in result.traces[0]
-                   if e["kind"] == "collective" and e["step"] == step)
+    return Counter(
+        (e["op"], e["group"], e["phase"]) for e in result.traces[0] if e["kind"] == "collective" and e["step"] == step
+    )
 
 
 def expected_collectives(recipe: str, d: dict) -> Counter:
@@ -64,7 +66,7 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     if workload.startswith("pipeline:"):
         return expected_pipeline_collectives(workload.split(":")[1], dims)
     moe = workload.startswith("moe:")
-    moe_layers = 1 if moe else 0                     # MOE_CONFIG.moe_layers == (1,)
+    moe_layers = 1 if moe else 0  # MOE_CONFIG.moe_layers == (1,)
     dense_layers = LAYERS - moe_layers
     expected: Counter = Counter()
     if workload in ("dense:ddp_mlp", "transformer:tensor_parallel", "transformer:tensor_sequence_parallel"):
@@ -76,8 +78,16 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("reduce_scatter", "fsdp", "backward")] = UNITS
         if dp_replicate > 1:
             expected[("all_reduce", "dp_replicate", "backward")] = UNITS
-    sequence_parallel = workload in ("transformer:tensor_sequence_parallel", "transformer:fsdp_transformer",
-                                     "transformer:fsdp_transformer_ring", "transformer:fsdp_transformer_ulysses") or moe
+    sequence_parallel = (
+        workload
+        in (
+            "transformer:tensor_sequence_parallel",
+            "transformer:fsdp_transformer",
+            "transformer:fsdp_transformer_ring",
+            "transformer:fsdp_transformer_ulysses",
+        )
+        or moe
+    )
     moe_input_gathers = moe_layers if dims.etp > 1 else 0
     if tp > 1 and sequence_parallel:
         expected[("all_gather", "tp", "forward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 2
@@ -119,8 +129,8 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     return expected
 
 
-MICROBATCHES = 4     # hyper_parallel.recipes.pipeline.MICROBATCHES
-PP_LAYERS = 4        # PIPELINE_CONFIG.n_layers
+MICROBATCHES = 4  # hyper_parallel.recipes.pipeline.MICROBATCHES
+PP_LAYERS = 4  # PIPELINE_CONFIG.n_layers
 
 
 def expected_pipeline_collectives(schedule: str, dims: ParallelDims) -> Counter:
@@ -206,8 +216,9 @@ SAME_MESH_SCHEMES = [  # (recipes that differ only in the sequence scheme, the m
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("recipes, degrees", SAME_MESH_SCHEMES,
-                         ids=["-".join(r) + f"-w{d['world_size']}" for r, d in SAME_MESH_SCHEMES])
+@pytest.mark.parametrize(
+    "recipes, degrees", SAME_MESH_SCHEMES, ids=["-".join(r) + f"-w{d['world_size']}" for r, d in SAME_MESH_SCHEMES]
+)
 def test_sequence_schemes_give_the_same_losses(recipes, degrees, recipe_results):
     """K/V all-gather, ring and Ulysses attend over the same tokens with the same weights: on one mesh
     their losses agree to float32 rounding (the summation order inside attention differs)."""
@@ -219,10 +230,13 @@ def test_sequence_schemes_give_the_same_losses(recipes, degrees, recipe_results)
         assert other.metrics["losses"] == pytest.approx(first, rel=1e-5), recipe
 
 
-@pytest.mark.parametrize("recipe, degrees, message", [
-    ("M5-U", {"world_size": 8, "cp": 8}, "num_heads=4 must be divisible by tp*cp = 1*8 = 8 with Ulysses"),
-    ("M6-U", {"world_size": 8, "cp": 4, "tp": 2}, "num_heads=4 must be divisible by tp*cp = 2*4 = 8 with Ulysses"),
-])
+@pytest.mark.parametrize(
+    "recipe, degrees, message",
+    [
+        ("M5-U", {"world_size": 8, "cp": 8}, "num_heads=4 must be divisible by tp*cp = 1*8 = 8 with Ulysses"),
+        ("M6-U", {"world_size": 8, "cp": 4, "tp": 2}, "num_heads=4 must be divisible by tp*cp = 2*4 = 8 with Ulysses"),
+    ],
+)
 def test_ulysses_head_rule(recipe, degrees, message):
     """4 heads: Ulysses allows tp*cp in {1, 2, 4}; the K/V schemes on the same mesh do not have the rule
     (M5 at cp=8 and M6 at cp=4 x tp=2 are valid: seq_len 16 is a multiple of tp*2*cp = 16)."""

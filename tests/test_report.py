@@ -5,6 +5,7 @@ shared a launch). The page is parsed with the stdlib's ``html.parser`` and compa
 own files and with ``run_figures``' output; a headless chromium (skipped when missing) opens it with
 the network blocked and saves /tmp/report.png.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,9 @@ from launch.report import REPORT_FILE, find_run_dirs, write_report, write_report
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path("/tmp/report.png")
 INJECTED = '<script>alert("pwned")</script> & <img src=http://example.com/x.png>'
-ERROR = ("rank 1 failed: exit code 1\nTraceback (most recent call last):\n  File \"worker.py\", line 3\n"
-         "RuntimeError: boom <b>")
+ERROR = (
+    'rank 1 failed: exit code 1\nTraceback (most recent call last):\n  File "worker.py", line 3\nRuntimeError: boom <b>'
+)
 
 
 class Page(HTMLParser):
@@ -74,7 +76,9 @@ class Page(HTMLParser):
         self.texts.append((data, tuple(t for t, _ in self.stack), tuple(a for _, a in self.stack)))
 
     def find(self, tag: str, **attrs: str) -> list[dict]:
-        return [a for t, a, _ in self.tags if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+        return [
+            a for t, a, _ in self.tags if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())
+        ]
 
     def figures(self) -> dict[str, str]:
         """data-figure -> the src of the <img> inside that <figure>."""
@@ -100,10 +104,19 @@ def write_log(log_root: Path, rank: int, stream: str, lines: list[str]) -> None:
 def failed_run(folder: Path, with_logs: bool = True) -> Path:
     """What the launcher leaves after rank 1 raised: summary.json with the error, logs, no metrics, no traces."""
     folder.mkdir(parents=True)
-    summary = {"recipe": "M4", "degrees": {"world_size": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1,
-                                           "pp": 1, "ep": 1, "etp": 1},
-               "ok": False, "losses": [], "reference_losses": [], "max_abs_diff": None, "max_param_diff": None,
-               "step_times": [], "returncode": 1, "duration": 12.5, "error": ERROR}
+    summary = {
+        "recipe": "M4",
+        "degrees": {"world_size": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1, "pp": 1, "ep": 1, "etp": 1},
+        "ok": False,
+        "losses": [],
+        "reference_losses": [],
+        "max_abs_diff": None,
+        "max_param_diff": None,
+        "step_times": [],
+        "returncode": 1,
+        "duration": 12.5,
+        "error": ERROR,
+    }
     (folder / SUMMARY_FILE).write_text(json.dumps(summary))
     if not with_logs:
         return folder
@@ -148,8 +161,9 @@ def test_report_of_a_real_run_inlines_every_figure_and_the_run_numbers(real_run,
     assert_self_contained(page)
     drawn = run_figures(real_run)
     inlined = page.figures()
-    assert list(inlined) == [n for n in ("numerics", "mesh", "placements", "placement_overview", "timeline",
-                                         "comm_volume") if n in drawn]
+    assert list(inlined) == [
+        n for n in ("numerics", "mesh", "placements", "placement_overview", "timeline", "comm_volume") if n in drawn
+    ]
     assert set(inlined) == set(drawn) and len(drawn) == 6
     for name, src in inlined.items():
         assert src.startswith("data:image/png;base64,")
@@ -160,8 +174,11 @@ def test_report_of_a_real_run_inlines_every_figure_and_the_run_numbers(real_run,
     assert page.find("span", id="verdict", data_ok="true")
     assert {name: int(text) for name, text in page.degree_cells.items()} == summary["degrees"] == metrics["degrees"]
     assert summary["losses"] == metrics["losses"] and len(metrics["losses"]) == 2
-    for key, values in (("loss", metrics["losses"]), ("reference_loss", metrics["reference_losses"]),
-                        ("step_time", metrics["step_times"])):
+    for key, values in (
+        ("loss", metrics["losses"]),
+        ("reference_loss", metrics["reference_losses"]),
+        ("step_time", metrics["step_times"]),
+    ):
         for step, value in enumerate(values):
             exact, shown = page.cells[(key, step)]
             assert float(exact) == value and float(shown) == pytest.approx(value, abs=1e-3), (key, step)
@@ -197,7 +214,12 @@ def test_report_of_a_failed_run_shows_the_error_and_escaped_logs(tmp_path):
     assert "rank 0 line 2049" in text and "rank 0 line 49\n" not in text
     assert set(page.figures()) == set(run_figures(run_dir)) == {"mesh"}  # no traces, no losses
     assert {a["data-missing-figure"] for a in page.find("p") if "data-missing-figure" in a} == {
-        "numerics", "placements", "placement_overview", "timeline", "comm_volume"}
+        "numerics",
+        "placements",
+        "placement_overview",
+        "timeline",
+        "comm_volume",
+    }
     assert "Timeline: not drawn, the workers wrote no trace files" in page.text_in("timeline")
     assert page.cells[("max_abs_diff", None)] == (None, "–")
 
@@ -239,10 +261,17 @@ def test_invalid_input_exits_2_with_an_actionable_message(tmp_path, capsys):
 
 def test_cli_writes_the_report_without_importing_torch(tmp_path):
     run_dir = failed_run(tmp_path / "failed")
-    code = ("import sys; from launch.cli import main; status = main(['report', sys.argv[1], '--out', sys.argv[2]]); "
-            "print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(status)")
-    done = subprocess.run([sys.executable, "-c", code, str(run_dir), str(tmp_path / "r.html")], capture_output=True,
-                          text=True, timeout=120, check=False)
+    code = (
+        "import sys; from launch.cli import main; status = main(['report', sys.argv[1], '--out', sys.argv[2]]); "
+        "print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(status)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir), str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "no torch" in done.stdout and f"report: {(tmp_path / 'r.html').resolve()}" in done.stdout
     assert (tmp_path / "r.html").stat().st_size > 1000
@@ -272,8 +301,10 @@ def test_report_renders_offline_in_headless_chromium(real_report):
             page.goto(url, wait_until="load")
             images = page.evaluate("Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])")
             page.screenshot(path=str(SCREENSHOT), full_page=True)
-            log_shown = "[document.querySelector('details.log pre').checkVisibility(), " \
-                        "document.querySelector('details.log').getBoundingClientRect().height]"
+            log_shown = (
+                "[document.querySelector('details.log pre').checkVisibility(), "
+                "document.querySelector('details.log').getBoundingClientRect().height]"
+            )
             on_screen = page.evaluate(log_shown)
             page.emulate_media(media="print")
             on_paper = page.evaluate(log_shown)
@@ -290,6 +321,7 @@ def _csv_of(page: Page, filename: str) -> list[dict]:
     """The rows of the page's ``data:text/csv`` download named ``filename``."""
     import csv
     import io
+
     link = next(a for a in page.find("a") if a.get("data-csv") == filename)
     assert link["download"] == filename and link["href"].startswith("data:text/csv;base64,")
     return list(csv.DictReader(io.StringIO(base64.b64decode(link["href"].split(",", 1)[1]).decode())))
@@ -305,6 +337,7 @@ def test_report_summary_first_cost_model_next_to_every_collective_and_csv(real_r
     from hyper_parallel.cost_model import estimate, get_model, recipe_model
     from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
     from hyper_parallel.cost_model.review import review_layouts
+
     _, page = real_report
     dims = ParallelDims(world_size=2, dp_shard=2)
     model = estimate(recipe_model("M4"), dims).by_op_group()
@@ -320,9 +353,12 @@ def test_report_summary_first_cost_model_next_to_every_collective_and_csv(real_r
     assert sections[0] == "summary"
     summary = page.text_in("summary")
     assert "2 of 2 (op, group) totals on rank 0 equal the cost model's bytes" in summary
-    at_512 = review_layouts(get_model("llama-8b-like"), [ParallelDims(world_size=512, dp_shard=512)], 8,
-                            DEFAULT_HARDWARE)[0]
-    assert "llama-8b-like on 512 ranks as dp_shard=512" in summary and f"{at_512.step.seconds:.2f} s per step" in summary
+    at_512 = review_layouts(
+        get_model("llama-8b-like"), [ParallelDims(world_size=512, dp_shard=512)], 8, DEFAULT_HARDWARE
+    )[0]
+    assert (
+        "llama-8b-like on 512 ranks as dp_shard=512" in summary and f"{at_512.step.seconds:.2f} s per step" in summary
+    )
 
 
 @pytest.mark.distributed
@@ -362,13 +398,25 @@ def test_volume_rows_carry_the_cost_model_for_tp_collectives_too(tmp_path):
     from hyper_parallel.cost_model import estimate, recipe_model
     from launch.report.build import _volume_rows
     from launch.report.run_data import read_run
+
     run_dir = failed_run(tmp_path / "m3", with_logs=False)
     summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     summary.update(recipe="M3", ok=True, degrees={"world_size": 2, "tp": 2})
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary))
     model = estimate(recipe_model("M3"), ParallelDims(world_size=2, tp=2))
-    events = [{"kind": "collective", "op": c.op, "group": c.group, "phase": c.phase, "step": 1, "ranks": [0, 1],
-               "bytes": c.bytes / c.count} for c in model.collectives for _ in range(c.count)]
+    events = [
+        {
+            "kind": "collective",
+            "op": c.op,
+            "group": c.group,
+            "phase": c.phase,
+            "step": 1,
+            "ranks": [0, 1],
+            "bytes": c.bytes / c.count,
+        }
+        for c in model.collectives
+        for _ in range(c.count)
+    ]
     for rank in (0, 1):
         (run_dir / f"trace_rank{rank}.json").write_text(json.dumps({"rank": rank, "events": events}))
     rows = _volume_rows(read_run(run_dir))

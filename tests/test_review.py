@@ -1,6 +1,7 @@
 """`python -m launch plan --layouts`: named candidates side by side. The CSV and JSON parse and carry, per
 candidate, exactly what ``estimate`` / ``estimate_step`` give for that layout; ties, the Pareto front, the
 memory budget, the training knobs and the warnings against hand arithmetic; the HTML page is self-contained."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,11 @@ from hyper_parallel.cost_model.step_time import estimate_step
 from launch import cli
 
 LAYOUTS = "dp_shard=512; dp_replicate=64,dp_shard=8; dp_shard=64,tp=8"
-DIMS = [ParallelDims(world_size=512, dp_shard=512), ParallelDims(world_size=512, dp_replicate=64, dp_shard=8),
-        ParallelDims(world_size=512, dp_shard=64, tp=8)]
+DIMS = [
+    ParallelDims(world_size=512, dp_shard=512),
+    ParallelDims(world_size=512, dp_replicate=64, dp_shard=8),
+    ParallelDims(world_size=512, dp_shard=64, tp=8),
+]
 BASE = ["--world", "512", "--model", "llama-8b-like", "--gpus-per-node", "8"]
 
 
@@ -40,19 +44,30 @@ def test_csv_and_json_equal_estimate_per_candidate():
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(text)))
     config, h100 = get_model("llama-8b-like"), get_hardware("h100-nvl8-ndr")
-    assert [c["layout"] for c in doc["candidates"]] == [r["layout"] for r in rows] == \
-        ["dp_shard=512", "dp_replicate=64, dp_shard=8", "dp_shard=64, tp=8"]
+    assert (
+        [c["layout"] for c in doc["candidates"]]
+        == [r["layout"] for r in rows]
+        == ["dp_shard=512", "dp_replicate=64, dp_shard=8", "dp_shard=64, tp=8"]
+    )
     for dims, candidate, row in zip(DIMS, doc["candidates"], rows):
         cost = estimate(config, dims)
         step = estimate_step(cost, 8, h100)
         for part, value in cost.memory.as_dict().items():
             assert candidate[f"memory_{part}_bytes"] == value == int(row[f"memory_{part}_bytes"]), part
         assert candidate["comm_bytes"] == sum(c.bytes for c in cost.collectives) == float(row["comm_bytes"])
-        assert [(c["op"], c["group"], c["phase"], c["bytes"]) for c in candidate["collectives"]] == \
-            [(c.op, c.group, c.phase, c.bytes) for c in cost.collectives]
-        expected = {"step_s": step.seconds, "step_fast_s": step.fast.total, "step_slow_s": step.slow.total,
-                    "mfu": step.middle.mfu, "flops_per_rank": step.flops.total, "exposed_comm_s": step.middle.exposed,
-                    "critical_comm_s": step.middle.critical, "inter_node_bytes": step.inter_node_bytes}
+        assert [(c["op"], c["group"], c["phase"], c["bytes"]) for c in candidate["collectives"]] == [
+            (c.op, c.group, c.phase, c.bytes) for c in cost.collectives
+        ]
+        expected = {
+            "step_s": step.seconds,
+            "step_fast_s": step.fast.total,
+            "step_slow_s": step.slow.total,
+            "mfu": step.middle.mfu,
+            "flops_per_rank": step.flops.total,
+            "exposed_comm_s": step.middle.exposed,
+            "critical_comm_s": step.middle.critical,
+            "inter_node_bytes": step.inter_node_bytes,
+        }
         for key, value in expected.items():
             assert candidate[key] == pytest.approx(value, rel=1e-12) == float(row[key]), key
         assert candidate["fits"] == (cost.memory.total <= (79.6 - 8) * GIB) == (row["fits"] == "True")
@@ -66,19 +81,30 @@ def test_ties_within_the_resolution_and_the_pareto_front():
     """HSDP 64x8 and 64x4 with cp 2 differ by < 5 % in step time: one place, "1=", not an order. Pareto by hand from
     the JSON's (step, memory): a candidate within budget is on the front iff no other one within budget is
     no slower and no larger."""
-    code, text, err = plan(*BASE, "--layouts", "dp_replicate=64,dp_shard=8; dp_replicate=64,dp_shard=4,cp=2; "
-                           "dp_shard=512; dp_shard=256,tp=2", "--format", "json")
+    code, text, err = plan(
+        *BASE,
+        "--layouts",
+        "dp_replicate=64,dp_shard=8; dp_replicate=64,dp_shard=4,cp=2; dp_shard=512; dp_shard=256,tp=2",
+        "--format",
+        "json",
+    )
     assert code == 0, err
     candidates = json.loads(text)["candidates"]
     a, b = candidates[0], candidates[1]
     assert abs(a["step_s"] - b["step_s"]) < 0.05 * min(a["step_s"], b["step_s"])
     assert (a["rank"], a["tied"], b["rank"], b["tied"]) == (1, True, 1, True)
     for c in candidates:
-        dominated = any(o is not c and o["fits"] and o["step_s"] <= c["step_s"] and
-                        o["memory_total_bytes"] <= c["memory_total_bytes"] for o in candidates)
+        dominated = any(
+            o is not c
+            and o["fits"]
+            and o["step_s"] <= c["step_s"]
+            and o["memory_total_bytes"] <= c["memory_total_bytes"]
+            for o in candidates
+        )
         assert c["pareto"] == (c["fits"] and not dominated), c["layout"]
-    code, text, _ = plan(*BASE, "--layouts", "dp_replicate=64,dp_shard=8; dp_replicate=64,dp_shard=4,cp=2",
-                         "--format", "md")
+    code, text, _ = plan(
+        *BASE, "--layouts", "dp_replicate=64,dp_shard=8; dp_replicate=64,dp_shard=4,cp=2", "--format", "md"
+    )
     assert "| 1= | dp_replicate=64, dp_shard=8 |" in text and "| 1= | dp_replicate=64, dp_shard=4, cp=2 |" in text
     assert "a tie, not an order" in text
 
@@ -89,8 +115,9 @@ def test_memory_budget_is_memory_minus_reserve_and_over_budget_is_flagged():
     candidate = json.loads(text)["candidates"][0]
     assert candidate["memory_total_bytes"] / GIB == pytest.approx(73.5, abs=0.05) and not candidate["fits"]
     assert any(w.startswith("over budget: 73.5 GiB per rank > 71.6 GiB") for w in candidate["warnings"])
-    code, text, _ = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--memory-gib", "80", "--memory-reserve-gib", "0",
-                         "--format", "json")
+    code, text, _ = plan(
+        *BASE, "--layouts", "dp_shard=64,tp=8", "--memory-gib", "80", "--memory-reserve-gib", "0", "--format", "json"
+    )
     assert json.loads(text)["candidates"][0]["fits"]
 
 
@@ -136,8 +163,18 @@ def test_padding_inflation_warning_and_expert_shard_dim():
     assert code == 0, err
     warning = next(w for w in json.loads(text)["candidates"][0]["warnings"] if w.startswith("padding"))
     assert f"{ratio:.1f}x the parameters" in warning and "sharded 512 ways on dim 0 (16 rows)" in warning
-    code, text, err = plan("--world", "512", "--model", "moe-16e", "--layouts", "dp_shard=512", "--expert-shard-dim", "1",
-                           "--format", "json")
+    code, text, err = plan(
+        "--world",
+        "512",
+        "--model",
+        "moe-16e",
+        "--layouts",
+        "dp_shard=512",
+        "--expert-shard-dim",
+        "1",
+        "--format",
+        "json",
+    )
     candidate = json.loads(text)["candidates"][0]
     assert not any(w.startswith("padding") for w in candidate["warnings"])
     stored = estimate(get_model("moe-16e"), ParallelDims(world_size=512, dp_shard=512)).memory.parameters
@@ -148,31 +185,37 @@ def test_html_review_is_self_contained(tmp_path):
     out = tmp_path / "review.html"
     code, text, err = plan(*BASE, "--layouts", LAYOUTS, "--format", "json", "--out", str(out))
     assert code == 0, err
-    assert len(json.loads(text)["candidates"]) == 3 and str(out) in err   # stdout stays one JSON document
+    assert len(json.loads(text)["candidates"]) == 3 and str(out) in err  # stdout stays one JSON document
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "<style>" in page
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page), "the page must not load anything"
     assert page.count('src="data:image/png;base64,') == 1
     for label in ("dp_shard=512", "dp_replicate=64, dp_shard=8", "dp_shard=64, tp=8"):
         assert f"{label}</h3>" in page
-    assert "--layouts" in page   # the command that regenerates it
+    assert "--layouts" in page  # the command that regenerates it
 
 
 def test_peak_and_bandwidth_overrides():
     """Half the peak doubles the compute; the custom numbers name the hardware 'custom'."""
     base = json.loads(plan(*BASE, "--layouts", "dp_shard=512", "--format", "json")[1])
-    half = json.loads(plan(*BASE, "--layouts", "dp_shard=512", "--format", "json", "--peak-tflops", "494.5",
-                           "--inter-node-gbs", "90")[1])
+    half = json.loads(
+        plan(
+            *BASE, "--layouts", "dp_shard=512", "--format", "json", "--peak-tflops", "494.5", "--inter-node-gbs", "90"
+        )[1]
+    )
     assert half["hardware"]["name"] == "custom"
     assert half["candidates"][0]["compute_s"] == pytest.approx(2 * base["candidates"][0]["compute_s"], rel=1e-12)
     assert math.isclose(half["hardware"]["inter_node_gbs"], 90)
 
 
-@pytest.mark.parametrize("layouts, message", [
-    ("dp_shard=abc", "'dp_shard=abc' is not NAME=INTEGER"),
-    ("dp_shard=512; tp=64,dp_shard=8", "layout dp_shard=8, tp=64: num_heads=32 must be divisible by tp=64"),
-    ("", "--layouts needs at least one candidate"),
-])
+@pytest.mark.parametrize(
+    "layouts, message",
+    [
+        ("dp_shard=abc", "'dp_shard=abc' is not NAME=INTEGER"),
+        ("dp_shard=512; tp=64,dp_shard=8", "layout dp_shard=8, tp=64: num_heads=32 must be divisible by tp=64"),
+        ("", "--layouts needs at least one candidate"),
+    ],
+)
 def test_bad_layouts_exit_2(layouts, message):
     code, _, err = plan(*BASE, "--layouts", layouts)
     assert code == 2 and message in err

@@ -1,4 +1,5 @@
 """`launch.run`: a recipe end to end through torchrun, checked against its single-process reference."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -10,13 +11,17 @@ import launch.runner as launch_run
 
 
 def collectives(result, rank: int, step: int) -> Counter:
-    return Counter((e["op"], e["group"], tuple(e["ranks"])) for e in result.traces[rank]
-                   if e["kind"] == "collective" and e["step"] == step)
+    return Counter(
+        (e["op"], e["group"], tuple(e["ranks"]))
+        for e in result.traces[rank]
+        if e["kind"] == "collective" and e["step"] == step
+    )
 
 
 def test_invalid_degrees_raise_before_any_worker(monkeypatch):
     def no_workers(*args, **kwargs):
         raise AssertionError("torchrun was called")
+
     monkeypatch.setattr(launch_run, "torchrun", no_workers)
     with pytest.raises(ValueError, match="world-size equation violated"):
         launch.run("M4", world_size=4, dp_shard=3)
@@ -35,6 +40,7 @@ def test_world_size_is_the_product_of_the_degrees_given():
     which failed before: "cannot infer dp_shard: world_size=2"); none given: the recipe's default; only
     ep/etp given: they borrow ranks of the recipe's default world."""
     from hyper_parallel.recipes import RECIPES
+
     _, dims = launch_run.validate("M2", tp=4)
     assert (dims.world_size, dims.dp_shard, dims.tp) == (4, 1, 4)
     assert launch_run.validate("M1", dp_shard=4)[1].world_size == 4
@@ -50,8 +56,9 @@ def test_m4_fsdp_traces_and_summary(tmp_path):
     assert result.ok, result.error
     assert (tmp_path / "summary.json").exists() and set(result.traces) == {0, 1}
     # 3 units; the root keeps its parameters after forward (as torch FSDP2), the two blocks re-gather in backward.
-    assert collectives(result, 0, 1) == Counter({("all_gather", "fsdp", (0, 1)): 5,
-                                                 ("reduce_scatter", "fsdp", (0, 1)): 3})
+    assert collectives(result, 0, 1) == Counter(
+        {("all_gather", "fsdp", (0, 1)): 5, ("reduce_scatter", "fsdp", (0, 1)): 3}
+    )
     assert result.summary()["losses"] == result.metrics["losses"]
 
 
@@ -60,7 +67,9 @@ def test_a_result_prints_short_in_a_notebook(recipe_results):
     """A 4-rank run's repr is one line (the dataclass repr of M4 on 4 ranks was 107,415 characters: every
     trace event); its HTML says PASSED with the losses next to the reference's."""
     from conftest import result_of
+
     from hyper_parallel.recipes import RECIPES
+
     result = result_of("M7", RECIPES["M7"].default, recipe_results)
     assert result.dims.world_size == 4 and result.ok
     text = repr(result)

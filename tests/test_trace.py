@@ -1,4 +1,5 @@
 """Trace recorder and trace files, in one process (no process group needed)."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,11 @@ from hyper_parallel.run_files import load_traces, to_chrome_trace, trace_path
 def test_recorder_labels_and_saves(tmp_path):
     with trace.record() as recorder:
         trace.set_step(3)
-        with trace.labels(phase="backward", module="blocks.0"):
-            with trace.collective("reduce_scatter", "fsdp", [0, 1], 64, torch.float32):
-                pass
+        with (
+            trace.labels(phase="backward", module="blocks.0"),
+            trace.collective("reduce_scatter", "fsdp", [0, 1], 64, torch.float32),
+        ):
+            pass
         trace.placement("w", ("fsdp",), "(S(0))", "(R)", (2, 4), (4, 4))
     assert trace.current() is None
     collective, placement = recorder.events
@@ -37,14 +40,24 @@ def test_nothing_is_recorded_outside_a_recorder():
 
 
 def test_unknown_phase_is_rejected():
-    with trace.record():
-        with pytest.raises(ValueError, match="unknown phase"):
-            trace.set_phase("warmup")
+    with trace.record(), pytest.raises(ValueError, match="unknown phase"):
+        trace.set_phase("warmup")
 
 
 def test_chrome_trace_has_one_process_per_rank(tmp_path):
-    event = {"kind": "collective", "op": "all_gather", "group": "fsdp", "ranks": [0, 1], "bytes": 16,
-             "dtype": "float32", "phase": "forward", "module": "root", "step": 0, "t_start": 0.5, "t_end": 0.75}
+    event = {
+        "kind": "collective",
+        "op": "all_gather",
+        "group": "fsdp",
+        "ranks": [0, 1],
+        "bytes": 16,
+        "dtype": "float32",
+        "phase": "forward",
+        "module": "root",
+        "step": 0,
+        "t_start": 0.5,
+        "t_end": 0.75,
+    }
     path = to_chrome_trace({0: [event], 1: [dict(event, t_start=0.6)]}, tmp_path / "chrome.json")
     events = json.loads(path.read_text())["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]

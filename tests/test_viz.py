@@ -1,4 +1,5 @@
 """Figures of hyper_parallel.viz, checked from their artists on synthetic traces (no workers started)."""
+
 from __future__ import annotations
 
 import json
@@ -33,21 +34,44 @@ def _axes(fig, label):
 
 
 def _coll(op, group, ranks, nbytes, phase, module, step, t0, t1):
-    return {"kind": "collective", "op": op, "group": group, "ranks": ranks, "bytes": nbytes, "dtype": "float32",
-            "phase": phase, "module": module, "step": step, "t_start": t0, "t_end": t1}
+    return {
+        "kind": "collective",
+        "op": op,
+        "group": group,
+        "ranks": ranks,
+        "bytes": nbytes,
+        "dtype": "float32",
+        "phase": phase,
+        "module": module,
+        "step": step,
+        "t_start": t0,
+        "t_end": t1,
+    }
 
 
 def _place(param, before, after, shape, phase, step, t, mesh_dims=("fsdp", "tp")):
-    return {"kind": "placement", "param": param, "mesh_dims": list(mesh_dims), "before": before, "after": after,
-            "local_shape": [1], "global_shape": list(shape), "phase": phase, "step": step, "t": t}
+    return {
+        "kind": "placement",
+        "param": param,
+        "mesh_dims": list(mesh_dims),
+        "before": before,
+        "after": after,
+        "local_shape": [1],
+        "global_shape": list(shape),
+        "phase": phase,
+        "step": step,
+        "t": t,
+    }
 
 
 # ----- placements -----
 def _fsdp_tp_events():
-    return [_place("w", "(S(1), S(0))", "(R, S(0))", (4, 4), "forward", 0, 0.1),
-            _place("norm", "(S(0), R)", "(R, R)", (4,), "forward", 0, 0.1),
-            _place("w", "(R, S(0))", "(S(1), S(0))", (4, 4), "forward", 0, 0.2),
-            _place("norm", "(R, R)", "(S(0), R)", (4,), "forward", 0, 0.2)]
+    return [
+        _place("w", "(S(1), S(0))", "(R, S(0))", (4, 4), "forward", 0, 0.1),
+        _place("norm", "(S(0), R)", "(R, R)", (4,), "forward", 0, 0.1),
+        _place("w", "(R, S(0))", "(S(1), S(0))", (4, 4), "forward", 0, 0.2),
+        _place("norm", "(R, R)", "(S(0), R)", (4,), "forward", 0, 0.2),
+    ]
 
 
 def _owners_by_block(ax, half=2):
@@ -60,8 +84,11 @@ def _owners_by_block(ax, half=2):
             x, y = patch.get_x() + patch.get_width() / 2, patch.get_y() + patch.get_height() / 2
             rank = colours[to_rgba(patch.get_facecolor())]
             assert patch.get_gid() == f"owner{rank}"
-            (block,) = [b for b in blocks if b.get_x() <= x <= b.get_x() + b.get_width()
-                        and b.get_y() <= y <= b.get_y() + b.get_height()]
+            (block,) = [
+                b
+                for b in blocks
+                if b.get_x() <= x <= b.get_x() + b.get_width() and b.get_y() <= y <= b.get_y() + b.get_height()
+            ]
             owners.setdefault((int(block.get_y() // half), int(block.get_x() // half)), []).append(rank)
     assert len(owners) == len(blocks)
     return {block: sorted(ranks) for block, ranks in owners.items()}
@@ -71,8 +98,7 @@ def test_placement_grid_colours_are_the_owner_ranks_fsdp_tp():
     fig = placement_transitions(_fsdp_tp_events(), FSDP_TP, param="w", recipe="B-1")
     # (fsdp, tp) placements (S(1), S(0)) of a [4, 4] weight: rows split by tp, columns by fsdp;
     # block (row-half i, col-half j) belongs to the rank with fsdp=j, tp=i, i.e. rank 2*j + i.
-    sharded = {(0, 0): [0], (0, 1): [2],
-               (1, 0): [1], (1, 1): [3]}
+    sharded = {(0, 0): [0], (0, 1): [2], (1, 0): [1], (1, 1): [3]}
     assert _owners_by_block(_axes(fig, "state:sharded")) == sharded
     assert _owners_by_block(_axes(fig, "state:resharded")) == sharded
     # unsharded (R, S(0)): each row-half is held whole by the two ranks of that tp index
@@ -103,8 +129,9 @@ def test_representative_param_and_overview():
     assert representative_param(events) == "w"
     fig = placement_overview(events, FSDP_TP, recipe="B-1")
     cells = _axes(fig, "overview").tables[0].get_celld()
-    rows = {cells[(r, 1)].get_text().get_text(): [cells[(r, c)].get_text().get_text() for c in range(8)]
-            for r in (1, 2)}
+    rows = {
+        cells[(r, 1)].get_text().get_text(): [cells[(r, c)].get_text().get_text() for c in range(8)] for r in (1, 2)
+    }
     assert rows["w"][2:] == ["[4, 4]", "fsdp, tp", "(S(1), S(0))", "(R, S(0))", "[2, 2]", "[2, 4]"]
     assert rows["norm"][4:] == ["(S(0), R)", "(R, R)", "[2]", "[4]"]
     assert "changed between sharded and unsharded: fsdp" in fig._suptitle.get_text()
@@ -112,12 +139,15 @@ def test_representative_param_and_overview():
 
 
 # ----- mesh map -----
-@pytest.mark.parametrize("dims, panels", [
-    (ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2), ["dp_replicate", "dp_shard", "tp"]),
-    (ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2), ["dp_shard", "cp", "tp", "fsdp"]),
-    (ParallelDims(world_size=4, dp_shard=2, tp=2, ep=2, etp=2), ["dp_shard", "tp", "ep", "etp"]),
-    (ParallelDims(world_size=8, dp_shard=8, ep=2), ["dp_shard", "efsdp", "ep"]),
-])
+@pytest.mark.parametrize(
+    "dims, panels",
+    [
+        (ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2), ["dp_replicate", "dp_shard", "tp"]),
+        (ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2), ["dp_shard", "cp", "tp", "fsdp"]),
+        (ParallelDims(world_size=4, dp_shard=2, tp=2, ep=2, etp=2), ["dp_shard", "tp", "ep", "etp"]),
+        (ParallelDims(world_size=8, dp_shard=8, ep=2), ["dp_shard", "efsdp", "ep"]),
+    ],
+)
 def test_mesh_map_cells_are_ranks_and_colours_are_groups(dims, panels):
     fig = mesh_map(dims, recipe="X")
     assert [ax.get_label().removeprefix("mesh:") for ax in fig.axes] == panels
@@ -147,11 +177,15 @@ def _hsdp_traces(offset=0.0):
         events = [_coll("broadcast", "fsdp", fsdp, 64, "init", "", 0, 0.0 + shift, 0.01 + shift)]
         for step in range(2):
             t = 1.0 * step + 0.1 + shift
-            plan = [("all_gather", "fsdp", fsdp, 2000, "forward", "a"), ("all_gather", "fsdp", fsdp, 400, "forward", "root"),
-                    ("all_gather", "fsdp", fsdp, 2000, "backward", "a"), ("reduce_scatter", "fsdp", fsdp, 2000, "backward", "a"),
-                    ("all_reduce", "dp_replicate", rep, 1000, "backward", "a"),
-                    ("reduce_scatter", "fsdp", fsdp, 400, "backward", "root"),
-                    ("all_reduce", "dp_replicate", rep, 200, "backward", "root")]
+            plan = [
+                ("all_gather", "fsdp", fsdp, 2000, "forward", "a"),
+                ("all_gather", "fsdp", fsdp, 400, "forward", "root"),
+                ("all_gather", "fsdp", fsdp, 2000, "backward", "a"),
+                ("reduce_scatter", "fsdp", fsdp, 2000, "backward", "a"),
+                ("all_reduce", "dp_replicate", rep, 1000, "backward", "a"),
+                ("reduce_scatter", "fsdp", fsdp, 400, "backward", "root"),
+                ("all_reduce", "dp_replicate", rep, 200, "backward", "root"),
+            ]
             for i, (op, group, ranks, nbytes, phase, module) in enumerate(plan):
                 events.append(_coll(op, group, ranks, nbytes, phase, module, step, t + 0.05 * i, t + 0.05 * i + 0.02))
             events.append(_place("p", "(R, S(0))", "(R, R)", (4,), "forward", step, t + 0.3, ("dp_replicate", "fsdp")))
@@ -160,10 +194,24 @@ def _hsdp_traces(offset=0.0):
 
 
 HSDP_UNITS = [
-    {"unit": "a", "mp_local_bytes": 2000, "shard_size": 2, "dp_size": 2, "reshard_after_forward": True,
-     "sharded_group": {"name": "fsdp", "ranks": [0, 1]}, "unsharded_group": {"name": "dp_replicate", "ranks": [0, 2]}},
-    {"unit": "root", "mp_local_bytes": 400, "shard_size": 2, "dp_size": 2, "reshard_after_forward": False,
-     "sharded_group": {"name": "fsdp", "ranks": [0, 1]}, "unsharded_group": {"name": "dp_replicate", "ranks": [0, 2]}},
+    {
+        "unit": "a",
+        "mp_local_bytes": 2000,
+        "shard_size": 2,
+        "dp_size": 2,
+        "reshard_after_forward": True,
+        "sharded_group": {"name": "fsdp", "ranks": [0, 1]},
+        "unsharded_group": {"name": "dp_replicate", "ranks": [0, 2]},
+    },
+    {
+        "unit": "root",
+        "mp_local_bytes": 400,
+        "shard_size": 2,
+        "dp_size": 2,
+        "reshard_after_forward": False,
+        "sharded_group": {"name": "fsdp", "ranks": [0, 1]},
+        "unsharded_group": {"name": "dp_replicate", "ranks": [0, 2]},
+    },
 ]
 
 
@@ -176,8 +224,12 @@ def test_timeline_draws_one_bar_per_collective_of_the_step():
     for step in (None, 0):  # default: the last step; init-phase collectives are not part of a step
         fig = timeline(traces, step=step, recipe="M7", degrees=dims)
         chosen = 1 if step is None else 0
-        expected = sum(1 for events in traces.values() for e in events
-                       if e["kind"] == "collective" and e["step"] == chosen and e["phase"] != "init")
+        expected = sum(
+            1
+            for events in traces.values()
+            for e in events
+            if e["kind"] == "collective" and e["step"] == chosen and e["phase"] != "init"
+        )
         assert len(_bars(fig)) == expected == 28
         assert f"step {chosen}" in fig._suptitle.get_text()
     fig = timeline(traces, by_group=True)
@@ -208,8 +260,11 @@ def test_theoretical_bytes_fsdp_and_hsdp():
     # root: AG 400 once (kept unsharded until backward), RS 400
     assert theoretical_bytes(fsdp) == {("all_gather", "fsdp"): 4400, ("reduce_scatter", "fsdp"): 2400}
     # HSDP adds one all-reduce of mp-local bytes / shard_size per unit: 2000/2 + 400/2
-    assert theoretical_bytes(HSDP_UNITS) == {("all_gather", "fsdp"): 4400, ("reduce_scatter", "fsdp"): 2400,
-                                            ("all_reduce", "dp_replicate"): 1200}
+    assert theoretical_bytes(HSDP_UNITS) == {
+        ("all_gather", "fsdp"): 4400,
+        ("reduce_scatter", "fsdp"): 2400,
+        ("all_reduce", "dp_replicate"): 1200,
+    }
     # DDP through fully_shard (shard_size 1): all-reduce of everything on the unsharded group only
     ddp = [dict(HSDP_UNITS[0], shard_size=1, dp_size=4, unsharded_group={"name": "dp_shard", "ranks": [0, 1, 2, 3]})]
     assert theoretical_bytes(ddp) == {("all_reduce", "dp_shard"): 2000}
@@ -234,15 +289,24 @@ def test_comm_volume_bars_and_ratios():
     wire = _axes(fig, "wire")
     per_rank = {}
     for p in wire.patches:
-        per_rank[round(p.get_x() + p.get_width() / 2)] = per_rank.get(round(p.get_x() + p.get_width() / 2), 0) + p.get_height()
+        per_rank[round(p.get_x() + p.get_width() / 2)] = (
+            per_rank.get(round(p.get_x() + p.get_width() / 2), 0) + p.get_height()
+        )
     # rank 1: (4400 AG + 2400 RS) * 1/2 + 1200 AR * 2 * 1/2
     assert per_rank[1] == pytest.approx(3400 + 1200)
 
 
 # ----- numerics, save, run_figures -----
 def test_numerics_plots_losses_against_reference():
-    metrics = {"recipe": "M4", "degrees": {"world_size": 2, "dp_shard": 2}, "losses": [2.0, 1.5, 1.25],
-               "reference_losses": [2.0, 1.5000001, 1.25], "max_abs_diff": 1e-7, "max_param_diff": 2e-8, "ok": True}
+    metrics = {
+        "recipe": "M4",
+        "degrees": {"world_size": 2, "dp_shard": 2},
+        "losses": [2.0, 1.5, 1.25],
+        "reference_losses": [2.0, 1.5000001, 1.25],
+        "max_abs_diff": 1e-7,
+        "max_param_diff": 2e-8,
+        "ok": True,
+    }
     fig = numerics(metrics)
     lines = {line.get_label(): list(line.get_ydata()) for line in _axes(fig, "loss").lines}
     assert lines == {"run": [2.0, 1.5, 1.25], "single-process reference": [2.0, 1.5000001, 1.25]}
@@ -253,9 +317,18 @@ def test_run_figures_of_a_run_dir(tmp_path):
     dims, traces = _hsdp_traces()
     for rank, events in traces.items():
         (tmp_path / f"trace_rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": 4, "events": events}))
-    (tmp_path / "metrics.json").write_text(json.dumps({
-        "recipe": "M7", "degrees": dims.degrees(), "units": HSDP_UNITS, "losses": [3.0, 2.5],
-        "reference_losses": [3.0, 2.5], "max_abs_diff": 0.0}))
+    (tmp_path / "metrics.json").write_text(
+        json.dumps(
+            {
+                "recipe": "M7",
+                "degrees": dims.degrees(),
+                "units": HSDP_UNITS,
+                "losses": [3.0, 2.5],
+                "reference_losses": [3.0, 2.5],
+                "max_abs_diff": 0.0,
+            }
+        )
+    )
     figures = run_figures(tmp_path)
     assert list(figures) == ["mesh", "placements", "placement_overview", "timeline", "comm_volume", "numerics"]
     png, svg = save(figures["mesh"], tmp_path / "out", "mesh")
@@ -268,6 +341,7 @@ def test_figures_display_as_png_in_ipython(monkeypatch):
     from IPython.core.formatters import PNGFormatter
 
     from hyper_parallel import viz
+
     formatter = PNGFormatter()
     shell = types.SimpleNamespace(display_formatter=types.SimpleNamespace(formatters={"image/png": formatter}))
     monkeypatch.setitem(__import__("sys").modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
@@ -284,8 +358,10 @@ def test_unsharded_run_says_nothing_is_gathered_and_never_fsdp():
     events = [_place("w", "(R, R)", "(R, R)", (4, 4), "forward", 0, 0.1, ("dp_replicate", "fsdp"))]
     fig = placement_transitions(events, dims, recipe="M1")
     titles = [ax.get_title() for ax in fig.axes if ax.get_label().startswith("state:")]
-    assert [ax.get_label() for ax in fig.axes if ax.get_label().startswith("state:")] == \
-        ["state:stored", "state:in compute"]
+    assert [ax.get_label() for ax in fig.axes if ax.get_label().startswith("state:")] == [
+        "state:stored",
+        "state:in compute",
+    ]
     assert not any("sharded" in t for t in titles), titles
     suptitle = fig._suptitle.get_text()
     assert "nothing is gathered" in suptitle and "only the FSDP dim is gathered" not in suptitle
@@ -298,12 +374,16 @@ def test_unsharded_run_says_nothing_is_gathered_and_never_fsdp():
 def test_sharded_run_keeps_the_fsdp_subtitle():
     fig = placement_transitions(_fsdp_tp_events(), FSDP_TP, param="w", recipe="B-1")
     assert "only the FSDP dim is gathered" in fig._suptitle.get_text()
-    assert [ax.get_label() for ax in fig.axes if ax.get_label().startswith("state:")] == \
-        ["state:sharded", "state:unsharded", "state:resharded"]
+    assert [ax.get_label() for ax in fig.axes if ax.get_label().startswith("state:")] == [
+        "state:sharded",
+        "state:unsharded",
+        "state:resharded",
+    ]
 
 
 def test_parameters_sharded_reads_the_units():
     from hyper_parallel.viz import parameters_sharded
+
     assert parameters_sharded({"units": [{"shard_size": 1}, {"shard_size": 2}]})
     assert not parameters_sharded({"units": [{"shard_size": 1}, {"shard_size": 1}]})
     assert parameters_sharded({})  # no units listed: the mesh decides
@@ -315,14 +395,23 @@ def test_representative_param_of_a_moe_run_is_an_expert_weight():
     the ep shard kept: rank 0 (ep 0) holds experts 0-1, half of their rows while sharded on efsdp."""
     dims = ParallelDims(world_size=4, dp_shard=4, ep=2)
     sparse = ("dp_replicate", "efsdp", "ep")
-    events = [_place("tok_embeddings.weight", "(R, S(0))", "(R, R)", (8, 4), "forward", 0, 0.1,
-                     ("dp_replicate", "fsdp")),
-              _place("layers.1.experts.w1", "(R, S(1), S(0))", "(R, R, S(0))", (4, 8, 4), "forward", 0, 0.2, sparse),
-              _place("layers.1.experts.w1", "(R, R, S(0))", "(R, S(1), S(0))", (4, 8, 4), "forward", 0, 0.3, sparse)]
+    events = [
+        _place("tok_embeddings.weight", "(R, S(0))", "(R, R)", (8, 4), "forward", 0, 0.1, ("dp_replicate", "fsdp")),
+        _place("layers.1.experts.w1", "(R, S(1), S(0))", "(R, R, S(0))", (4, 8, 4), "forward", 0, 0.2, sparse),
+        _place("layers.1.experts.w1", "(R, R, S(0))", "(R, S(1), S(0))", (4, 8, 4), "forward", 0, 0.3, sparse),
+    ]
     assert representative_param(events) == "layers.1.experts.w1"
     # S2-like: a TP-sharded 2-D weight next to it used to win (2-D preferred); the expert weight wins now
-    tp_weight = _place("layers.0.attention.wq.weight", "(R, S(1), S(0))", "(R, R, S(0))", (8, 8), "forward", 0, 0.05,
-                       ("dp_replicate", "fsdp", "tp"))
+    tp_weight = _place(
+        "layers.0.attention.wq.weight",
+        "(R, S(1), S(0))",
+        "(R, R, S(0))",
+        (8, 8),
+        "forward",
+        0,
+        0.05,
+        ("dp_replicate", "fsdp", "tp"),
+    )
     assert representative_param([tp_weight] + events) == "layers.1.experts.w1"
     fig = placement_transitions(events, dims, recipe="S1")
     sharded = _axes(fig, "state:sharded")
@@ -330,9 +419,14 @@ def test_representative_param_of_a_moe_run_is_an_expert_weight():
     assert "rank 0 holds [2, 8, 4]" in _axes(fig, "state:unsharded").get_title()
 
 
-@pytest.mark.parametrize("dims, recipe", [(ParallelDims(world_size=2, cp=2), "M5"),
-                                          (ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2), "M6"),
-                                          (ParallelDims(world_size=2, dp_shard=2), "M1")])
+@pytest.mark.parametrize(
+    "dims, recipe",
+    [
+        (ParallelDims(world_size=2, cp=2), "M5"),
+        (ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2), "M6"),
+        (ParallelDims(world_size=2, dp_shard=2), "M1"),
+    ],
+)
 def test_mesh_panel_titles_are_not_cut(dims, recipe):
     """Every panel title lies inside the figure (12's M5 title was cut at "reduce-scatt"), and a dim
     that is also fsdp explains both jobs."""
@@ -349,9 +443,13 @@ def test_mesh_panel_titles_are_not_cut(dims, recipe):
 def test_run_figures_titles_name_the_run_by_its_label(tmp_path):
     """A run of M7 with cp as its shard dim is "M7+CP" in its notebook: the figures say so too."""
     import json
+
     from hyper_parallel.viz import run_figures
+
     metrics = {"recipe": "M7", "degrees": {"world_size": 4, "dp_replicate": 2, "dp_shard": 1, "cp": 2}}
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
-    titles = {name: fig._suptitle.get_text() if fig._suptitle else " ".join(ax.get_title() for ax in fig.axes)
-              for name, fig in run_figures(tmp_path, label="M7+CP").items()}
+    titles = {
+        name: fig._suptitle.get_text() if fig._suptitle else " ".join(ax.get_title() for ax in fig.axes)
+        for name, fig in run_figures(tmp_path, label="M7+CP").items()
+    }
     assert titles and all("M7+CP" in text for text in titles.values()), titles

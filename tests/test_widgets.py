@@ -3,6 +3,7 @@
 No worker is started here: ``launch.runner.torchrun`` is replaced by a function that fails the test,
 and the Launch tests inject a fake runner that writes a tiny run directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ from launch.widgets import DEGREES, MeshWidget, Stopped, cli_command, recipe_car
 def no_workers(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a widget test tried to start torchrun workers")
+
     monkeypatch.setattr(launch_runner, "torchrun", refuse)
 
 
@@ -117,8 +119,12 @@ def test_recipe_and_world_size_changes_keep_the_selection_valid():
 
 
 def test_cli_command_and_recipe_card():
-    assert cli_command("M6", {"world_size": 8, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 1,
-                              "etp": 1}, steps=2) == "python -m launch run M6 --world 8 --dp-shard 2 --cp 2 --tp 2 --steps 2"
+    assert (
+        cli_command(
+            "M6", {"world_size": 8, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 1, "etp": 1}, steps=2
+        )
+        == "python -m launch run M6 --world 8 --dp-shard 2 --cp 2 --tp 2 --steps 2"
+    )
     card = recipe_card("S2").data
     assert "S2" in card and "ep&gt;1" in card and "python -m launch run S2" in card
 
@@ -136,6 +142,7 @@ class FakeResult:
 
 def fake_runner(calls: list):
     """Stands in for launch.run: streams lines and progress, writes metrics.json, starts nothing."""
+
     def run(recipe, *, steps, timeout, out, on_line, on_progress, **degrees):
         calls.append({"recipe": recipe, "steps": steps, "out": out, **degrees})
         out = Path(out)
@@ -147,16 +154,28 @@ def fake_runner(calls: list):
             progress = {"step": step + 1, "steps": steps, "loss": losses[step], "reference": losses[step]}
             on_line(0, PROGRESS_PREFIX + json.dumps(progress))
             on_progress(progress)
-        (out / METRICS_FILE).write_text(json.dumps({"recipe": recipe, "degrees": degrees, "losses": losses,
-                                                    "reference_losses": losses, "max_abs_diff": 0.0, "ok": True}))
+        (out / METRICS_FILE).write_text(
+            json.dumps(
+                {
+                    "recipe": recipe,
+                    "degrees": degrees,
+                    "losses": losses,
+                    "reference_losses": losses,
+                    "max_abs_diff": 0.0,
+                    "ok": True,
+                }
+            )
+        )
         return FakeResult(out)
+
     return run
 
 
 def test_launch_runs_in_a_thread_with_progress_logs_and_figures(tmp_path):
     calls = []
-    widget = MeshWidget("M4", steps=3, out=tmp_path / "runs", figures_dir=tmp_path / "figures",
-                        runner=fake_runner(calls))
+    widget = MeshWidget(
+        "M4", steps=3, out=tmp_path / "runs", figures_dir=tmp_path / "figures", runner=fake_runner(calls)
+    )
     thread = widget.launch()
     assert isinstance(thread, threading.Thread)
     result = widget.wait(timeout=60)
@@ -204,6 +223,7 @@ def test_stop_ends_the_run_at_the_next_line_and_errors_are_shown():
 
 def test_export_report_writes_the_finished_runs_report_next_to_it(tmp_path):
     from launch.report import REPORT_FILE
+
     calls = []
     widget = MeshWidget("M4", steps=2, out=tmp_path / "runs", runner=fake_runner(calls))
     assert widget.export_button.disabled and widget.export_report() is None  # nothing finished yet
@@ -222,8 +242,11 @@ def test_export_report_writes_the_finished_runs_report_next_to_it(tmp_path):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         degrees = {k: kwargs[k] for k in ("world_size", *DEGREES)}
-        (out / "summary.json").write_text(json.dumps({"recipe": recipe, "degrees": degrees, "ok": False,
-                                                      "error": "rank 1 failed: <boom>", "returncode": 1}))
+        (out / "summary.json").write_text(
+            json.dumps(
+                {"recipe": recipe, "degrees": degrees, "ok": False, "error": "rank 1 failed: <boom>", "returncode": 1}
+            )
+        )
         result = FakeResult(out, ok=False)
         result.logs = {-1: ["torchrun gave up"], 0: ["fine"], 1: ["<script>boom()</script>"]}
         return result
@@ -239,6 +262,7 @@ def test_export_report_writes_the_finished_runs_report_next_to_it(tmp_path):
 
 def test_bench_widget_offers_only_the_configurations_of_its_world_size_and_runs_them():
     from launch.widgets import BenchWidget
+
     calls = []
 
     class Finished:

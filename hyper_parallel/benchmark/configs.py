@@ -4,6 +4,7 @@ Every configuration trains the same mini transformer twice on one mesh, once und
 ``fully_shard`` and once under ``torch.distributed.fsdp.fully_shard``; the launcher validates the
 world size and summarises ``bench.json`` in the parent process, which never imports torch.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -35,7 +36,7 @@ class BenchModel:
 class BenchConfig:
     name: str
     title: str
-    degrees: dict[str, int]   # ParallelDims keyword arguments, world_size included
+    degrees: dict[str, int]  # ParallelDims keyword arguments, world_size included
 
     @property
     def world_size(self) -> int:
@@ -46,13 +47,18 @@ def configurations(world_size: int) -> list[BenchConfig]:
     """FSDP on every rank; HSDP and FSDP+TP need a second mesh dim, so 4 ranks (2 x 2)."""
     if world_size not in (2, 4):
         raise ValueError(f"the benchmark runs on 2 or 4 ranks (--world 2|4), got {world_size}")
-    configs = [BenchConfig("FSDP", f"FSDP 1-D, dp_shard={world_size}", {"world_size": world_size,
-                                                                           "dp_shard": world_size})]
+    configs = [
+        BenchConfig("FSDP", f"FSDP 1-D, dp_shard={world_size}", {"world_size": world_size, "dp_shard": world_size})
+    ]
     if world_size == 4:
-        configs.append(BenchConfig("HSDP", "HSDP, dp_replicate=2 x dp_shard=2",
-                                   {"world_size": 4, "dp_replicate": 2, "dp_shard": 2}))
-        configs.append(BenchConfig("FSDP+TP", "FSDP + TP, dp_shard=2 x tp=2",
-                                   {"world_size": 4, "dp_shard": 2, "tp": 2}))
+        configs.append(
+            BenchConfig(
+                "HSDP", "HSDP, dp_replicate=2 x dp_shard=2", {"world_size": 4, "dp_replicate": 2, "dp_shard": 2}
+            )
+        )
+        configs.append(
+            BenchConfig("FSDP+TP", "FSDP + TP, dp_shard=2 x tp=2", {"world_size": 4, "dp_shard": 2, "tp": 2})
+        )
     return configs
 
 
@@ -63,8 +69,12 @@ def median(values: list[float]) -> float:
 def _ratios(ours: list[float], theirs: list[float]) -> dict[str, Any]:
     ratios = sorted(a / b for a, b in zip(ours, theirs))
     quartile = len(ratios) // 4
-    return {"median": median(ratios), "q1": ratios[quartile] if ratios else float("nan"),
-            "q3": ratios[-1 - quartile] if ratios else float("nan"), "pairs": len(ratios)}
+    return {
+        "median": median(ratios),
+        "q1": ratios[quartile] if ratios else float("nan"),
+        "q3": ratios[-1 - quartile] if ratios else float("nan"),
+        "pairs": len(ratios),
+    }
 
 
 def summarize(config_result: dict[str, Any]) -> dict[str, Any]:

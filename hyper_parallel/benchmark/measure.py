@@ -17,13 +17,14 @@ step ends; that can overstate a step's transient peak by a communication buffer 
 Our fully_shard frees its own buffers on the training thread (``comm.release``); torch FSDP2's and
 DTensor's are exposed to it, so the benchmark keeps the smallest of several profiled steps.
 """
+
 from __future__ import annotations
 
 import contextlib
 import inspect
 import sys
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -85,9 +86,11 @@ def transient_peak_bytes(step: Callable[[], None]) -> int:
 
 
 # torch.distributed function -> (trace op, the argument holding the full, unsharded buffer)
-_TORCH_FSDP_OPS = {"all_gather_single": ("all_gather", "output_tensor"),
-                   "reduce_scatter_single": ("reduce_scatter", "input"),
-                   "all_reduce": ("all_reduce", "tensor")}
+_TORCH_FSDP_OPS = {
+    "all_gather_single": ("all_gather", "output_tensor"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "all_reduce": ("all_reduce", "tensor"),
+}
 
 
 def _torch_unit_name() -> str:
@@ -121,12 +124,14 @@ def trace_torch_fsdp(group_names: dict[tuple[int, ...], str]) -> Iterator[None]:
             buffer, group = bound.arguments[buffer_argument], bound.arguments.get("group")
             ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
             group_name = group_names.get(tuple(sorted(ranks)), f"ranks{ranks}")
-            with trace.collective(op, group_name, ranks, buffer.numel() * buffer.element_size(), buffer.dtype,
-                                  module=_torch_unit_name()):
+            with trace.collective(
+                op, group_name, ranks, buffer.numel() * buffer.element_size(), buffer.dtype, module=_torch_unit_name()
+            ):
                 work = original(*args, **kwargs)
                 if bound.arguments.get("async_op") and work is not None:
                     work.wait()
             return work
+
         return traced
 
     for name, original in originals.items():

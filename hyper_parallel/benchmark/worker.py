@@ -14,6 +14,7 @@ data and optimizer (AdamW). After warm-up:
 Every step of both is a real training step on the same batches, so their losses must agree; the
 largest difference is reported. Rank 0 writes ``DIR/bench.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,16 +32,21 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from hyper_parallel import trace
-from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchConfig, BenchModel, configurations
-from hyper_parallel.benchmark.measure import (resident_bytes, synchronize, timed_step, trace_torch_fsdp,
-                                              transient_peak_bytes)
+from hyper_parallel.benchmark.measure import (
+    resident_bytes,
+    synchronize,
+    timed_step,
+    trace_torch_fsdp,
+    transient_peak_bytes,
+)
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
+from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes.batches import data_parallel_rows
 from hyper_parallel.run_files import TRACE_FORMAT, trace_path
 
@@ -123,26 +129,46 @@ def _profile(trainer: Trainer, path: Path, steps: int = 3) -> None:
         path.write_text(f"{trainer.impl}: {steps} steps on rank 0, operators by self CPU time\n{table}\n")
 
 
-def run_config(config: BenchConfig, shape: BenchModel, steps: int, warmup: int, out: Path,
-               device: torch.device, profile: bool = False, overlap: bool = True) -> dict:
+def run_config(
+    config: BenchConfig,
+    shape: BenchModel,
+    steps: int,
+    warmup: int,
+    out: Path,
+    device: torch.device,
+    profile: bool = False,
+    overlap: bool = True,
+) -> dict:
     dims = ParallelDims(**config.degrees)
     views = dims.build_mesh(device.type)
-    model_config = TransformerConfig(vocab_size=shape.vocab_size, d_model=shape.d_model, n_heads=shape.n_heads,
-                                     n_layers=shape.n_layers, hidden=shape.hidden, seq_len=shape.seq_len)
+    model_config = TransformerConfig(
+        vocab_size=shape.vocab_size,
+        d_model=shape.d_model,
+        n_heads=shape.n_heads,
+        n_layers=shape.n_layers,
+        hidden=shape.hidden,
+        seq_len=shape.seq_len,
+    )
     torch.manual_seed(0)
     base = Transformer(model_config).to(device)
     tokens, targets = token_batch(model_config, shape.global_batch, seed=0)
     tokens, targets = data_parallel_rows(tokens, dims).to(device), data_parallel_rows(targets, dims).to(device)
-    trainers = {impl: Trainer(impl, build_model(impl, base, dims, views, overlap), tokens, targets)
-                for impl in IMPLEMENTATIONS}
+    trainers = {
+        impl: Trainer(impl, build_model(impl, base, dims, views, overlap), tokens, targets) for impl in IMPLEMENTATIONS
+    }
     del base
     for _ in range(warmup):
         for trainer in trainers.values():
             trainer.step()
     rank = dist.get_rank()
-    result: dict = {"name": config.name, "title": config.title, "degrees": dims.degrees(),
-                    "peak_memory": {}, "step_times": {impl: [] for impl in IMPLEMENTATIONS},
-                    "forward_backward_times": {impl: [] for impl in IMPLEMENTATIONS}}
+    result: dict = {
+        "name": config.name,
+        "title": config.title,
+        "degrees": dims.degrees(),
+        "peak_memory": {},
+        "step_times": {impl: [] for impl in IMPLEMENTATIONS},
+        "forward_backward_times": {impl: [] for impl in IMPLEMENTATIONS},
+    }
     for impl, trainer in trainers.items():
         events = _traced(trainer, views)
         trace_dir = out / config.name / impl
@@ -195,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo",
-                            timeout=datetime.timedelta(seconds=args.collective_timeout))
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     out = Path(args.out)
     shape = BenchModel(**json.loads(args.model))
@@ -205,16 +230,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = []
         for config in configs:
-            results.append(run_config(config, shape, args.steps, args.warmup, out, device, args.profile,
-                                      overlap=not args.no_overlap))
+            results.append(
+                run_config(
+                    config, shape, args.steps, args.warmup, out, device, args.profile, overlap=not args.no_overlap
+                )
+            )
             if dist.get_rank() == 0:
                 times = results[-1]["step_times"]
                 print(f"{config.name}: {len(times['ours'])} pairs timed", flush=True)
         if dist.get_rank() == 0:
-            payload = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "device": device.type,
-                       "model": shape.as_dict(), "steps": args.steps, "warmup": args.warmup,
-                       "overlap": not args.no_overlap,
-                       "torch": torch.__version__, "configs": results}
+            payload = {
+                "world_size": dist.get_world_size(),
+                "backend": dist.get_backend(),
+                "device": device.type,
+                "model": shape.as_dict(),
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "overlap": not args.no_overlap,
+                "torch": torch.__version__,
+                "configs": results,
+            }
             (out / BENCH_FILE).write_text(json.dumps(payload, indent=1))
     finally:
         dist.destroy_process_group()

@@ -16,14 +16,22 @@ warnings). Training knobs (micro-batch, activation checkpointing, loss parallel,
 ``ModelConfig`` fields, so every view honours them. For the recipes' tiny models
 (``recipe_model("M6")``) the bytes equal the traced runs' exactly (tests/test_cost_model.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from hyper_parallel.cost_model.communication import Collective, by_op_group, counts, step_collectives, wire_factor
 from hyper_parallel.cost_model.memory import Memory, memory
-from hyper_parallel.cost_model.model_configs import (CLI_MODELS, PRECISIONS, PRESETS, ModelConfig, Precision,
-                                                      get_model, recipe_model)
+from hyper_parallel.cost_model.model_configs import (
+    CLI_MODELS,
+    PRECISIONS,
+    PRESETS,
+    ModelConfig,
+    Precision,
+    get_model,
+    recipe_model,
+)
 from hyper_parallel.cost_model.units import Param, Unit, build_units
 from hyper_parallel.mesh import ParallelDims
 
@@ -55,5 +63,20 @@ def estimate(config: ModelConfig, dims: ParallelDims) -> CostEstimate:
     return CostEstimate(config, dims, units, memory(config, dims, units), step_collectives(config, dims, units))
 
 
-__all__ = ["CLI_MODELS", "PRECISIONS", "PRESETS", "Collective", "CostEstimate", "Memory", "ModelConfig", "Param",
-           "Precision", "Unit", "build_units", "estimate", "get_model", "recipe_model", "wire_factor"]
+__all__ = [
+    "CLI_MODELS",
+    "PRECISIONS",
+    "PRESETS",
+    "Collective",
+    "CostEstimate",
+    "Memory",
+    "ModelConfig",
+    "Param",
+    "Precision",
+    "Unit",
+    "build_units",
+    "estimate",
+    "get_model",
+    "recipe_model",
+    "wire_factor",
+]

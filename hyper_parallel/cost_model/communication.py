@@ -36,6 +36,7 @@ The rows a rank receives (combine input, dispatch gradient, ETP all-reduces) dep
 the model gives the balanced value, which is exactly their average over all ranks (every routed row is
 received once).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -48,10 +49,10 @@ from hyper_parallel.mesh import ParallelDims
 
 @dataclass(frozen=True)
 class Collective:
-    op: str              # all_gather, reduce_scatter, all_reduce, all_to_all
-    group: str           # trace group name: fsdp, dp_replicate, dp_replicate+fsdp, tp, cp, ep, etp, efsdp
-    phase: str           # forward, backward
-    bytes: float         # sum of the full buffers of ``count`` calls
+    op: str  # all_gather, reduce_scatter, all_reduce, all_to_all
+    group: str  # trace group name: fsdp, dp_replicate, dp_replicate+fsdp, tp, cp, ep, etp, efsdp
+    phase: str  # forward, backward
+    bytes: float  # sum of the full buffers of ``count`` calls
     count: int
     group_size: int
 
@@ -65,9 +66,16 @@ def wire_factor(op: str, n: int) -> float:
     return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
-def fsdp_collectives(gather_bytes: float, reduce_bytes: float, shard_size: int, dp_size: int,
-                     reshard_after_forward: bool, sharded_group: str, unsharded_group: str,
-                     micro_batches: int = 1) -> list[Collective]:
+def fsdp_collectives(
+    gather_bytes: float,
+    reduce_bytes: float,
+    shard_size: int,
+    dp_size: int,
+    reshard_after_forward: bool,
+    sharded_group: str,
+    unsharded_group: str,
+    micro_batches: int = 1,
+) -> list[Collective]:
     """One fully_shard unit's collectives in one step (module docstring, "FSDP"); ``gather_bytes`` and
     ``reduce_bytes`` are its all-gather buffer and reduce-scatter input (S times one rank's shard).
     With ``micro_batches`` m > 1 (gradient accumulation) the all-gathers and the reduce-scatter run per
@@ -85,9 +93,16 @@ def fsdp_collectives(gather_bytes: float, reduce_bytes: float, shard_size: int, 
 
 def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims) -> list[Collective]:
     precision = config.precision
-    result = fsdp_collectives(unit.gathered_numel * precision.compute, unit.gathered_numel * precision.reduce,
-                              unit.shard_size, unit.dp_size, unit.reshard_after_forward, unit.sharded_group,
-                              unit.unsharded_group, config.accumulation(dims)[1])
+    result = fsdp_collectives(
+        unit.gathered_numel * precision.compute,
+        unit.gathered_numel * precision.reduce,
+        unit.shard_size,
+        unit.dp_size,
+        unit.reshard_after_forward,
+        unit.sharded_group,
+        unit.unsharded_group,
+        config.accumulation(dims)[1],
+    )
     partial = unit.partial_numel()
     if dims.tp > 1 and partial:
         result.append(Collective("all_reduce", "tp", "backward", partial * precision.reduce, 1, dims.tp))
@@ -100,8 +115,15 @@ def _tensor_parallel(config: ModelConfig, dims: ParallelDims, hidden: float, log
     bytes each: the row max, the sum of exponentials, the target's logit)."""
     tp, moe = dims.tp, len(config.moe_layers)
     dense = config.n_layers - moe
-    loss = [Collective("all_reduce", "tp", "forward", 3 * logits / config.vocab_size / config.precision.compute * 4,
-                       3, tp)] if config.loss_parallel else []
+    loss = (
+        [
+            Collective(
+                "all_reduce", "tp", "forward", 3 * logits / config.vocab_size / config.precision.compute * 4, 3, tp
+            )
+        ]
+        if config.loss_parallel
+        else []
+    )
     logit_gathers, logits = (0, 0.0) if config.loss_parallel else (1, logits)
     if config.uses_sequence_parallel(dims):
         gathers = 2 * dense + moe + (moe if dims.etp > 1 else 0) + 1
@@ -110,13 +132,15 @@ def _tensor_parallel(config: ModelConfig, dims: ParallelDims, hidden: float, log
             Collective("all_gather", "tp", "forward", gathers * hidden + logits, gathers + logit_gathers, tp),
             Collective("reduce_scatter", "tp", "forward", scatters * hidden, scatters, tp),
             Collective("all_gather", "tp", "backward", gathers * hidden, gathers, tp),
-            Collective("reduce_scatter", "tp", "backward", scatters * hidden, scatters, tp)]
+            Collective("reduce_scatter", "tp", "backward", scatters * hidden, scatters, tp),
+        ]
     colwise = 3 + (2 if config.gated_ffn else 1)
     reduces = colwise * config.n_layers + 1
     return loss + [
         Collective("all_reduce", "tp", "forward", (2 * config.n_layers + 1) * hidden, 2 * config.n_layers + 1, tp),
         *([Collective("all_gather", "tp", "forward", logits, 1, tp)] if logit_gathers else []),
-        Collective("all_reduce", "tp", "backward", reduces * hidden, reduces, tp)]
+        Collective("all_reduce", "tp", "backward", reduces * hidden, reduces, tp),
+    ]
 
 
 def _expert_parallel(config: ModelConfig, dims: ParallelDims, rows: int, seq: int) -> list[Collective]:
@@ -127,16 +151,21 @@ def _expert_parallel(config: ModelConfig, dims: ParallelDims, rows: int, seq: in
     counts = config.num_experts * INT64_BYTES
     result = []
     if ep > 1 and config.dispatch == "all_to_all":
-        result += [Collective("all_to_all", "ep", "forward", layers * (counts + 2 * routed), 3 * layers, ep),
-                   Collective("all_to_all", "ep", "backward", layers * 2 * routed, 2 * layers, ep)]
+        result += [
+            Collective("all_to_all", "ep", "forward", layers * (counts + 2 * routed), 3 * layers, ep),
+            Collective("all_to_all", "ep", "backward", layers * 2 * routed, 2 * layers, ep),
+        ]
     elif ep > 1:
-        result += [Collective("all_gather", "ep", "forward", layers * ep * (counts + routed), 2 * layers, ep),
-                   Collective("reduce_scatter", "ep", "forward", layers * ep * routed, layers, ep),
-                   Collective("all_gather", "ep", "backward", layers * ep * routed, layers, ep),
-                   Collective("reduce_scatter", "ep", "backward", layers * ep * routed, layers, ep)]
+        result += [
+            Collective("all_gather", "ep", "forward", layers * ep * (counts + routed), 2 * layers, ep),
+            Collective("reduce_scatter", "ep", "forward", layers * ep * routed, layers, ep),
+            Collective("all_gather", "ep", "backward", layers * ep * routed, layers, ep),
+            Collective("reduce_scatter", "ep", "backward", layers * ep * routed, layers, ep),
+        ]
     if etp > 1:
-        result += [Collective("all_reduce", "etp", phase, layers * routed, layers, etp)
-                   for phase in ("forward", "backward")]
+        result += [
+            Collective("all_reduce", "etp", phase, layers * routed, layers, etp) for phase in ("forward", "backward")
+        ]
     return result
 
 
@@ -152,8 +181,11 @@ def merged(collectives: list[Collective]) -> list[Collective]:
     for c in collectives:
         key = (c.op, c.group, c.phase)
         seen = result.get(key)
-        result[key] = c if seen is None else Collective(c.op, c.group, c.phase, seen.bytes + c.bytes,
-                                                        seen.count + c.count, c.group_size)
+        result[key] = (
+            c
+            if seen is None
+            else Collective(c.op, c.group, c.phase, seen.bytes + c.bytes, seen.count + c.count, c.group_size)
+        )
     return list(result.values())
 
 

@@ -28,6 +28,7 @@ Per rank: TP splits every matmul evenly, CP the query tokens, DP the rows, EP th
 (balanced routing), so a rank does global / world_size, plus what it repeats: with tp > kv_heads each
 K/V head is computed on tp / kv_heads ranks. ``model_flops`` (no recomputation) is what MFU divides.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,9 +42,9 @@ class StepFlops:
     """FLOPs of one rank in one step (all micro-batches)."""
 
     forward: float
-    backward: float          # 2 x forward
-    recompute: float         # activation checkpointing's extra forward work
-    model: float             # forward + backward without recomputation: what MFU counts
+    backward: float  # 2 x forward
+    recompute: float  # activation checkpointing's extra forward work
+    model: float  # forward + backward without recomputation: what MFU counts
 
     @property
     def total(self) -> float:
@@ -54,8 +55,11 @@ def forward_flops_per_token(config: ModelConfig) -> dict[str, float]:
     """Forward FLOPs per token of the whole model, by part (module docstring)."""
     d = config.d_model
     if config.architecture == "mlp":
-        return {"layers": config.n_layers * 2 * 2 * d * config.ffn_hidden, "attention_core": 0.0,
-                "head": 2 * config.d_in * d + 2 * d * config.d_out}
+        return {
+            "layers": config.n_layers * 2 * 2 * d * config.ffn_hidden,
+            "attention_core": 0.0,
+            "head": 2 * config.d_in * d + 2 * d * config.d_out,
+        }
     matrices = 3 if config.gated_ffn else 2
     kv = config.kv_heads * config.head_dim
     projections = 2 * (2 * d * d + 2 * d * kv)
@@ -67,8 +71,11 @@ def forward_flops_per_token(config: ModelConfig) -> dict[str, float]:
         else:
             ffn = 2 * matrices * d * config.ffn_hidden
         layers += projections + ffn
-    return {"layers": layers, "attention_core": config.n_layers * 4 * config.seq_len * d,
-            "head": 2 * d * config.vocab_size}
+    return {
+        "layers": layers,
+        "attention_core": config.n_layers * 4 * config.seq_len * d,
+        "head": 2 * d * config.vocab_size,
+    }
 
 
 def _kv_replication_per_token(config: ModelConfig, dims: ParallelDims) -> float:
@@ -86,7 +93,9 @@ def step_flops(config: ModelConfig, dims: ParallelDims) -> StepFlops:
     tokens = config.global_batch * config.seq_len
     forward_model = sum(parts.values()) * tokens / dims.world_size
     forward = forward_model + _kv_replication_per_token(config, dims) * tokens / dims.world_size
-    recomputed = {"none": 0.0, "selective": parts["attention_core"],
-                  "full": parts["layers"] + parts["attention_core"]}[config.activation_checkpointing]
-    return StepFlops(forward=forward, backward=2 * forward, recompute=recomputed * tokens / dims.world_size,
-                     model=3 * forward_model)
+    recomputed = {"none": 0.0, "selective": parts["attention_core"], "full": parts["layers"] + parts["attention_core"]}[
+        config.activation_checkpointing
+    ]
+    return StepFlops(
+        forward=forward, backward=2 * forward, recompute=recomputed * tokens / dims.world_size, model=3 * forward_model
+    )

@@ -16,6 +16,7 @@ Memory: what the framework sees (an H100 80 GB shows 81559 MiB = 79.6 GiB), minu
 the CUDA context, NCCL buffers and allocator fragmentation (not in the memory model): a plan fits
 when its modelled peak stays within ``memory_gib - reserve_gib``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,11 +28,11 @@ from hyper_parallel.cost_model.layouts import GIB, Bandwidth
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    peak_tflops: float                          # dense bf16 per GPU
-    intra_node_gbs: float                       # GB/s per rank inside a node
-    inter_node_gbs: float                       # GB/s per rank for groups spanning nodes
-    memory_gib: float                           # per GPU, as the framework sees it
-    reserve_gib: float = 8.0                    # not modelled: context, NCCL buffers, fragmentation
+    peak_tflops: float  # dense bf16 per GPU
+    intra_node_gbs: float  # GB/s per rank inside a node
+    inter_node_gbs: float  # GB/s per rank for groups spanning nodes
+    memory_gib: float  # per GPU, as the framework sees it
+    reserve_gib: float = 8.0  # not modelled: context, NCCL buffers, fragmentation
     efficiency: tuple[float, float] = (0.40, 0.60)
 
     def __post_init__(self) -> None:
@@ -42,8 +43,9 @@ class Hardware:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.reserve_gib < self.memory_gib:
-            raise ValueError(f"the memory reserve ({self.reserve_gib} GiB) must be >= 0 and below the memory "
-                             f"({self.memory_gib} GiB)")
+            raise ValueError(
+                f"the memory reserve ({self.reserve_gib} GiB) must be >= 0 and below the memory ({self.memory_gib} GiB)"
+            )
 
     @property
     def bandwidth(self) -> Bandwidth:
@@ -58,23 +60,28 @@ class Hardware:
         """The memory a plan may use: memory_gib - reserve_gib."""
         return (self.memory_gib - self.reserve_gib) * GIB
 
-    def replace(self, **changes) -> "Hardware":
+    def replace(self, **changes) -> Hardware:
         """The same machine with some numbers changed (``None`` values are ignored); named 'custom'."""
         changes = {k: v for k, v in changes.items() if v is not None}
         return dataclasses.replace(self, name="custom", **changes) if changes else self
 
     def describe(self) -> str:
         low, high = self.efficiency
-        return (f"{self.name}: {self.peak_tflops:g} TFLOPS peak per GPU at {low:.0%}-{high:.0%} efficiency, "
-                f"{self.intra_node_gbs:g} GB/s per rank inside a node, {self.inter_node_gbs:g} GB/s across nodes, "
-                f"{self.memory_gib:g} GiB per GPU of which {self.reserve_gib:g} GiB reserved")
+        return (
+            f"{self.name}: {self.peak_tflops:g} TFLOPS peak per GPU at {low:.0%}-{high:.0%} efficiency, "
+            f"{self.intra_node_gbs:g} GB/s per rank inside a node, {self.inter_node_gbs:g} GB/s across nodes, "
+            f"{self.memory_gib:g} GiB per GPU of which {self.reserve_gib:g} GiB reserved"
+        )
 
 
-HARDWARE = {h.name: h for h in [
-    Hardware("h100-nvl8-ndr", peak_tflops=989.0, intra_node_gbs=360.0, inter_node_gbs=45.0, memory_gib=79.6),
-    Hardware("a100-8", peak_tflops=312.0, intra_node_gbs=230.0, inter_node_gbs=22.0, memory_gib=80.0),
-    Hardware("legacy", peak_tflops=989.0, intra_node_gbs=150.0, inter_node_gbs=25.0, memory_gib=80.0),
-]}
+HARDWARE = {
+    h.name: h
+    for h in [
+        Hardware("h100-nvl8-ndr", peak_tflops=989.0, intra_node_gbs=360.0, inter_node_gbs=45.0, memory_gib=79.6),
+        Hardware("a100-8", peak_tflops=312.0, intra_node_gbs=230.0, inter_node_gbs=22.0, memory_gib=80.0),
+        Hardware("legacy", peak_tflops=989.0, intra_node_gbs=150.0, inter_node_gbs=25.0, memory_gib=80.0),
+    ]
+}
 DEFAULT_HARDWARE = HARDWARE["h100-nvl8-ndr"]
 
 

@@ -11,6 +11,7 @@ its group uses: ``intra_node`` if every rank of the group is on one node, else `
 ``comm_seconds`` sums them as if nothing overlapped; ``step_time`` adds compute and overlap, and
 ``cost_model.ranking.rank_layouts`` ranks by that step time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,20 +21,22 @@ from hyper_parallel.cost_model import CostEstimate
 from hyper_parallel.cost_model.communication import wire_factor
 from hyper_parallel.mesh import ParallelDims, valid_choices
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class Bandwidth:
     """Bytes per second one rank can send."""
 
-    intra_node: float = 150e9   # NVLink-class
-    inter_node: float = 25e9    # one 200 Gb/s NIC per GPU
+    intra_node: float = 150e9  # NVLink-class
+    inter_node: float = 25e9  # one 200 Gb/s NIC per GPU
 
     def describe(self) -> str:
-        return (f"ring collectives, bytes on the wire = full buffer x (n-1)/n (all-reduce x 2(n-1)/n), "
-                f"{self.intra_node / 1e9:g} GB/s per rank inside a node, {self.inter_node / 1e9:g} GB/s per rank "
-                f"for groups that span nodes, no overlap")
+        return (
+            f"ring collectives, bytes on the wire = full buffer x (n-1)/n (all-reduce x 2(n-1)/n), "
+            f"{self.intra_node / 1e9:g} GB/s per rank inside a node, {self.inter_node / 1e9:g} GB/s per rank "
+            f"for groups that span nodes, no overlap"
+        )
 
 
 def _group_structure(dims: ParallelDims, group: str) -> tuple[int, int, int]:
@@ -46,19 +49,24 @@ def _group_structure(dims: ParallelDims, group: str) -> tuple[int, int, int]:
         order = [name for name, _ in view]
         if all(name in order for name in names):
             first, last = order.index(names[0]), order.index(names[-1])
-            if order[first:last + 1] == names:
+            if order[first : last + 1] == names:
                 sizes = [size for _, size in view]
-                stride, size = prod(sizes[last + 1:]), prod(sizes[first:last + 1])
+                stride, size = prod(sizes[last + 1 :]), prod(sizes[first : last + 1])
                 return stride, size, stride * size
-    raise ValueError(f"group {group!r} is not a mesh dim, or a run of adjacent dims of one view, of "
-                     f"{dims.describe().splitlines()[0]}")
+    raise ValueError(
+        f"group {group!r} is not a mesh dim, or a run of adjacent dims of one view, of "
+        f"{dims.describe().splitlines()[0]}"
+    )
 
 
 def group_ranks(dims: ParallelDims, group: str) -> list[list[int]]:
     """Every group of a trace group name (``_group_structure``), each as its global ranks."""
     stride, size, block = _group_structure(dims, group)
-    return [[base + offset + k * stride for k in range(size)]
-            for base in range(0, dims.world_size, block) for offset in range(stride)]
+    return [
+        [base + offset + k * stride for k in range(size)]
+        for base in range(0, dims.world_size, block)
+        for offset in range(stride)
+    ]
 
 
 def nodes_spanned(dims: ParallelDims, group: str, gpus_per_node: int) -> int:
@@ -77,8 +85,10 @@ def nodes_spanned(dims: ParallelDims, group: str, gpus_per_node: int) -> int:
 
 def check_gpus_per_node(world_size: int, gpus_per_node: int) -> None:
     if gpus_per_node < 1 or world_size % gpus_per_node and world_size > gpus_per_node:
-        raise ValueError(f"gpus_per_node={gpus_per_node} must be >= 1 and divide world_size={world_size} "
-                         f"(every node runs the same number of ranks)")
+        raise ValueError(
+            f"gpus_per_node={gpus_per_node} must be >= 1 and divide world_size={world_size} "
+            f"(every node runs the same number of ranks)"
+        )
 
 
 @dataclass(frozen=True)
@@ -94,8 +104,9 @@ class TimedCollective:
     seconds: float
 
 
-def timed_collectives(cost: CostEstimate, gpus_per_node: int, bandwidth: Bandwidth = Bandwidth()
-                      ) -> list[TimedCollective]:
+def timed_collectives(
+    cost: CostEstimate, gpus_per_node: int, bandwidth: Bandwidth = Bandwidth()
+) -> list[TimedCollective]:
     spans: dict[str, int] = {}
     result = []
     for c in cost.collectives:
@@ -104,8 +115,9 @@ def timed_collectives(cost: CostEstimate, gpus_per_node: int, bandwidth: Bandwid
         crosses = spans[c.group] > 1
         wire = c.bytes * wire_factor(c.op, c.group_size)
         speed = bandwidth.inter_node if crosses else bandwidth.intra_node
-        result.append(TimedCollective(c.op, c.group, c.phase, c.bytes, c.count, c.group_size, wire, crosses,
-                                      wire / speed))
+        result.append(
+            TimedCollective(c.op, c.group, c.phase, c.bytes, c.count, c.group_size, wire, crosses, wire / speed)
+        )
     return result
 
 
@@ -120,8 +132,10 @@ def nearest_valid(layouts: list[ParallelDims], wanted: dict[str, int]) -> Parall
     """The layout a widget suggests for an invalid choice, as the mesh widget chooses it: the fewest changed
     degrees; then the fewest parallelisms switched off (a degree > 1 set to 1); then the smallest change
     in factors of two; then enumeration order."""
+
     def distance(dims: ParallelDims) -> tuple[int, int, float]:
         changed = sum(getattr(dims, k) != v for k, v in wanted.items())
         switched_off = sum(getattr(dims, k) == 1 < v for k, v in wanted.items())
         return changed, switched_off, sum(abs(log2(getattr(dims, k) / v)) for k, v in wanted.items() if v > 0)
+
     return min(layouts, key=distance, default=None)

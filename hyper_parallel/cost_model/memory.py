@@ -34,6 +34,7 @@ Activation checkpointing (``ModelConfig.activation_checkpointing``):
 It is an estimate for comparing layouts, not a measured peak (allocator slack, temporaries and
 communication buffers are not modelled).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,8 +59,14 @@ class Memory:
         return self.parameters + self.gradients + self.optimizer + self.gathered + self.activations
 
     def as_dict(self) -> dict[str, int]:
-        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer": self.optimizer,
-                "gathered": self.gathered, "activations": self.activations, "total": self.total}
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "gathered": self.gathered,
+            "activations": self.activations,
+            "total": self.total,
+        }
 
 
 def _gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
@@ -71,9 +78,12 @@ def _gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
             return 0
         return unit.gathered_numel * precision.compute
 
-    kept = sum(unsharded(u) for u in units if not u.reshard_after_forward)   # the root, or every unit
-    others = [(0 if not u.reshard_after_forward else unsharded(u)) + u.gathered_numel * precision.reduce
-              for u in units if not u.is_root]
+    kept = sum(unsharded(u) for u in units if not u.reshard_after_forward)  # the root, or every unit
+    others = [
+        (0 if not u.reshard_after_forward else unsharded(u)) + u.gathered_numel * precision.reduce
+        for u in units
+        if not u.is_root
+    ]
     return kept + max(others, default=0)
 
 
@@ -89,7 +99,7 @@ def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: i
         return attention + d / sp + d + hidden_factor * config.ffn_hidden / tp
     routed = config.top_k * (2 * d + hidden_factor * config.moe_hidden / etp)
     shared = (d + hidden_factor * config.shared_expert_hidden) if config.shared_expert_hidden else 0
-    moe_tokens = 1 / tp if etp == 1 and sp > 1 else 1   # etp == 1 under SP: the MoE sees the sequence shard
+    moe_tokens = 1 / tp if etp == 1 and sp > 1 else 1  # etp == 1 under SP: the MoE sees the sequence shard
     return attention + d / sp + (d + routed + shared) * moe_tokens
 
 
@@ -112,6 +122,10 @@ def activation_bytes(config: ModelConfig, dims: ParallelDims) -> int:
 def memory(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> Memory:
     shard = sum(u.shard_numel for u in units)
     precision = config.precision
-    return Memory(parameters=shard * precision.storage, gradients=shard * precision.storage,
-                  optimizer=shard * precision.optimizer_state, gathered=_gathered_bytes(units, config),
-                  activations=activation_bytes(config, dims))
+    return Memory(
+        parameters=shard * precision.storage,
+        gradients=shard * precision.storage,
+        optimizer=shard * precision.optimizer_state,
+        gathered=_gathered_bytes(units, config),
+        activations=activation_bytes(config, dims),
+    )

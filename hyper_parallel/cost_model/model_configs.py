@@ -36,6 +36,7 @@ Training knobs (fields of ``ModelConfig``, so ``estimate`` and every planner vie
                                the shard size; 1 or 2: inside every expert, as FSDP2's ``shard_placement_fn``
                                allows; the workbook's fully_shard shards the first unsplit axis, 0)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,17 +55,20 @@ class Precision:
     """Bytes per element of what a rank stores and sends."""
 
     name: str
-    storage: int           # sharded parameters and their gradients (the optimizer's master copy)
-    compute: int           # all-gathered parameters and activations (param_dtype)
-    reduce: int            # gradient reduce-scatter / all-reduce (reduce_dtype)
-    optimizer_state: int   # optimizer state per parameter element (SGD 0, Adam m and v in float32: 8)
+    storage: int  # sharded parameters and their gradients (the optimizer's master copy)
+    compute: int  # all-gathered parameters and activations (param_dtype)
+    reduce: int  # gradient reduce-scatter / all-reduce (reduce_dtype)
+    optimizer_state: int  # optimizer state per parameter element (SGD 0, Adam m and v in float32: 8)
 
 
-PRECISIONS = {p.name: p for p in [
-    Precision("fp32-sgd", storage=4, compute=4, reduce=4, optimizer_state=0),
-    Precision("fp32-adam", storage=4, compute=4, reduce=4, optimizer_state=8),
-    Precision("bf16-adam", storage=4, compute=2, reduce=4, optimizer_state=8),
-]}
+PRECISIONS = {
+    p.name: p
+    for p in [
+        Precision("fp32-sgd", storage=4, compute=4, reduce=4, optimizer_state=0),
+        Precision("fp32-adam", storage=4, compute=4, reduce=4, optimizer_state=8),
+        Precision("bf16-adam", storage=4, compute=2, reduce=4, optimizer_state=8),
+    ]
+}
 
 
 @dataclass(frozen=True)
@@ -78,32 +82,32 @@ class ModelConfig:
     """
 
     name: str
-    architecture: str = "transformer"          # or "mlp" (the M1/M4 residual MLP)
+    architecture: str = "transformer"  # or "mlp" (the M1/M4 residual MLP)
     vocab_size: int = 64
     d_model: int = 32
     n_heads: int = 4
-    n_kv_heads: int | None = None              # None: as many as n_heads (no GQA)
+    n_kv_heads: int | None = None  # None: as many as n_heads (no GQA)
     n_layers: int = 2
     ffn_hidden: int = 64
-    gated_ffn: bool = False                    # SwiGLU (w1, w3, w2) instead of w2(silu(w1 x))
+    gated_ffn: bool = False  # SwiGLU (w1, w3, w2) instead of w2(silu(w1 x))
     seq_len: int = 16
     global_batch: int = 8
     moe_layers: tuple[int, ...] = ()
     num_experts: int = 1
     top_k: int = 1
     moe_hidden: int = 0
-    shared_expert_hidden: int = 0              # 0: no shared expert
-    d_in: int = 0                              # MLP only
-    d_out: int = 0                             # MLP only
+    shared_expert_hidden: int = 0  # 0: no shared expert
+    d_in: int = 0  # MLP only
+    d_out: int = 0  # MLP only
     sequence_parallel: bool | None = None
     param_shard: bool | None = None
     dispatch: str = "all_to_all"
-    sequence_scheme: str = "all_gather"        # cp attention: K/V "all_gather", K/V "ring", or "ulysses"
+    sequence_scheme: str = "all_gather"  # cp attention: K/V "all_gather", K/V "ring", or "ulysses"
     precision: Precision = PRECISIONS["fp32-sgd"]
-    description: str = ""                      # the architecture; ``describe()`` adds the step's shape
+    description: str = ""  # the architecture; ``describe()`` adds the step's shape
     micro_batch: int | None = None
     grad_accum: int | None = None
-    activation_checkpointing: str = "none"     # none, selective, full
+    activation_checkpointing: str = "none"  # none, selective, full
     loss_parallel: bool = False
     reshard_after_forward: bool = True
     expert_shard_dim: int = 0
@@ -116,17 +120,22 @@ class ModelConfig:
         if self.sequence_scheme not in ("all_gather", "ring", "ulysses"):
             raise ValueError(f"sequence_scheme must be 'all_gather', 'ring' or 'ulysses', got {self.sequence_scheme!r}")
         if self.activation_checkpointing not in AC_MODES:
-            raise ValueError(f"activation_checkpointing must be one of {', '.join(AC_MODES)}, "
-                             f"got {self.activation_checkpointing!r}")
+            raise ValueError(
+                f"activation_checkpointing must be one of {', '.join(AC_MODES)}, got {self.activation_checkpointing!r}"
+            )
         if self.expert_shard_dim not in (0, 1, 2):
-            raise ValueError(f"expert_shard_dim must be 0 (experts), 1 or 2 (inside each expert [E, d, h]), "
-                             f"got {self.expert_shard_dim}")
+            raise ValueError(
+                f"expert_shard_dim must be 0 (experts), 1 or 2 (inside each expert [E, d, h]), "
+                f"got {self.expert_shard_dim}"
+            )
         for name in ("micro_batch", "grad_accum"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.architecture == "transformer" and (self.d_model % self.n_heads or self.n_heads % self.kv_heads):
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}, and n_heads by "
-                             f"n_kv_heads={self.kv_heads}")
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}, and n_heads by "
+                f"n_kv_heads={self.kv_heads}"
+            )
 
     @property
     def kv_heads(self) -> int:
@@ -140,7 +149,7 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return bool(self.moe_layers)
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
@@ -162,17 +171,23 @@ class ModelConfig:
             return rows, 1
         if self.micro_batch is not None and self.grad_accum is not None:
             if dims.dp * self.micro_batch * self.grad_accum != self.global_batch:
-                raise ValueError(f"dp={dims.dp} x micro_batch={self.micro_batch} x grad_accum={self.grad_accum} "
-                                 f"!= global_batch={self.global_batch}; give one of them, or a matching batch")
+                raise ValueError(
+                    f"dp={dims.dp} x micro_batch={self.micro_batch} x grad_accum={self.grad_accum} "
+                    f"!= global_batch={self.global_batch}; give one of them, or a matching batch"
+                )
             return self.micro_batch, self.grad_accum
         if self.micro_batch is not None:
             if rows % self.micro_batch:
-                raise ValueError(f"micro_batch={self.micro_batch} must divide the {rows} rows per rank "
-                                 f"(global_batch={self.global_batch} / dp={dims.dp})")
+                raise ValueError(
+                    f"micro_batch={self.micro_batch} must divide the {rows} rows per rank "
+                    f"(global_batch={self.global_batch} / dp={dims.dp})"
+                )
             return self.micro_batch, rows // self.micro_batch
         if rows % self.grad_accum:
-            raise ValueError(f"grad_accum={self.grad_accum} must divide the {rows} rows per rank "
-                             f"(global_batch={self.global_batch} / dp={dims.dp})")
+            raise ValueError(
+                f"grad_accum={self.grad_accum} must divide the {rows} rows per rank "
+                f"(global_batch={self.global_batch} / dp={dims.dp})"
+            )
         return rows // self.grad_accum, self.grad_accum
 
     def uses_sequence_parallel(self, dims: ParallelDims) -> bool:
@@ -192,52 +207,109 @@ class ModelConfig:
         if self.architecture == "mlp":
             for name in ("cp", "tp", "ep"):
                 if getattr(dims, name) > 1:
-                    raise ValueError(f"model {self.name} (an MLP) has no {name} style: it needs {name}=1, "
-                                     f"got {name}={getattr(dims, name)}")
+                    raise ValueError(
+                        f"model {self.name} (an MLP) has no {name} style: it needs {name}=1, "
+                        f"got {name}={getattr(dims, name)}"
+                    )
             dims.check_model(global_batch=self.global_batch, hidden_sizes=(self.d_model, self.ffn_hidden))
             return
         has_dense_ffn = len(self.moe_layers) < self.n_layers
         hidden = (self.d_model, self.vocab_size) + ((self.ffn_hidden,) if has_dense_ffn else ())
-        dims.check_model(seq_len=self.seq_len, global_batch=self.global_batch,
-                         sequence_parallel=self.uses_sequence_parallel(dims),
-                         num_experts=self.num_experts if self.is_moe else None, num_heads=self.n_heads,
-                         hidden_sizes=hidden,
-                         expert_hidden_sizes=(self.moe_hidden,) if self.is_moe else (),
-                         ulysses=self.sequence_scheme == "ulysses")
+        dims.check_model(
+            seq_len=self.seq_len,
+            global_batch=self.global_batch,
+            sequence_parallel=self.uses_sequence_parallel(dims),
+            num_experts=self.num_experts if self.is_moe else None,
+            num_heads=self.n_heads,
+            hidden_sizes=hidden,
+            expert_hidden_sizes=(self.moe_hidden,) if self.is_moe else (),
+            ulysses=self.sequence_scheme == "ulysses",
+        )
         if self.kv_heads % dims.tp and dims.tp % self.kv_heads:
-            raise ValueError(f"n_kv_heads={self.kv_heads} and tp={dims.tp}: one must divide the other (TP splits "
-                             f"K/V heads, or replicates each over tp/n_kv_heads ranks)")
+            raise ValueError(
+                f"n_kv_heads={self.kv_heads} and tp={dims.tp}: one must divide the other (TP splits "
+                f"K/V heads, or replicates each over tp/n_kv_heads ranks)"
+            )
         if self.is_moe and dims.tp > 1 and not self.uses_sequence_parallel(dims):
-            raise ValueError("a MoE model with tp > 1 is modelled with sequence parallelism only "
-                             "(as recipes S1/S2 apply it); leave sequence_parallel on")
+            raise ValueError(
+                "a MoE model with tp > 1 is modelled with sequence parallelism only "
+                "(as recipes S1/S2 apply it); leave sequence_parallel on"
+            )
         self.accumulation(dims)
 
 
 _SMALL = ModelConfig("small", description="the recipes' mini transformer (TransformerConfig defaults)")
-PRESETS: dict[str, ModelConfig] = {m.name: m for m in [
-    _SMALL,
-    _SMALL.replace(name="small-moe", moe_layers=(1,), num_experts=4, top_k=2, moe_hidden=32, shared_expert_hidden=32,
-                   description="the MoE recipes' model: layer 1 a MoE of 4 experts (hidden 32), top-2, shared expert"),
-    ModelConfig("small-mlp", architecture="mlp", d_model=32, ffn_hidden=64, n_layers=2, seq_len=8, global_batch=16,
-                d_in=16, d_out=8, description="the M1/M4 residual MLP (MLPConfig defaults)"),
-    ModelConfig("llama-8b-like", vocab_size=128256, d_model=4096, n_heads=32, n_kv_heads=8, n_layers=32,
-                ffn_hidden=14336, gated_ffn=True, seq_len=8192, global_batch=512, precision=PRECISIONS["bf16-adam"],
-                description="Llama-3-8B shapes: 32 layers, d 4096, 32 heads / 8 K/V heads, SwiGLU 14336, "
-                            "vocab 128256"),
-    ModelConfig("moe-16e", vocab_size=32000, d_model=2048, n_heads=16, n_kv_heads=4, n_layers=24, ffn_hidden=0,
-                gated_ffn=True, seq_len=4096, global_batch=1024, moe_layers=tuple(range(24)), num_experts=16, top_k=2,
-                moe_hidden=1408, shared_expert_hidden=2816, precision=PRECISIONS["bf16-adam"],
-                description="24 MoE layers, d 2048, 16 heads / 4 K/V heads, 16 SwiGLU experts of 1408, top-2, "
-                            "shared expert 2816, vocab 32000"),
-]}
+PRESETS: dict[str, ModelConfig] = {
+    m.name: m
+    for m in [
+        _SMALL,
+        _SMALL.replace(
+            name="small-moe",
+            moe_layers=(1,),
+            num_experts=4,
+            top_k=2,
+            moe_hidden=32,
+            shared_expert_hidden=32,
+            description="the MoE recipes' model: layer 1 a MoE of 4 experts (hidden 32), top-2, shared expert",
+        ),
+        ModelConfig(
+            "small-mlp",
+            architecture="mlp",
+            d_model=32,
+            ffn_hidden=64,
+            n_layers=2,
+            seq_len=8,
+            global_batch=16,
+            d_in=16,
+            d_out=8,
+            description="the M1/M4 residual MLP (MLPConfig defaults)",
+        ),
+        ModelConfig(
+            "llama-8b-like",
+            vocab_size=128256,
+            d_model=4096,
+            n_heads=32,
+            n_kv_heads=8,
+            n_layers=32,
+            ffn_hidden=14336,
+            gated_ffn=True,
+            seq_len=8192,
+            global_batch=512,
+            precision=PRECISIONS["bf16-adam"],
+            description="Llama-3-8B shapes: 32 layers, d 4096, 32 heads / 8 K/V heads, SwiGLU 14336, vocab 128256",
+        ),
+        ModelConfig(
+            "moe-16e",
+            vocab_size=32000,
+            d_model=2048,
+            n_heads=16,
+            n_kv_heads=4,
+            n_layers=24,
+            ffn_hidden=0,
+            gated_ffn=True,
+            seq_len=4096,
+            global_batch=1024,
+            moe_layers=tuple(range(24)),
+            num_experts=16,
+            top_k=2,
+            moe_hidden=1408,
+            shared_expert_hidden=2816,
+            precision=PRECISIONS["bf16-adam"],
+            description="24 MoE layers, d 2048, 16 heads / 4 K/V heads, 16 SwiGLU experts of 1408, top-2, "
+            "shared expert 2816, vocab 32000",
+        ),
+    ]
+}
 CLI_MODELS = ("small", "llama-8b-like", "moe-16e", "small-moe", "small-mlp")
 
 _RECIPE_WORKLOADS = {  # a recipe's implementation -> (preset, changes): what its worker builds
     "hyper_parallel.recipes.dense:ddp_mlp": ("small-mlp", {"param_shard": False}),
     "hyper_parallel.recipes.dense:fsdp_mlp": ("small-mlp", {}),
     "hyper_parallel.recipes.transformer:tensor_parallel": ("small", {"sequence_parallel": False, "param_shard": False}),
-    "hyper_parallel.recipes.transformer:tensor_sequence_parallel": ("small", {"sequence_parallel": True,
-                                                                              "param_shard": False}),
+    "hyper_parallel.recipes.transformer:tensor_sequence_parallel": (
+        "small",
+        {"sequence_parallel": True, "param_shard": False},
+    ),
     "hyper_parallel.recipes.transformer:fsdp_transformer_without_sp": ("small", {"sequence_parallel": False}),
     "hyper_parallel.recipes.transformer:fsdp_transformer": ("small", {}),
     "hyper_parallel.recipes.transformer:fsdp_transformer_ring": ("small", {"sequence_scheme": "ring"}),

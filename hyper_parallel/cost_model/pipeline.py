@@ -10,6 +10,7 @@ Between stages only one tensor crosses per microbatch: the hidden states [rows, 
 their gradient (same shape) backward. TP without SP replicates it, so each tp rank sends its own copy
 to its peer (same tp coordinate) of the next stage.
 """
+
 from __future__ import annotations
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -19,11 +20,14 @@ def _check(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> N
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; one of {SCHEDULES}")
     if pp < 1 or microbatches < 1 or stages_per_rank < 1:
-        raise ValueError(f"pp, microbatches and stages_per_rank must be >= 1, got {pp}, {microbatches}, "
-                         f"{stages_per_rank}")
+        raise ValueError(
+            f"pp, microbatches and stages_per_rank must be >= 1, got {pp}, {microbatches}, {stages_per_rank}"
+        )
     if (stages_per_rank > 1) != (schedule == "interleaved_1f1b"):
-        raise ValueError(f"schedule {schedule!r} with stages_per_rank={stages_per_rank}: only interleaved_1f1b "
-                         "runs several stages per rank, and it needs stages_per_rank >= 2")
+        raise ValueError(
+            f"schedule {schedule!r} with stages_per_rank={stages_per_rank}: only interleaved_1f1b "
+            "runs several stages per rank, and it needs stages_per_rank >= 2"
+        )
 
 
 def bubble_fraction(schedule: str, pp: int, microbatches: int, stages_per_rank: int = 1) -> float:
@@ -55,8 +59,9 @@ def boundary_bytes(rows: int, seq_len: int, d_model: int, element_size: int = 4)
     return rows * seq_len * d_model * element_size
 
 
-def p2p_bytes(pp: int, pp_rank: int, microbatches: int, message_bytes: int,
-              stages_per_rank: int = 1) -> dict[tuple[str, str], int]:
+def p2p_bytes(
+    pp: int, pp_rank: int, microbatches: int, message_bytes: int, stages_per_rank: int = 1
+) -> dict[tuple[str, str], int]:
     """Bytes one rank sends and receives in one step, by (op, phase), op in {"send", "recv"}.
 
     Rank ``pp_rank`` holds stages pp_rank, pp_rank + pp, ... (loop placement). Per microbatch, a stage that
@@ -88,18 +93,27 @@ def plan_lines(config, dims) -> list[str]:
     seq = config.seq_len // dims.cp // (dims.tp if config.sequence_parallel else 1)
     message = boundary_bytes(rows, seq, config.d_model, config.precision.compute)
     middle = p2p_bytes(dims.pp, min(1, dims.pp - 1), microbatches, message)
-    lines = [f"pipeline: pp={dims.pp} stages of {config.n_layers / dims.pp:g} layers, {microbatches} microbatch(es) "
-             f"of {rows} rows (the accumulation steps; set --micro-batch to have more)"]
+    lines = [
+        f"pipeline: pp={dims.pp} stages of {config.n_layers / dims.pp:g} layers, {microbatches} microbatch(es) "
+        f"of {rows} rows (the accumulation steps; set --micro-batch to have more)"
+    ]
     if microbatches < dims.pp:
-        lines.append(f"  WARNING: {microbatches} microbatch(es) < pp={dims.pp}: the pipeline never fills "
-                     f"(1F1B refuses it)")
+        lines.append(
+            f"  WARNING: {microbatches} microbatch(es) < pp={dims.pp}: the pipeline never fills (1F1B refuses it)"
+        )
     for schedule in ("gpipe", "1f1b"):
         bubble = bubble_fraction(schedule, dims.pp, microbatches)
         alive = alive_microbatches(schedule, dims.pp, microbatches, 0)
-        lines.append(f"  {schedule:<6} bubble (p-1)/(m+p-1) = {bubble:.0%}; stage 0 holds {alive} microbatch(es) of "
-                     "activations (the activations above are one)")
-    lines.append(f"  P2P per step on stage 1: {sum(middle.values()) / 2**20:.1f} MiB sent + received "
-                 f"({message / 2**20:.2f} MiB per microbatch each way)")
-    lines.append(f"  the memory and communication above count all {config.n_layers} layers: a stage holds about "
-                 f"1/{dims.pp} of them")
+        lines.append(
+            f"  {schedule:<6} bubble (p-1)/(m+p-1) = {bubble:.0%}; stage 0 holds {alive} microbatch(es) of "
+            "activations (the activations above are one)"
+        )
+    lines.append(
+        f"  P2P per step on stage 1: {sum(middle.values()) / 2**20:.1f} MiB sent + received "
+        f"({message / 2**20:.2f} MiB per microbatch each way)"
+    )
+    lines.append(
+        f"  the memory and communication above count all {config.n_layers} layers: a stage holds about "
+        f"1/{dims.pp} of them"
+    )
     return lines

@@ -3,6 +3,7 @@
 Kept apart from ``layouts`` (group structure, collective timing), which ``step_time`` and ``hardware``
 build on: ranking needs all three, so it sits above them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,16 +19,17 @@ from hyper_parallel.mesh import ParallelDims
 class RankedLayout:
     dims: ParallelDims
     memory_bytes: int
-    comm_seconds: float                 # every collective summed, no overlap
-    fits: bool                          # memory within the hardware's budget (memory - reserve)
-    step_seconds: float = 0.0           # the middle of the step-time range (``step_time``)
+    comm_seconds: float  # every collective summed, no overlap
+    fits: bool  # memory within the hardware's budget (memory - reserve)
+    step_seconds: float = 0.0  # the middle of the step-time range (``step_time``)
     step_range: tuple[float, float] = (0.0, 0.0)
-    mfu: float = 0.0                    # at the middle step time
-    exposed_seconds: float = 0.0        # communication the step waits for (critical + not hidden)
+    mfu: float = 0.0  # at the middle step time
+    exposed_seconds: float = 0.0  # communication the step waits for (critical + not hidden)
 
 
-def rank_layouts(config: ModelConfig, world_size: int, gpus_per_node: int, hardware=None,
-                 sort: str = "time") -> list[RankedLayout]:
+def rank_layouts(
+    config: ModelConfig, world_size: int, gpus_per_node: int, hardware=None, sort: str = "time"
+) -> list[RankedLayout]:
     """Every layout of ``world_size`` ranks the model fits (pp = 1; ep/etp only for MoE models), best
     first: layouts within the memory budget before the others, then by ``sort`` ("time": the step time
     of ``step_time`` on ``hardware`` (default ``hardware.DEFAULT_HARDWARE``), then memory; "memory":
@@ -42,10 +44,18 @@ def rank_layouts(config: ModelConfig, world_size: int, gpus_per_node: int, hardw
         except ValueError:
             continue
         step = estimate_step(cost, gpus_per_node, hardware)
-        ranked.append(RankedLayout(dims, cost.memory.total, sum(c.seconds for c in step.timed),
-                                   cost.memory.total <= hardware.budget_bytes, step.seconds,
-                                   (step.fast.total, step.slow.total), step.middle.mfu,
-                                   step.middle.critical + step.middle.exposed))
+        ranked.append(
+            RankedLayout(
+                dims,
+                cost.memory.total,
+                sum(c.seconds for c in step.timed),
+                cost.memory.total <= hardware.budget_bytes,
+                step.seconds,
+                (step.fast.total, step.slow.total),
+                step.middle.mfu,
+                step.middle.critical + step.middle.exposed,
+            )
+        )
     if sort == "time":
         return sorted(ranked, key=lambda r: (not r.fits, r.step_seconds, r.memory_bytes))
     return sorted(ranked, key=lambda r: (not r.fits, r.memory_bytes, r.step_seconds))

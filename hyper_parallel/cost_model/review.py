@@ -10,6 +10,7 @@ Ties: the model's bandwidths and efficiencies are nominal, so step times closer 
 Pareto: a candidate within the budget is on the front when no other one within the budget is at
 least as fast and as small with one of them strictly better.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,8 +22,8 @@ from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
 from hyper_parallel.mesh import ParallelDims
 
 RESOLUTION = 0.05
-PADDING_WARNING = 1.10      # warn when the all-gather buffers hold 10 % more than the unpadded parameters
-TIGHT_BUDGET = 0.90         # and when a plan uses more than 90 % of the budget
+PADDING_WARNING = 1.10  # warn when the all-gather buffers hold 10 % more than the unpadded parameters
+TIGHT_BUDGET = 0.90  # and when a plan uses more than 90 % of the budget
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
 
 
@@ -38,15 +39,17 @@ def parse_layouts(text: str, world_size: int) -> list[ParallelDims]:
             name, _, value = item.partition("=")
             name = name.strip().replace("-", "_")
             if name not in DEGREE_NAMES or not value.strip().isdigit():
-                raise ValueError(f"--layouts candidate {index + 1} ({chunk!r}): {item!r} is not NAME=INTEGER with "
-                                 f"NAME one of {', '.join(DEGREE_NAMES)}")
+                raise ValueError(
+                    f"--layouts candidate {index + 1} ({chunk!r}): {item!r} is not NAME=INTEGER with "
+                    f"NAME one of {', '.join(DEGREE_NAMES)}"
+                )
             degrees[name] = int(value)
         try:
             layouts.append(ParallelDims(world_size=world_size, **degrees))
         except ValueError as error:
             raise ValueError(f"--layouts candidate {index + 1} ({chunk!r}): {error}") from None
     if not layouts:
-        raise ValueError("--layouts needs at least one candidate, e.g. \"dp_shard=512; dp_replicate=64,dp_shard=8\"")
+        raise ValueError('--layouts needs at least one candidate, e.g. "dp_shard=512; dp_replicate=64,dp_shard=8"')
     return layouts
 
 
@@ -60,31 +63,44 @@ def padding_inflation(cost: CostEstimate) -> tuple[float, str]:
     pads every parameter's sharded axis to a multiple of the shard size."""
     padded = sum(u.gathered_numel for u in cost.units)
     local = sum(u.local_numel for u in cost.units)
-    worst = max(((p.padded_numel(u.shard_size) - p.local_numel, f"{u.name}.{p.name}", p, u)
-                 for u in cost.units for p in u.params), key=lambda item: item[0])
+    worst = max(
+        (
+            (p.padded_numel(u.shard_size) - p.local_numel, f"{u.name}.{p.name}", p, u)
+            for u in cost.units
+            for p in u.params
+        ),
+        key=lambda item: item[0],
+    )
     _, name, param, unit = worst
     axis = param.fsdp_axis()
-    return padded / local, (f"{name} {list(param.local_shape)} sharded {unit.shard_size} ways on dim {axis} "
-                            f"({param.local_shape[axis]} rows)")
+    return padded / local, (
+        f"{name} {list(param.local_shape)} sharded {unit.shard_size} ways on dim {axis} "
+        f"({param.local_shape[axis]} rows)"
+    )
 
 
 def warnings_of(cost: CostEstimate, hardware: Hardware, gpus_per_node: int) -> list[str]:
     result = []
     budget = hardware.budget_bytes
     if cost.memory.total > budget:
-        result.append(f"over budget: {cost.memory.total / GIB:.1f} GiB per rank > {budget / GIB:.1f} GiB "
-                      f"({hardware.memory_gib:g} GiB - {hardware.reserve_gib:g} GiB reserve)")
+        result.append(
+            f"over budget: {cost.memory.total / GIB:.1f} GiB per rank > {budget / GIB:.1f} GiB "
+            f"({hardware.memory_gib:g} GiB - {hardware.reserve_gib:g} GiB reserve)"
+        )
     elif cost.memory.total > TIGHT_BUDGET * budget:
         result.append(f"tight: {cost.memory.total / budget:.0%} of the {budget / GIB:.1f} GiB budget")
     inflation, worst = padding_inflation(cost)
     if inflation > PADDING_WARNING:
-        result.append(f"padding: the all-gather buffers hold {inflation:.1f}x the parameters; worst {worst}"
-                      + ("; shard experts inside each expert (expert shard dim 1) or use ep"
-                         if cost.config.is_moe else ""))
+        result.append(
+            f"padding: the all-gather buffers hold {inflation:.1f}x the parameters; worst {worst}"
+            + ("; shard experts inside each expert (expert shard dim 1) or use ep" if cost.config.is_moe else "")
+        )
     for group in ("tp", "etp"):
         if getattr(cost.dims, group) > 1 and nodes_spanned(cost.dims, group, gpus_per_node) > 1:
-            result.append(f"{group}={getattr(cost.dims, group)} spans nodes with {gpus_per_node} GPUs per node: "
-                          f"its critical-path collectives run at the inter-node bandwidth")
+            result.append(
+                f"{group}={getattr(cost.dims, group)} spans nodes with {gpus_per_node} GPUs per node: "
+                f"its critical-path collectives run at the inter-node bandwidth"
+            )
     return result
 
 
@@ -94,7 +110,7 @@ class CandidateReview:
     step: StepEstimate
     fits: bool
     warnings: list[str]
-    rank: int = 0                     # 1 = fastest within the budget; ties share one
+    rank: int = 0  # 1 = fastest within the budget; ties share one
     tied: bool = False
     pareto: bool = False
     extra: dict = field(default_factory=dict)
@@ -110,16 +126,32 @@ class CandidateReview:
     def row(self) -> dict:
         """Exact values: bytes, seconds, FLOPs; one flat level except the per-group dicts."""
         step, cost = self.step, self.cost
-        row = {"layout": self.label, **{k: v for k, v in cost.dims.degrees().items()}, "rank": self.rank,
-               "tied": self.tied, "fits": self.fits, "pareto": self.pareto}
+        row = {
+            "layout": self.label,
+            **{k: v for k, v in cost.dims.degrees().items()},
+            "rank": self.rank,
+            "tied": self.tied,
+            "fits": self.fits,
+            "pareto": self.pareto,
+        }
         row |= {f"memory_{k}_bytes": v for k, v in cost.memory.as_dict().items()}
-        row |= {"flops_per_rank": step.flops.total, "model_flops_per_rank": step.flops.model,
-                "recompute_flops_per_rank": step.flops.recompute, "compute_s": step.middle.compute,
-                "critical_comm_s": step.middle.critical, "exposed_comm_s": step.middle.exposed,
-                "hidden_comm_s": step.middle.hidden, "step_s": step.middle.total, "step_fast_s": step.fast.total,
-                "step_slow_s": step.slow.total, "mfu": step.middle.mfu, "mfu_fast": step.fast.mfu,
-                "mfu_slow": step.slow.mfu, "inter_node_bytes": step.inter_node_bytes,
-                "comm_bytes": sum(c.bytes for c in cost.collectives)}
+        row |= {
+            "flops_per_rank": step.flops.total,
+            "model_flops_per_rank": step.flops.model,
+            "recompute_flops_per_rank": step.flops.recompute,
+            "compute_s": step.middle.compute,
+            "critical_comm_s": step.middle.critical,
+            "exposed_comm_s": step.middle.exposed,
+            "hidden_comm_s": step.middle.hidden,
+            "step_s": step.middle.total,
+            "step_fast_s": step.fast.total,
+            "step_slow_s": step.slow.total,
+            "mfu": step.middle.mfu,
+            "mfu_fast": step.fast.mfu,
+            "mfu_slow": step.slow.mfu,
+            "inter_node_bytes": step.inter_node_bytes,
+            "comm_bytes": sum(c.bytes for c in cost.collectives),
+        }
         row["exposed_by_group_s"] = {g: s for g, s in step.middle.exposed_by_group.items()}
         row["hidden_by_group_s"] = {g: s for g, s in step.middle.hidden_by_group.items()}
         row["warnings"] = list(self.warnings)
@@ -131,8 +163,11 @@ def _assign_ranks(reviews: list[CandidateReview]) -> None:
     ordered = sorted(reviews, key=lambda r: (not r.fits, r.step.seconds))
     leader: CandidateReview | None = None
     for position, review in enumerate(ordered, start=1):
-        same = (leader is not None and review.fits == leader.fits
-                and review.step.seconds <= leader.step.seconds * (1 + RESOLUTION))
+        same = (
+            leader is not None
+            and review.fits == leader.fits
+            and review.step.seconds <= leader.step.seconds * (1 + RESOLUTION)
+        )
         if same:
             review.rank = leader.rank
             review.tied = leader.tied = True
@@ -140,13 +175,17 @@ def _assign_ranks(reviews: list[CandidateReview]) -> None:
             review.rank, leader = position, review
     for review in reviews:
         review.pareto = review.fits and not any(
-            other.fits and other.step.seconds <= review.step.seconds and other.cost.memory.total <= review.cost.memory.total
+            other.fits
+            and other.step.seconds <= review.step.seconds
+            and other.cost.memory.total <= review.cost.memory.total
             and (other.step.seconds, other.cost.memory.total) != (review.step.seconds, review.cost.memory.total)
-            for other in reviews)
+            for other in reviews
+        )
 
 
-def review_layouts(config: ModelConfig, layouts: list[ParallelDims], gpus_per_node: int,
-                   hardware: Hardware) -> list[CandidateReview]:
+def review_layouts(
+    config: ModelConfig, layouts: list[ParallelDims], gpus_per_node: int, hardware: Hardware
+) -> list[CandidateReview]:
     """Each layout costed (``estimate``), timed (``step_time``) and warned about, in the given order, with
     its rank, tie and Pareto flags set; ``ValueError`` names a layout the model does not fit."""
     reviews = []
@@ -155,8 +194,13 @@ def review_layouts(config: ModelConfig, layouts: list[ParallelDims], gpus_per_no
             cost = estimate(config, dims)
         except ValueError as error:
             raise ValueError(f"layout {short_label(dims)}: {error}") from None
-        reviews.append(CandidateReview(cost, estimate_step(cost, gpus_per_node, hardware),
-                                       cost.memory.total <= hardware.budget_bytes,
-                                       warnings_of(cost, hardware, gpus_per_node)))
+        reviews.append(
+            CandidateReview(
+                cost,
+                estimate_step(cost, gpus_per_node, hardware),
+                cost.memory.total <= hardware.budget_bytes,
+                warnings_of(cost, hardware, gpus_per_node),
+            )
+        )
     _assign_ranks(reviews)
     return reviews

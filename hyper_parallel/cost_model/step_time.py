@@ -23,6 +23,7 @@ for eff in ``Hardware.efficiency`` (low, high): the step-time range, with its mi
 MFU = model FLOPs (no recomputation) / (step x peak). Ignored: the optimizer step, kernel-launch gaps
 beyond ``eff``, contention between collectives on different links (summed as if they shared one).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -48,8 +49,8 @@ class StepTime:
     efficiency: float
     compute: float
     critical: float
-    exposed: float               # hidden-able communication the compute did not cover
-    hidden: float                # hidden-able communication behind compute
+    exposed: float  # hidden-able communication the compute did not cover
+    hidden: float  # hidden-able communication behind compute
     mfu: float
     exposed_by_group: dict[str, float]
     hidden_by_group: dict[str, float]
@@ -66,15 +67,16 @@ def _pipeline_exposed(comm: float, compute: float, stages: int) -> float:
     return comm / stages + max(0.0, (stages - 1) / stages * (comm - compute))
 
 
-def step_time(cost: CostEstimate, timed: list[TimedCollective], flops: StepFlops, hardware: Hardware,
-              efficiency: float) -> StepTime:
+def step_time(
+    cost: CostEstimate, timed: list[TimedCollective], flops: StepFlops, hardware: Hardware, efficiency: float
+) -> StepTime:
     """The module docstring's step at one efficiency."""
     m = cost.config.accumulation(cost.dims)[1]
     rate = hardware.peak_flops * efficiency
     forward_c = flops.forward / m / rate
     backward_c = (flops.backward + flops.recompute) / m / rate
     stages = max(1, sum(1 for u in cost.units if u.shard_size > 1 or u.dp_size > 1))
-    per_phase: dict[str, list[TimedCollective]] = defaultdict(list)   # hidden-able, per micro-batch or once
+    per_phase: dict[str, list[TimedCollective]] = defaultdict(list)  # hidden-able, per micro-batch or once
     critical, per_group = 0.0, defaultdict(float)
     for c in timed:
         if is_critical(c.group):
@@ -88,12 +90,13 @@ def step_time(cost: CostEstimate, timed: list[TimedCollective], flops: StepFlops
     bwd = sum(c.seconds for c in per_phase["backward"]) / m
     once = sum(c.seconds for c in per_phase["once"])
     exposed_fwd = m * _pipeline_exposed(fwd, forward_c, stages)
-    exposed_bwd = (m - 1) * _pipeline_exposed(bwd, backward_c, stages) + _pipeline_exposed(bwd + once, backward_c,
-                                                                                           stages)
+    exposed_bwd = (m - 1) * _pipeline_exposed(bwd, backward_c, stages) + _pipeline_exposed(
+        bwd + once, backward_c, stages
+    )
     hideable = m * (fwd + bwd) + once
     exposed = exposed_fwd + exposed_bwd
     exposed_by_group, hidden_by_group = {}, {}
-    for group, seconds in per_group.items():   # split the phase totals in proportion to each group's time
+    for group, seconds in per_group.items():  # split the phase totals in proportion to each group's time
         if is_critical(group):
             exposed_by_group[group], hidden_by_group[group] = seconds, 0.0
         else:
@@ -102,8 +105,16 @@ def step_time(cost: CostEstimate, timed: list[TimedCollective], flops: StepFlops
             hidden_by_group[group] = (hideable - exposed) * share
     compute = m * (forward_c + backward_c)
     total = compute + critical + exposed
-    return StepTime(efficiency, compute, critical, exposed, hideable - exposed,
-                    flops.model / (total * hardware.peak_flops), exposed_by_group, hidden_by_group)
+    return StepTime(
+        efficiency,
+        compute,
+        critical,
+        exposed,
+        hideable - exposed,
+        flops.model / (total * hardware.peak_flops),
+        exposed_by_group,
+        hidden_by_group,
+    )
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ Meshes and groups (``hyper_parallel.fsdp.roles``): dense units use (dp_replicate
 (dp_replicate, efsdp). The inner dim shards when its size is > 1 (and ``param_shard`` is not False),
 otherwise it joins the replicate dims: the unsharded (all-reduce) group is then "dp_replicate+fsdp".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,10 +42,10 @@ from hyper_parallel.mesh import ParallelDims
 class Param:
     name: str
     global_shape: tuple[int, ...]
-    local_shape: tuple[int, ...]        # after TP / EP / ETP
-    split_axes: tuple[int, ...] = ()    # axes a model-parallel degree > 1 splits
-    partial_over_tp: bool = False       # its gradient is summed over tp by fully_shard (SP norms, ...)
-    preferred_axis: int = 0             # FSDP shards this axis when no model-parallel degree splits it
+    local_shape: tuple[int, ...]  # after TP / EP / ETP
+    split_axes: tuple[int, ...] = ()  # axes a model-parallel degree > 1 splits
+    partial_over_tp: bool = False  # its gradient is summed over tp by fully_shard (SP norms, ...)
+    preferred_axis: int = 0  # FSDP shards this axis when no model-parallel degree splits it
 
     def fsdp_axis(self) -> int:
         if self.preferred_axis and self.preferred_axis not in self.split_axes:
@@ -72,10 +73,10 @@ class Unit:
     params: tuple[Param, ...]
     shard_size: int
     dp_size: int
-    sharded_group: str                  # reduce-scatter group ("" when shard_size == 1)
-    unsharded_group: str                # all-reduce group
+    sharded_group: str  # reduce-scatter group ("" when shard_size == 1)
+    unsharded_group: str  # all-reduce group
     is_root: bool = False
-    reshard: bool = True                # ModelConfig.reshard_after_forward (the root never reshards)
+    reshard: bool = True  # ModelConfig.reshard_after_forward (the root never reshards)
 
     @property
     def reshard_after_forward(self) -> bool:
@@ -125,16 +126,20 @@ def _attention(config: ModelConfig, tp: int) -> list[Param]:
     d, kv = config.d_model, config.kv_heads * config.head_dim
     kv_local = config.kv_heads_per_rank(tp) * config.head_dim
     kv_params = [Param(f"attention.{n}.weight", (kv, d), (kv_local, d), (0,) if tp > 1 else ()) for n in ("wk", "wv")]
-    return ([_param("attention.wq.weight", (d, d), {0: tp})] + kv_params +
-            [_param("attention.wo.weight", (d, d), {1: tp})])
+    return (
+        [_param("attention.wq.weight", (d, d), {0: tp})] + kv_params + [_param("attention.wo.weight", (d, d), {1: tp})]
+    )
 
 
 def _transformer_block(config: ModelConfig, dims: ParallelDims, moe: bool) -> list[Param]:
     tp = dims.tp
     sp = config.uses_sequence_parallel(dims)
     d = config.d_model
-    params = [_param("attention_norm.weight", (d,), partial=sp), *_attention(config, tp),
-              _param("ffn_norm.weight", (d,), partial=sp)]
+    params = [
+        _param("attention_norm.weight", (d,), partial=sp),
+        *_attention(config, tp),
+        _param("ffn_norm.weight", (d,), partial=sp),
+    ]
     if not moe:
         return params + _ffn("feed_forward", d, config.ffn_hidden, config.gated_ffn, tp, partial=False)
     # router and shared expert (and experts without EP): replicated over tp; with etp == 1 they see
@@ -144,15 +149,17 @@ def _transformer_block(config: ModelConfig, dims: ParallelDims, moe: bool) -> li
     if config.shared_expert_hidden:
         params += _ffn("feed_forward.shared", d, config.shared_expert_hidden, config.gated_ffn, 1, partial)
     if dims.ep == 1:
-        params += [dataclasses.replace(p, name=f"feed_forward.experts.{p.name}", partial_over_tp=partial)
-                   for p in _experts(config, dims)]
+        params += [
+            dataclasses.replace(p, name=f"feed_forward.experts.{p.name}", partial_over_tp=partial)
+            for p in _experts(config, dims)
+        ]
     return params
 
 
 def _experts(config: ModelConfig, dims: ParallelDims) -> list[Param]:
     e, d, h, ep, etp = config.num_experts, config.d_model, config.moe_hidden, dims.ep, dims.etp
     names = ("w1", "w3") if config.gated_ffn else ("w1",)
-    axis = config.expert_shard_dim   # on w2 [E, h, d] the same dimension (d or h) sits on the other axis
+    axis = config.expert_shard_dim  # on w2 [E, h, d] the same dimension (d or h) sits on the other axis
     params = [dataclasses.replace(_param(n, (e, d, h), {0: ep, 2: etp}), preferred_axis=axis) for n in names]
     w2_axis = {0: 0, 1: 2, 2: 1}[axis]
     return params + [dataclasses.replace(_param("w2", (e, h, d), {0: ep, 1: etp}), preferred_axis=w2_axis)]
@@ -160,15 +167,30 @@ def _experts(config: ModelConfig, dims: ParallelDims) -> list[Param]:
 
 def _mlp_params(config: ModelConfig) -> tuple[list[list[Param]], list[Param]]:
     d, h = config.d_model, config.ffn_hidden
-    block = [_param("norm.weight", (d,)), _param("w1.weight", (h, d)), _param("w1.bias", (h,)),
-             _param("w2.weight", (d, h)), _param("w2.bias", (d,))]
-    root = [_param("inp.weight", (d, config.d_in)), _param("inp.bias", (d,)),
-            _param("head.weight", (config.d_out, d)), _param("head.bias", (config.d_out,))]
+    block = [
+        _param("norm.weight", (d,)),
+        _param("w1.weight", (h, d)),
+        _param("w1.bias", (h,)),
+        _param("w2.weight", (d, h)),
+        _param("w2.bias", (d,)),
+    ]
+    root = [
+        _param("inp.weight", (d, config.d_in)),
+        _param("inp.bias", (d,)),
+        _param("head.weight", (config.d_out, d)),
+        _param("head.bias", (config.d_out,)),
+    ]
     return [block] * config.n_layers, root
 
 
-def _unit(name: str, params: list[Param], data_sizes: tuple[tuple[str, int], tuple[str, int]],
-          shard: bool | None, is_root: bool = False, reshard: bool = True) -> Unit:
+def _unit(
+    name: str,
+    params: list[Param],
+    data_sizes: tuple[tuple[str, int], tuple[str, int]],
+    shard: bool | None,
+    is_root: bool = False,
+    reshard: bool = True,
+) -> Unit:
     """fully_shard's roles on a (replicate, inner) mesh: the inner dim shards iff asked / of size > 1."""
     (replicate, replicas), (inner, inner_size) = data_sizes
     if shard is True or (shard is None and inner_size > 1):
@@ -182,23 +204,38 @@ def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
     dense = (("dp_replicate", dims.dp_replicate), ("fsdp", dims.fsdp))
     if config.architecture == "mlp":
         blocks, root = _mlp_params(config)
-        units = [_unit(f"blocks.{i}", params, dense, config.param_shard, reshard=config.reshard_after_forward)
-                 for i, params in enumerate(blocks)]
+        units = [
+            _unit(f"blocks.{i}", params, dense, config.param_shard, reshard=config.reshard_after_forward)
+            for i, params in enumerate(blocks)
+        ]
         return units + [_unit("root", root, dense, config.param_shard, is_root=True)]
     sparse = (("dp_replicate", dims.dp_replicate), ("efsdp", dims.efsdp))
-    blocks = {moe: _transformer_block(config, dims, moe) for moe in {layer in config.moe_layers
-                                                                    for layer in range(config.n_layers)}}
+    blocks = {
+        moe: _transformer_block(config, dims, moe)
+        for moe in {layer in config.moe_layers for layer in range(config.n_layers)}
+    }
     experts = _experts(config, dims)
     units = []
     for layer in range(config.n_layers):
         moe = layer in config.moe_layers
-        units.append(_unit(f"layers.{layer}", blocks[moe], dense, config.param_shard,
-                           reshard=config.reshard_after_forward))
+        units.append(
+            _unit(f"layers.{layer}", blocks[moe], dense, config.param_shard, reshard=config.reshard_after_forward)
+        )
         if moe and dims.ep > 1:
-            units.append(_unit(f"layers.{layer}.feed_forward.experts", experts, sparse, config.param_shard,
-                               reshard=config.reshard_after_forward))
+            units.append(
+                _unit(
+                    f"layers.{layer}.feed_forward.experts",
+                    experts,
+                    sparse,
+                    config.param_shard,
+                    reshard=config.reshard_after_forward,
+                )
+            )
     sp = config.uses_sequence_parallel(dims)
     d, vocab, tp = config.d_model, config.vocab_size, dims.tp
-    root = [_param("tok_embeddings.weight", (vocab, d), {0: tp}), _param("norm.weight", (d,), partial=sp),
-            _param("output.weight", (vocab, d), {0: tp})]
+    root = [
+        _param("tok_embeddings.weight", (vocab, d), {0: tp}),
+        _param("norm.weight", (d,), partial=sp),
+        _param("output.weight", (vocab, d), {0: tp}),
+    ]
     return units + [_unit("root", root, dense, config.param_shard, is_root=True)]

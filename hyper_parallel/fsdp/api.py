@@ -12,6 +12,7 @@ A parameter registered on several modules of the unit (tied embeddings) is manag
 sharded DTensor set on every module that holds it, whose gradient sums all its uses. Shared between
 two units it is refused, since each unit would reduce its own copy of the gradient.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,9 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from hyper_parallel.comm import GroupInfo
+from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.param import ParamLayout, ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
-from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.roles import MeshRoles, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
 
@@ -65,14 +66,18 @@ def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -
         return _spmd_layout(mesh, roles, own_mesh, own_placements, fqn)
     clash = set(own_names) & set(data_dims)
     if clash:
-        raise ValueError(f"parameter {fqn!r} is already a DTensor over {sorted(clash)}, which fully_shard's mesh "
-                         "uses as a data-parallel dim; apply TP/EP on model-parallel dims (tp, ep, etp) only, or "
-                         "pass the full mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)")
+        raise ValueError(
+            f"parameter {fqn!r} is already a DTensor over {sorted(clash)}, which fully_shard's mesh "
+            "uses as a data-parallel dim; apply TP/EP on model-parallel dims (tp, ep, etp) only, or "
+            "pass the full mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)"
+        )
     if set(own_names) <= set(roles.model_parallel_dims):
         if not _same_ranks(own_mesh, mesh[own_names]):
-            raise ValueError(f"parameter {fqn!r} is a DTensor over {own_names} with ranks "
-                             f"{own_mesh.mesh.tolist()}, but fully_shard's mesh groups ranks "
-                             f"{mesh[own_names].mesh.tolist()} over those dims: slice both from one mesh")
+            raise ValueError(
+                f"parameter {fqn!r} is a DTensor over {own_names} with ranks "
+                f"{own_mesh.mesh.tolist()}, but fully_shard's mesh groups ranks "
+                f"{mesh[own_names].mesh.tolist()} over those dims: slice both from one mesh"
+            )
         mp_dims = roles.model_parallel_dims
         placements = tuple(own_placements[own_names.index(d)] if d in own_names else Replicate() for d in mp_dims)
         return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
@@ -84,7 +89,8 @@ def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -
         raise ValueError(
             f"the fully_shard mesh {names} and the mesh {own_names} of parameter {fqn!r} cannot be combined into "
             f"one mesh ({error}); build both as slices of one init_device_mesh (or ParallelDims views), with "
-            "the data-parallel and model-parallel dims on separate axes") from None
+            "the data-parallel and model-parallel dims on separate axes"
+        ) from None
     return ParamLayout(combined, own_names, own_placements, own_mesh, own_placements)
 
 
@@ -93,26 +99,36 @@ def _same_ranks(a: DeviceMesh, b: DeviceMesh) -> bool:
     return a.mesh.shape == b.mesh.shape and bool((a.mesh == b.mesh).all())
 
 
-def _spmd_layout(mesh: DeviceMesh, roles: MeshRoles, own_mesh: DeviceMesh, own_placements: tuple,
-                 fqn: str) -> ParamLayout:
+def _spmd_layout(
+    mesh: DeviceMesh, roles: MeshRoles, own_mesh: DeviceMesh, own_placements: tuple, fqn: str
+) -> ParamLayout:
     """A parameter already a DTensor on fully_shard's whole mesh (FSDP2's ``dp_mesh_dims`` mode): it must be
     Replicate on the data-parallel dims; its other dims are model-parallel."""
     names = tuple(mesh.mesh_dim_names)
     data = set(roles.replicate_dims) | ({roles.shard_dim} if roles.shard_dim else set())
     wrong = [d for d, p in zip(names, own_placements) if d in data and not isinstance(p, Replicate)]
     if wrong:
-        raise ValueError(f"parameter {fqn!r} is a DTensor on the whole mesh but not Replicate over the "
-                         f"data-parallel dim(s) {wrong}; fully_shard shards those itself")
+        raise ValueError(
+            f"parameter {fqn!r} is a DTensor on the whole mesh but not Replicate over the "
+            f"data-parallel dim(s) {wrong}; fully_shard shards those itself"
+        )
     mp_dims = roles.model_parallel_dims
     placements = tuple(own_placements[names.index(d)] for d in mp_dims)
     return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
 
 
-def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh | None = None,
-                reshard_after_forward: bool | None = None,
-                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
-                ignored_params: set[nn.Parameter] | None = None, dp_mesh_dims=None,
-                enable_param_shard: bool | None = None, shard_placement_fn=None, offload_policy=None):
+def fully_shard(
+    module: nn.Module | list[nn.Module],
+    *,
+    mesh: DeviceMesh | None = None,
+    reshard_after_forward: bool | None = None,
+    mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+    ignored_params: set[nn.Parameter] | None = None,
+    dp_mesh_dims=None,
+    enable_param_shard: bool | None = None,
+    shard_placement_fn=None,
+    offload_policy=None,
+):
     """Shard ``module``'s parameters over the data-parallel dims of ``mesh`` (see module docstring).
 
     ``module`` may be a list: one unit (one all-gather, one reduce-scatter) for several modules.
@@ -125,8 +141,11 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh | None 
     _refuse_unsupported(shard_placement_fn, offload_policy)
     mesh = mesh if mesh is not None else _default_mesh()
     roles = resolve_roles(mesh, enable_param_shard, dp_mesh_dims)
-    device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" \
+    device = (
+        torch.device(mesh.device_type, torch.cuda.current_device())
+        if mesh.device_type == "cuda"
         else torch.device(mesh.device_type)
+    )
     sharded_group = GroupInfo.from_mesh(mesh, (roles.shard_dim,) if roles.shard_dim else ())
     unsharded_group = GroupInfo.from_mesh(mesh, roles.replicate_dims)
     ignored = {id(p) for p in (ignored_params or ())}
@@ -149,10 +168,12 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh | None 
         setattr(original, MANAGED_BY_ATTR, f"{fqn} of the fully_shard unit {prefix}")
     dtypes = {p.orig_dtype for p in managed}
     if len(dtypes) > 1:
-        raise ValueError(f"parameters of one fully_shard unit are gathered and reduced in one flat buffer and "
-                         f"must share a dtype; {prefix} has {sorted(str(d) for d in dtypes)}: cast the module "
-                         "to one dtype (use MixedPrecisionPolicy for low-precision compute) or apply fully_shard "
-                         "to the submodules separately")
+        raise ValueError(
+            f"parameters of one fully_shard unit are gathered and reduced in one flat buffer and "
+            f"must share a dtype; {prefix} has {sorted(str(d) for d in dtypes)}: cast the module "
+            "to one dtype (use MixedPrecisionPolicy for low-precision compute) or apply fully_shard "
+            "to the submodules separately"
+        )
     if any(not d.is_floating_point for d in dtypes):
         raise ValueError(f"fully_shard manages floating-point parameters only; {prefix} has {dtypes}")
     group = ParamGroup(prefix, managed, mp_policy, device) if managed else None
@@ -199,9 +220,11 @@ def _post_forward(mesh: DeviceMesh, roles: MeshRoles, reshard_after_forward) -> 
         raise ValueError(f"reshard_after_forward must be a bool, None or an int, got {reshard_after_forward!r}")
     size, k = roles.shard_size, reshard_after_forward
     if k < 1 or size % k:
-        raise ValueError(f"reshard_after_forward={k}: an int must divide the shard group's size {size} "
-                         f"(the ranks of {roles.shard_dim or 'no shard dim'}); use one of "
-                         f"{[d for d in range(1, size + 1) if size % d == 0]}, True or False")
+        raise ValueError(
+            f"reshard_after_forward={k}: an int must divide the shard group's size {size} "
+            f"(the ranks of {roles.shard_dim or 'no shard dim'}); use one of "
+            f"{[d for d in range(1, size + 1) if size % d == 0]}, True or False"
+        )
     if k in (1, size):
         return k == size, None
     names = (f"{roles.shard_dim}_post_forward_replica", f"{roles.shard_dim}_post_forward")
@@ -212,11 +235,15 @@ def _post_forward(mesh: DeviceMesh, roles: MeshRoles, reshard_after_forward) -> 
 def _refuse_unsupported(shard_placement_fn, offload_policy) -> None:
     """FSDP2 arguments this implementation does not offer: refused by name, never silently ignored."""
     if shard_placement_fn is not None:
-        raise NotImplementedError("shard_placement_fn is not supported: hyper_parallel's fully_shard chooses the "
-                                  "FSDP axis itself (the first axis no model-parallel dim shards)")
+        raise NotImplementedError(
+            "shard_placement_fn is not supported: hyper_parallel's fully_shard chooses the "
+            "FSDP axis itself (the first axis no model-parallel dim shards)"
+        )
     if offload_policy is not None and type(offload_policy).__name__ != "OffloadPolicy":
-        raise NotImplementedError(f"offload_policy={type(offload_policy).__name__} (CPU offload) is not supported "
-                                  "by hyper_parallel's fully_shard")
+        raise NotImplementedError(
+            f"offload_policy={type(offload_policy).__name__} (CPU offload) is not supported "
+            "by hyper_parallel's fully_shard"
+        )
 
 
 def _wrapper_class(cls: type) -> type:
@@ -236,16 +263,18 @@ def _detach_from_flat_buffer(module: nn.Module, state_dict: dict, prefix: str, l
     for key, value in state_dict.items():
         if key.startswith(prefix) and isinstance(value, DTensor) and value.to_local().storage_offset() != 0:
             local = value.to_local().detach().clone()
-            state_dict[key] = DTensor.from_local(local, value.device_mesh, value.placements, run_check=False,
-                                                 shape=value.shape, stride=value.stride())
+            state_dict[key] = DTensor.from_local(
+                local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+            )
 
 
 def _moved(param: nn.Parameter, device: torch.device) -> nn.Parameter:
     return nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
 
 
-def _unmanaged_params(modules: list[nn.Module],
-                      ignored: set[int]) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
+def _unmanaged_params(
+    modules: list[nn.Module], ignored: set[int]
+) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
     """(fqn, every (module, attribute) holding it, parameter) for the parameters of ``modules`` that no
     nested fully_shard unit manages. A parameter held by several modules (tied weights) appears once,
     with all its owners; one already managed by another unit is an error naming both places."""
@@ -263,13 +292,15 @@ def _unmanaged_params(modules: list[nn.Module],
             if owner_unit is not None:
                 raise ValueError(
                     f"parameter {prefix}{name} is already sharded by the fully_shard unit {owner_unit}, which "
-                    "encloses this module: apply fully_shard bottom-up (each block first, then the root)")
+                    "encloses this module: apply fully_shard bottom-up (each block first, then the root)"
+                )
             elsewhere = getattr(param, MANAGED_BY_ATTR, None)
             if elsewhere is not None:
                 raise ValueError(
                     f"parameter {prefix}{name} is shared with {elsewhere}: a parameter held by two fully_shard "
                     "units would have its gradient reduced twice. Apply fully_shard so that one unit holds "
-                    "every module using it (e.g. leave both in the root, or fully_shard([module_a, module_b]))")
+                    "every module using it (e.g. leave both in the root, or fully_shard([module_a, module_b]))"
+                )
             found[id(param)] = (f"{prefix}{name}", [(mod, name)], param)
         for child_name, child in mod._modules.items():
             if child is None or isinstance(child, FullyShardModule):

@@ -3,6 +3,7 @@
 What FSDP2 offers and this implementation does not is refused by name (``NotImplementedError``), so a
 training loop written for FSDP2 never silently does something else.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,13 +55,17 @@ class FullyShardModule:
         return states
 
     def __deepcopy__(self, memo):
-        raise RuntimeError(f"copy.deepcopy of a fully_shard module ({type(self).__name__}) is not supported (torch "
-                           "FSDP2 refuses it too): deepcopy the model before fully_shard, or save and load a state dict")
+        raise RuntimeError(
+            f"copy.deepcopy of a fully_shard module ({type(self).__name__}) is not supported (torch "
+            "FSDP2 refuses it too): deepcopy the model before fully_shard, or save and load a state dict"
+        )
 
     def __getattr__(self, name: str):
         if name in UNSUPPORTED_FSDP2_METHODS:
-            raise NotImplementedError(f"{name} (torch FSDP2: {UNSUPPORTED_FSDP2_METHODS[name]}) is not supported "
-                                      "by hyper_parallel's fully_shard")
+            raise NotImplementedError(
+                f"{name} (torch FSDP2: {UNSUPPORTED_FSDP2_METHODS[name]}) is not supported "
+                "by hyper_parallel's fully_shard"
+            )
         return super().__getattr__(name)
 
     def unshard(self, async_op: bool = False) -> UnshardHandle | None:

@@ -13,6 +13,7 @@ Storage. Every rank stores its piece padded to ``ceil(n / shard_size)`` along ``
 its group's flat shard buffer, so that buffer is the all-gather input with no copy-in; the unsharded
 tensor is a padded full tensor whose storage is freed on reshard and refilled on unshard.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,6 @@ from torch.distributed.tensor.placement_types import Partial, Placement, _Stride
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp.roles import MeshRoles
 from hyper_parallel.partial_grad import marked_partial_dims
-
 
 
 def union_dims(dims: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:
@@ -53,9 +53,17 @@ class ParamLayout:
 
 
 class ShardedParam:
-    def __init__(self, fqn: str, owners: list[tuple[nn.Module, str]], param: nn.Parameter,
-                 roles: MeshRoles, sharded_group: GroupInfo, unsharded_group: GroupInfo,
-                 layout: ParamLayout, model_parallel_groups: dict[str, GroupInfo]) -> None:
+    def __init__(
+        self,
+        fqn: str,
+        owners: list[tuple[nn.Module, str]],
+        param: nn.Parameter,
+        roles: MeshRoles,
+        sharded_group: GroupInfo,
+        unsharded_group: GroupInfo,
+        layout: ParamLayout,
+        model_parallel_groups: dict[str, GroupInfo],
+    ) -> None:
         self.fqn = fqn
         self.owners = owners  # (module, attribute) of every place the parameter is registered (tied weights)
         self.roles = roles
@@ -89,8 +97,8 @@ class ShardedParam:
         self.sharded_param: nn.Parameter | None = None
         self.unsharded_param: nn.Parameter | None = None
         self.unsharded_padded: torch.Tensor | None = None
-        self.accumulated_grad: torch.Tensor | None = None     # parked while gradient sync is off
-        self.accumulated_partial: tuple[str, ...] = ()       # the model-parallel dims it is Partial on
+        self.accumulated_grad: torch.Tensor | None = None  # parked while gradient sync is off
+        self.accumulated_partial: tuple[str, ...] = ()  # the model-parallel dims it is Partial on
         self._initial_local = local
 
     # ----- layout -----
@@ -138,8 +146,10 @@ class ShardedParam:
         dims = marked_partial_dims(param)
         unknown = set(dims) - set(self.model_parallel_groups)
         if unknown:
-            raise ValueError(f"parameter {self.fqn!r} is marked partial over {sorted(unknown)}, which is not "
-                             f"a model-parallel dim of its mesh ({sorted(self.model_parallel_groups)})")
+            raise ValueError(
+                f"parameter {self.fqn!r} is marked partial over {sorted(unknown)}, which is not "
+                f"a model-parallel dim of its mesh ({sorted(self.model_parallel_groups)})"
+            )
         return dims
 
     def partial_groups(self, runtime_partial_dims: tuple[str, ...] = ()) -> list[GroupInfo]:
@@ -148,8 +158,10 @@ class ShardedParam:
         dims = union_dims(self.marked_partial_dims, runtime_partial_dims)
         missing = [d for d in dims if d not in self.model_parallel_groups]
         if missing:
-            raise RuntimeError(f"gradient of {self.fqn!r} is partial over {missing}, but fully_shard has no "
-                               "group for it; the parameter's DTensor mesh must include those dims")
+            raise RuntimeError(
+                f"gradient of {self.fqn!r} is partial over {missing}, but fully_shard has no "
+                "group for it; the parameter's DTensor mesh must include those dims"
+            )
         return [self.model_parallel_groups[d] for d in dims]
 
     def local_grad(self, grad: DTensor) -> tuple[torch.Tensor, tuple[str, ...]]:
@@ -182,14 +194,23 @@ class ShardedParam:
         start = self.shard_index * self.chunk
         if self.local_len > 0:
             padded.narrow(self.fsdp_axis, 0, self.local_len).copy_(
-                self._initial_local.narrow(self.fsdp_axis, start, self.local_len))
+                self._initial_local.narrow(self.fsdp_axis, start, self.local_len)
+            )
         local = padded.narrow(self.fsdp_axis, 0, self.local_len)
-        dtensor = DTensor.from_local(local, self.combined_mesh, self.sharded_placements,
-                                     run_check=False, shape=torch.Size(self.global_shape),
-                                     stride=self._global_stride())
+        dtensor = DTensor.from_local(
+            local,
+            self.combined_mesh,
+            self.sharded_placements,
+            run_check=False,
+            shape=torch.Size(self.global_shape),
+            stride=self._global_stride(),
+        )
         self.sharded_param = nn.Parameter(dtensor, requires_grad=self.requires_grad)
-        self._grad_spec = DTensorSpec(self.combined_mesh, self.sharded_placements,
-                                      TensorMeta(torch.Size(self.global_shape), self._global_stride(), self.orig_dtype))
+        self._grad_spec = DTensorSpec(
+            self.combined_mesh,
+            self.sharded_placements,
+            TensorMeta(torch.Size(self.global_shape), self._global_stride(), self.orig_dtype),
+        )
         self._initial_local = None
         self._set_on_owner(self.sharded_param)
 
@@ -210,16 +231,24 @@ class ShardedParam:
             self.unsharded_padded = torch.empty(shape, dtype=dtype, device=device)
         local = self.unsharded_padded.narrow(self.fsdp_axis, 0, self.mp_local_shape[self.fsdp_axis])
         if self.layout.compute_mesh is not None:
-            local = DTensor.from_local(local, self.layout.compute_mesh, self.layout.compute_placements, run_check=False,
-                                       shape=torch.Size(self.global_shape), stride=self._global_stride())
+            local = DTensor.from_local(
+                local,
+                self.layout.compute_mesh,
+                self.layout.compute_placements,
+                run_check=False,
+                shape=torch.Size(self.global_shape),
+                stride=self._global_stride(),
+            )
         self.unsharded_param = nn.Parameter(local, requires_grad=self.requires_grad)
         if alias is None:
             self.free_unsharded()
 
     @property
     def aliased(self) -> bool:
-        return self.unsharded_padded.untyped_storage().data_ptr() == \
-            self.sharded_param.to_local().untyped_storage().data_ptr()
+        return (
+            self.unsharded_padded.untyped_storage().data_ptr()
+            == self.sharded_param.to_local().untyped_storage().data_ptr()
+        )
 
     def is_unsharded_allocated(self) -> bool:
         return self.unsharded_padded.untyped_storage().size() > 0

@@ -11,6 +11,7 @@ whole unit, never one per parameter. Gradient routing follows GroupInfo (docs/de
 Gradients a model-parallel style left partial (pure-TP fix) are then summed over their TP/EP group,
 and everything is divided by the data-parallel world so results equal one process on the global batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,8 +48,9 @@ class ShardedState(Enum):
 
 
 class ParamGroup:
-    def __init__(self, name: str, params: list[ShardedParam], mp_policy: MixedPrecisionPolicy,
-                 device: torch.device) -> None:
+    def __init__(
+        self, name: str, params: list[ShardedParam], mp_policy: MixedPrecisionPolicy, device: torch.device
+    ) -> None:
         self.name, self.params, self.mp_policy, self.device = name, params, mp_policy, device
         first = params[0]
         self.sharded_group: GroupInfo = first.sharded_group_info
@@ -71,11 +73,11 @@ class ParamGroup:
         self.total = total
         self.flat_shard = torch.empty(total, dtype=self.orig_dtype, device=device)
         for param, offset in zip(params, self.offsets):
-            param.init_sharded(self.flat_shard[offset:offset + param.padded_numel])
+            param.init_sharded(self.flat_shard[offset : offset + param.padded_numel])
         self.needs_all_gather = self.shard_size > 1
         alias = not self.needs_all_gather and self.param_dtype == self.orig_dtype
         for param, offset in zip(params, self.offsets):
-            storage = self.flat_shard[offset:offset + param.padded_numel] if alias else None
+            storage = self.flat_shard[offset : offset + param.padded_numel] if alias else None
             param.init_unsharded(self.param_dtype, device, storage)
         self.owns_unsharded_storage = not alias
         self.sharded_state = ShardedState.SHARDED
@@ -127,14 +129,14 @@ class ParamGroup:
                 pending.wait()
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
-                param.copy_out(gathered[:, offset:offset + param.padded_numel])
+                param.copy_out(gathered[:, offset : offset + param.padded_numel])
             comm.release(gathered)
             if cast is not None:
                 comm.release(cast)
         elif self.owns_unsharded_storage:
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
-                param.copy_cast(self.flat_shard[offset:offset + param.padded_numel])
+                param.copy_cast(self.flat_shard[offset : offset + param.padded_numel])
         for param in self.params:
             param.use_unsharded()
         self.sharded_state = ShardedState.UNSHARDED
@@ -166,8 +168,9 @@ class ParamGroup:
         kept = torch.empty(rows, self.total, dtype=self.param_dtype, device=self.device)
         for param, offset in zip(self.params, self.offsets):
             pieces = param.unsharded_padded.unflatten(param.fsdp_axis, (self.shard_size, param.chunk))
-            kept[:, offset:offset + param.padded_numel].view(rows, *param.padded_shape).copy_(
-                pieces.movedim(param.fsdp_axis, 0)[first:first + rows])
+            kept[:, offset : offset + param.padded_numel].view(rows, *param.padded_shape).copy_(
+                pieces.movedim(param.fsdp_axis, 0)[first : first + rows]
+            )
         return kept
 
     def _trace_placements(self, sharded_to_unsharded: bool) -> None:
@@ -254,8 +257,10 @@ class ParamGroup:
         False keep the sum for later and return None."""
         if self.partial_reduce is not None:
             if self.partial_reduce_layout != offsets:
-                raise RuntimeError(f"{self.name}: requires_grad of its parameters changed between micro-steps "
-                                   "of one gradient accumulation; freeze or unfreeze between optimizer steps")
+                raise RuntimeError(
+                    f"{self.name}: requires_grad of its parameters changed between micro-steps "
+                    "of one gradient accumulation; freeze or unfreeze between optimizer steps"
+                )
             reduced += self.partial_reduce
             reduced_params = self._merge(reduced_params, self.partial_reduce_params)
             self.partial_reduce, self.partial_reduce_params, self.partial_reduce_layout = None, [], None
@@ -272,7 +277,7 @@ class ParamGroup:
         reduced = reduced.to(self.orig_dtype)
         for param, _ in reduced_params:
             offset = offsets[id(param)]
-            grad = param.sharded_grad(reduced[offset:offset + param.padded_numel])
+            grad = param.sharded_grad(reduced[offset : offset + param.padded_numel])
             if param.sharded_param.grad is None:
                 param.sharded_param.grad = grad
             else:
@@ -292,8 +297,10 @@ class ParamGroup:
                 total += param.padded_numel
         stray = [param.fqn for param, _, _ in ready if id(param) not in offsets]
         if stray:
-            raise RuntimeError(f"{self.name}: {stray} got a gradient but no longer require one; change "
-                               "requires_grad between optimizer steps, not between forward and backward")
+            raise RuntimeError(
+                f"{self.name}: {stray} got a gradient but no longer require one; change "
+                "requires_grad between optimizer steps, not between forward and backward"
+            )
         return offsets, total
 
     def _reduce_scatter(self, ready: list, offsets: dict[int, int], total: int, async_op: bool) -> tuple:
@@ -301,19 +308,21 @@ class ParamGroup:
         summed shard (the buffer itself when shard_size == 1), (param, partial dims) per gradient, and the
         reduce-scatter still in flight (None when done)."""
         reduce_in = (torch.empty if len(ready) == len(offsets) else torch.zeros)(
-            self.shard_size, total, dtype=self.reduce_dtype, device=self.device)
+            self.shard_size, total, dtype=self.reduce_dtype, device=self.device
+        )
         reduced_params = []
         while ready:  # pop: each unsharded gradient is freed once copied in, before the collective (peak memory)
             param, grad, partial = ready.pop()
             offset = offsets[id(param)]
-            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset:offset + param.padded_numel])
+            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset : offset + param.padded_numel])
             reduced_params.append((param, partial))
             del grad
         if self.shard_size == 1:
             return reduce_in.view(-1), reduced_params, None
         reduced = torch.empty(total, dtype=self.reduce_dtype, device=self.device)
-        pending = comm.reduce_scatter_tensor(reduced, reduce_in.view(-1), self.sharded_group, module=self.name,
-                                             async_op=async_op)
+        pending = comm.reduce_scatter_tensor(
+            reduced, reduce_in.view(-1), self.sharded_group, module=self.name, async_op=async_op
+        )
         if pending is None:
             comm.release(reduce_in)
             return reduced, reduced_params, None
@@ -335,12 +344,11 @@ class ParamGroup:
             for group in param.partial_groups(runtime_partial):
                 by_group.setdefault(group.name, (group, []))[1].append(param)
         for group, params in by_group.values():
-            segments = [reduced[offsets[id(p)]:offsets[id(p)] + p.padded_numel] for p in params]
+            segments = [reduced[offsets[id(p)] : offsets[id(p)] + p.padded_numel] for p in params]
             flat = torch.cat(segments)
             comm.all_reduce(flat, group, module=self.name)
             position = 0
             for segment in segments:
-                segment.copy_(flat[position:position + segment.numel()])
+                segment.copy_(flat[position : position + segment.numel()])
                 position += segment.numel()
             comm.release(flat)
-

@@ -12,6 +12,7 @@ So while unit k's reduce-scatter is on the wire, backward computes unit k-1, as 
 Without overlap every stage runs at once. Either way the same collectives reduce the same buffers in
 the same order, so the gradients are bit for bit the same.
 """
+
 from __future__ import annotations
 
 from enum import Enum, auto
@@ -26,13 +27,20 @@ if TYPE_CHECKING:
 
 
 class ReductionStage(Enum):
-    REDUCE_SCATTER = auto()   # issued; its result (this rank's summed shard) not yet waited for
-    ALL_REDUCE = auto()       # HSDP: the reduce-scatter's result being summed over the replicas
+    REDUCE_SCATTER = auto()  # issued; its result (this rank's summed shard) not yet waited for
+    ALL_REDUCE = auto()  # HSDP: the reduce-scatter's result being summed over the replicas
 
 
 class GradientReduction:
-    def __init__(self, group: "ParamGroup", reduced: torch.Tensor, reduced_params: list,
-                 offsets: dict[int, int], scatter: tuple | None, async_op: bool) -> None:
+    def __init__(
+        self,
+        group: ParamGroup,
+        reduced: torch.Tensor,
+        reduced_params: list,
+        offsets: dict[int, int],
+        scatter: tuple | None,
+        async_op: bool,
+    ) -> None:
         self.group, self.reduced, self.reduced_params, self.offsets = group, reduced, reduced_params, offsets
         self.async_op = async_op
         self.stage = ReductionStage.REDUCE_SCATTER
@@ -53,8 +61,9 @@ class GradientReduction:
                     return True  # HSDP accumulation without all-reduce: the partial sum waits for a later step
                 self.reduced, self.reduced_params = kept
                 if self.async_op:
-                    self._pending = comm.all_reduce(self.reduced, group.unsharded_group, module=group.name,
-                                                    async_op=True)
+                    self._pending = comm.all_reduce(
+                        self.reduced, group.unsharded_group, module=group.name, async_op=True
+                    )
                     self.stage = ReductionStage.ALL_REDUCE
                     return False
                 comm.all_reduce(self.reduced, group.unsharded_group, module=group.name)

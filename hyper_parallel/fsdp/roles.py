@@ -11,6 +11,7 @@ Rules:
 * ``dp_mesh_dims`` (torch FSDP2's ``DataParallelMeshDims``) names the shard and replicate dims
   explicitly; every other dim of the mesh is then model-parallel, whatever its name.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ class MeshRoles:
     """Role of each dim of one fully_shard mesh."""
 
     mesh: DeviceMesh
-    replicate_dims: tuple[str, ...]   # all-reduce dims (the unsharded group)
-    shard_dim: str | None             # reduce-scatter dim (the sharded group), None when not sharding
+    replicate_dims: tuple[str, ...]  # all-reduce dims (the unsharded group)
+    shard_dim: str | None  # reduce-scatter dim (the sharded group), None when not sharding
     model_parallel_dims: tuple[str, ...]
 
     @property
@@ -71,9 +72,11 @@ def _explicit_roles(mesh: DeviceMesh, names: tuple[str, ...], dp_mesh_dims, enab
         if unknown:
             raise ValueError(f"dp_mesh_dims.{label} names {unknown}, which the mesh {names} does not have")
     if len(shard) > 1 or len(replicate) > 1:
-        raise ValueError(f"dp_mesh_dims with several {'shard' if len(shard) > 1 else 'replicate'} dims "
-                         f"({shard or replicate}) is not supported: flatten them into one mesh dim first "
-                         "(mesh[names]._flatten(name), or the 'fsdp' view of ParallelDims)")
+        raise ValueError(
+            f"dp_mesh_dims with several {'shard' if len(shard) > 1 else 'replicate'} dims "
+            f"({shard or replicate}) is not supported: flatten them into one mesh dim first "
+            "(mesh[names]._flatten(name), or the 'fsdp' view of ParallelDims)"
+        )
     if set(shard) & set(replicate):
         raise ValueError(f"dp_mesh_dims names {sorted(set(shard) & set(replicate))} as both shard and replicate")
     shard_dim = shard[0] if shard else None
@@ -103,7 +106,8 @@ def resolve_roles(mesh: DeviceMesh, enable_param_shard: bool | None, dp_mesh_dim
         raise ValueError(
             f"ambiguous fully_shard mesh {names}: data-parallel dims {data_parallel} (and {replicate}) — "
             "give at most one replicate dim and one shard dim, e.g. flatten dp_shard and cp into 'fsdp' "
-            "(ParallelDims views provide it) or name the outer dim 'dp_replicate'")
+            "(ParallelDims views provide it) or name the outer dim 'dp_replicate'"
+        )
     if len(data_parallel) == 2:
         replicate.append(data_parallel.pop(0))
     shard_dim = data_parallel[0] if data_parallel else None
@@ -111,7 +115,8 @@ def resolve_roles(mesh: DeviceMesh, enable_param_shard: bool | None, dp_mesh_dim
         raise ValueError(
             f"enable_param_shard=True but the mesh {names} has no dim to shard parameters over "
             f"(replicate: {replicate}, model-parallel: {list(model_parallel)}); pass a mesh with a "
-            "data-parallel dim such as 'fsdp', or use enable_param_shard=False/None")
+            "data-parallel dim such as 'fsdp', or use enable_param_shard=False/None"
+        )
     size = mesh.size(names.index(shard_dim)) if shard_dim else 1
     shard = enable_param_shard is True or (enable_param_shard is None and size > 1)
     if shard_dim is not None and not shard:

@@ -17,6 +17,7 @@ autograd function on the inputs, as FSDP2 does), or at the end of backward if no
 A unit may span several modules (``fully_shard([norm, output])``): it reshards after forward once
 every one of them has run.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,8 @@ class TrainingState(Enum):
 
     IDLE = auto()
     FORWARD = auto()
-    PRE_BACKWARD = auto()     # backward has reached the unit: parameters unsharded for it
-    POST_BACKWARD = auto()    # gradients reduced
+    PRE_BACKWARD = auto()  # backward has reached the unit: parameters unsharded for it
+    POST_BACKWARD = auto()  # gradients reduced
 
 
 class RunAfterInputGradients(torch.autograd.Function):
@@ -46,7 +47,7 @@ class RunAfterInputGradients(torch.autograd.Function):
     i.e. once backward is done with every weight of the unit, frozen ones included."""
 
     @staticmethod
-    def forward(ctx, state: "FullyShardState", *inputs: torch.Tensor):
+    def forward(ctx, state: FullyShardState, *inputs: torch.Tensor):
         ctx.state = state
         return inputs
 
@@ -62,21 +63,26 @@ def overlap_default() -> bool:
 
 
 class FullyShardState:
-    def __init__(self, modules: list[nn.Module], group: ParamGroup | None, reshard_after_forward: bool | None,
-                 mp_policy: MixedPrecisionPolicy) -> None:
+    def __init__(
+        self,
+        modules: list[nn.Module],
+        group: ParamGroup | None,
+        reshard_after_forward: bool | None,
+        mp_policy: MixedPrecisionPolicy,
+    ) -> None:
         self.modules = modules
         self.module = modules[0]
         self.group = group
         self.reshard_after_forward = reshard_after_forward  # None: True except for the root (FSDP2's default)
         self.reshard_after_backward = True
         self.mp_policy = mp_policy
-        self.forward_prefetch: list[FullyShardState] | None = None   # explicit targets (set_modules_to_...)
+        self.forward_prefetch: list[FullyShardState] | None = None  # explicit targets (set_modules_to_...)
         self.backward_prefetch: list[FullyShardState] | None = None  # None: implicit (backward only)
         self.overlap = overlap_default()
         self.implicit_forward_prefetch = False
         self.is_root: bool | None = None
         self.root: FullyShardState | None = None
-        self.forward_order: list[FullyShardState] = []       # root only: units by pre-forward, first step
+        self.forward_order: list[FullyShardState] = []  # root only: units by pre-forward, first step
         self.post_forward_order: list[FullyShardState] = []  # root only: units by post-forward (backward reversed)
         self.order_recorded = False
         self.reductions_in_flight: list[ParamGroup] = []  # root only: async reductions, oldest first
@@ -130,8 +136,11 @@ class FullyShardState:
                     if id(owner) in module_names:
                         param.fqn = ".".join(part for part in (module_names[id(owner)], leaf) if part)
         for state, name in names.items():
-            enclosing = [other for other, prefix in names.items()
-                         if other is not state and (prefix == "" or name.startswith(prefix + "."))]
+            enclosing = [
+                other
+                for other, prefix in names.items()
+                if other is not state and (prefix == "" or name.startswith(prefix + "."))
+            ]
             if enclosing:
                 state.parent_name = max(enclosing, key=lambda other: len(names[other])).name
 
@@ -181,20 +190,25 @@ class FullyShardState:
         return args, kwargs
 
     # ----- prefetch: at most one unit gathered ahead -----
-    def _record_order(self, order: list["FullyShardState"] | None) -> None:
+    def _record_order(self, order: list[FullyShardState] | None) -> None:
         """Orders are recorded during the first training step and used from the second on (as FSDP2); not
         from a forward recomputed inside backward (reentrant checkpointing), whose order is backward's."""
-        if (torch.is_grad_enabled() and order is not None and not self.root.order_recorded and self not in order
-                and torch._C._current_graph_task_id() == -1):
+        if (
+            torch.is_grad_enabled()
+            and order is not None
+            and not self.root.order_recorded
+            and self not in order
+            and torch._C._current_graph_task_id() == -1
+        ):
             order.append(self)
 
-    def _neighbour(self, order: list["FullyShardState"], step: int) -> list["FullyShardState"]:
+    def _neighbour(self, order: list[FullyShardState], step: int) -> list[FullyShardState]:
         if self.root is None or not self.root.order_recorded or self not in order:
             return []
         index = order.index(self) + step
         return [order[index]] if 0 <= index < len(order) else []
 
-    def _forward_targets(self) -> list["FullyShardState"]:
+    def _forward_targets(self) -> list[FullyShardState]:
         """Explicit targets, else (opt-in) the unit whose forward comes next."""
         if self.forward_prefetch is not None:
             return self.forward_prefetch
@@ -202,7 +216,7 @@ class FullyShardState:
             return self._neighbour(self.root.forward_order, 1)
         return []
 
-    def _backward_targets(self) -> list["FullyShardState"]:
+    def _backward_targets(self) -> list[FullyShardState]:
         """Explicit targets, else (with overlap) the unit whose backward comes next: the one whose forward
         ended just before this one's."""
         if self.backward_prefetch is not None:
@@ -238,8 +252,9 @@ class FullyShardState:
                 self.training_state = TrainingState.IDLE
         if self.mp_policy.output_dtype is not None:
             dtype = self.mp_policy.output_dtype
-            output = tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
-                              output)
+            output = tree_map(
+                lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, output
+            )
         if training:
             for tensor in tree_flatten(output)[0]:
                 if isinstance(tensor, torch.Tensor) and tensor.requires_grad:

@@ -1,4 +1,5 @@
 """What each fully_shard unit of a model holds and how it communicates: for figures and cost checks."""
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -19,18 +20,22 @@ def describe_units(root: nn.Module) -> list[dict]:
         seen.add(id(state))
         group = state.group
         element = group.params[0].sharded_param.element_size()
-        units.append({
-            "unit": name or "root",
-            "params": [p.fqn for p in group.params],
-            "mp_local_bytes": sum(_numel(p.mp_local_shape) for p in group.params) * element,
-            "padded_bytes": group.total * group.shard_size * element,
-            "global_bytes": sum(_numel(p.global_shape) for p in group.params) * element,
-            "shard_size": group.shard_size, "dp_size": group.dp_size, "rank_size": group.rank_size,
-            "sharded_group": {"name": group.sharded_group.name, "ranks": list(group.sharded_group.ranks)},
-            "unsharded_group": {"name": group.unsharded_group.name, "ranks": list(group.unsharded_group.ranks)},
-            "reshard_after_forward": state.reshards_after_forward,
-            "dtype": str(group.orig_dtype).removeprefix("torch."),
-        })
+        units.append(
+            {
+                "unit": name or "root",
+                "params": [p.fqn for p in group.params],
+                "mp_local_bytes": sum(_numel(p.mp_local_shape) for p in group.params) * element,
+                "padded_bytes": group.total * group.shard_size * element,
+                "global_bytes": sum(_numel(p.global_shape) for p in group.params) * element,
+                "shard_size": group.shard_size,
+                "dp_size": group.dp_size,
+                "rank_size": group.rank_size,
+                "sharded_group": {"name": group.sharded_group.name, "ranks": list(group.sharded_group.ranks)},
+                "unsharded_group": {"name": group.unsharded_group.name, "ranks": list(group.unsharded_group.ranks)},
+                "reshard_after_forward": state.reshards_after_forward,
+                "dtype": str(group.orig_dtype).removeprefix("torch."),
+            }
+        )
     return sorted(units, key=lambda unit: unit["unit"] == "root")
 
 

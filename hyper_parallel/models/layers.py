@@ -1,4 +1,5 @@
 """Layers shared by the models."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 Each block is ``x + w2(relu(w1(norm(x))))``: w1 is the colwise and w2 the rowwise TP layer, and the
 RMSNorm weight is the replicated parameter whose gradient sequence parallelism leaves partial.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

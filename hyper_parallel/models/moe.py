@@ -14,6 +14,7 @@ Parameter names are fixed (``router.gate.weight``, ``experts.w1``, ``experts.w2`
 Everything is initialised from the global RNG, so ``torch.manual_seed(s); MoE(config)`` builds the same
 layer on every rank.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ class Router(nn.Module):
         deterministically go to the lower expert index on every rank and every backend."""
         scores = torch.softmax(self.gate(tokens), dim=-1)
         order = torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices
-        indices = order[:, :self.top_k]
+        indices = order[:, : self.top_k]
         weights = scores.gather(-1, indices)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -88,8 +89,8 @@ class GroupedExperts(nn.Module):
     def __init__(self, d_model: int, hidden: int, num_experts: int) -> None:
         super().__init__()
         self.num_experts = num_experts
-        self.w1 = nn.Parameter(torch.randn(num_experts, d_model, hidden) * d_model ** -0.5)
-        self.w2 = nn.Parameter(torch.randn(num_experts, hidden, d_model) * hidden ** -0.5)
+        self.w1 = nn.Parameter(torch.randn(num_experts, d_model, hidden) * d_model**-0.5)
+        self.w2 = nn.Parameter(torch.randn(num_experts, hidden, d_model) * hidden**-0.5)
 
     def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``routed [N, d]`` sorted by expert, ``counts [E]`` (int64) rows per expert -> ``[N, d]``."""
@@ -107,12 +108,12 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        weights, indices = self.router(tokens)                       # [T, k], [T, k]
-        slots = indices.reshape(-1)                                   # slot t*k + j -> its expert
-        order = torch.argsort(slots, stable=True)                     # slots sorted by expert
+        weights, indices = self.router(tokens)  # [T, k], [T, k]
+        slots = indices.reshape(-1)  # slot t*k + j -> its expert
+        order = torch.argsort(slots, stable=True)  # slots sorted by expert
         token_of = torch.div(order, self.config.top_k, rounding_mode="floor")
         counts = torch.bincount(slots, minlength=self.config.num_experts)
-        routed_out = self.experts(tokens[token_of], counts)          # [T*k, d], same order
+        routed_out = self.experts(tokens[token_of], counts)  # [T*k, d], same order
         routed_out = routed_out * weights.reshape(-1)[order].unsqueeze(-1)
         out = torch.zeros_like(tokens).index_add(0, token_of, routed_out)
         if self.shared is not None:

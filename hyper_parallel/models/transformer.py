@@ -5,10 +5,11 @@ or a MoE) -> norm -> output. Rotary position embeddings take explicit positions,
 parallelism (each rank holding non-contiguous chunks of the sequence) needs no position parameter.
 The attention core is swappable (``Attention.core``): CP replaces it with its distributed version.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -28,7 +29,7 @@ class TransformerConfig:
     hidden: int = 64
     seq_len: int = 16
     rope_theta: float = 10000.0
-    moe_layers: tuple[int, ...] = ()     # indices of layers whose feed-forward is a MoE
+    moe_layers: tuple[int, ...] = ()  # indices of layers whose feed-forward is a MoE
     num_experts: int = 4
     top_k: int = 2
     moe_hidden: int = 32
@@ -80,8 +81,10 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model)
         if layer_id in config.moe_layers:
             from hyper_parallel.models.moe import MoE, MoEConfig
-            self.feed_forward = MoE(MoEConfig(config.d_model, config.moe_hidden, config.num_experts,
-                                              config.top_k, config.shared_expert))
+
+            self.feed_forward = MoE(
+                MoEConfig(config.d_model, config.moe_hidden, config.num_experts, config.top_k, config.shared_expert)
+            )
         else:
             self.feed_forward = FeedForward(config.d_model, config.hidden)
 

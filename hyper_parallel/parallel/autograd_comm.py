@@ -11,6 +11,7 @@ Each pairs a forward collective with its adjoint in backward (Megatron-LM, picot
 
 Sequence chunks are along ``dim`` in rank order of the group.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,9 @@ def reduce_scatter_along(tensor: torch.Tensor, dim: int, info: GroupInfo) -> tor
     """Sum over ranks, keep this rank's chunk along ``dim`` (one reduce-scatter)."""
     moved = tensor.movedim(dim, 0).contiguous()
     if moved.shape[0] % info.size:
-        raise ValueError(f"dim {dim} of size {moved.shape[0]} does not split evenly over {info.size} ranks of {info.name}")
+        raise ValueError(
+            f"dim {dim} of size {moved.shape[0]} does not split evenly over {info.size} ranks of {info.name}"
+        )
     out = torch.empty((moved.shape[0] // info.size,) + tuple(moved.shape[1:]), dtype=moved.dtype, device=moved.device)
     comm.reduce_scatter_tensor(out, moved, info)
     return out.movedim(0, dim)
@@ -39,7 +42,9 @@ def reduce_scatter_along(tensor: torch.Tensor, dim: int, info: GroupInfo) -> tor
 
 def chunk_along(tensor: torch.Tensor, dim: int, info: GroupInfo) -> torch.Tensor:
     if tensor.shape[dim] % info.size:
-        raise ValueError(f"dim {dim} of size {tensor.shape[dim]} does not split evenly over {info.size} ranks of {info.name}")
+        raise ValueError(
+            f"dim {dim} of size {tensor.shape[dim]} does not split evenly over {info.size} ranks of {info.name}"
+        )
     return tensor.chunk(info.size, dim=dim)[info.index].contiguous()
 
 

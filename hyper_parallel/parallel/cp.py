@@ -19,9 +19,10 @@ the communication pattern and is checked against the same numbers.
 
 Every collective goes through ``hyper_parallel.comm``, so it appears in traces on the cp group.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -36,15 +37,20 @@ IMPLS = ("all_gather", "ring")
 def load_balanced_positions(seq_len: int, cp_size: int, cp_index: int) -> torch.Tensor:
     """Global positions held by cp rank ``cp_index``, in local order: chunk ``i`` then chunk ``2*cp-1-i``."""
     if cp_size < 1 or not 0 <= cp_index < cp_size:
-        raise ValueError(f"cp_index must be in [0, cp_size) with cp_size >= 1, got cp_index={cp_index}, cp_size={cp_size}")
+        raise ValueError(
+            f"cp_index must be in [0, cp_size) with cp_size >= 1, got cp_index={cp_index}, cp_size={cp_size}"
+        )
     if seq_len < 1 or seq_len % (2 * cp_size):
         raise ValueError(
             f"seq_len={seq_len} must be a positive multiple of 2*cp = {2 * cp_size}: load-balanced context "
             f"parallelism cuts the sequence into 2*cp equal chunks; nearest valid seq_len: "
-            f"{max(2 * cp_size, round(seq_len / (2 * cp_size)) * 2 * cp_size)}")
+            f"{max(2 * cp_size, round(seq_len / (2 * cp_size)) * 2 * cp_size)}"
+        )
     chunk = seq_len // (2 * cp_size)
     first, second = cp_index, 2 * cp_size - 1 - cp_index
-    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)])
+    return torch.cat(
+        [torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)]
+    )
 
 
 def gathered_positions(seq_len: int, cp_size: int) -> torch.Tensor:
@@ -58,10 +64,11 @@ def checked_positions(positions: torch.Tensor, s_local: int, cp: GroupInfo) -> t
     this rank's load-balanced chunks (the inputs must have been sharded with ``shard_sequence``)."""
     layout = gathered_positions(s_local * cp.size, cp.size).to(positions.device)
     index = cp_index(cp)
-    if not torch.equal(positions, layout[index * s_local:(index + 1) * s_local]):
+    if not torch.equal(positions, layout[index * s_local : (index + 1) * s_local]):
         raise ValueError(
             f"positions of cp rank {index} must be load_balanced_positions({s_local * cp.size}, {cp.size}, {index}) "
-            f"(use shard_sequence on the inputs and on the position ids); got {positions.tolist()}")
+            f"(use shard_sequence on the inputs and on the position ids); got {positions.tolist()}"
+        )
     return layout, index
 
 
@@ -138,9 +145,16 @@ def _scores(q, k, q_pos, k_pos, causal, scale, dtype):
     return scores
 
 
-def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: GroupInfo,
-                               positions: torch.Tensor, causal: bool = True, scale: float | None = None,
-                               impl: str = "all_gather") -> torch.Tensor:
+def context_parallel_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cp: GroupInfo,
+    positions: torch.Tensor,
+    causal: bool = True,
+    scale: float | None = None,
+    impl: str = "all_gather",
+) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence; returns [batch, heads, s_local, head_dim].
 
     ``q``, ``k``, ``v`` are local [batch, heads, s_local, head_dim] (K/V may have fewer heads: GQA)
@@ -152,7 +166,9 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [batch, heads, seq, head_dim], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must be [batch, heads, seq, head_dim], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     s_local = q.shape[2]
     if k.shape[2] != s_local or v.shape[2] != s_local or k.shape[:2] != v.shape[:2]:
         raise ValueError(f"q, k, v must hold the same tokens: got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -173,8 +189,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         # reduce-scattered back in backward
         k_all, v_all = GatherFromSequenceParallel.apply(torch.stack((k, v)), 3, cp, True).unbind(0)
     else:  # e.g. a different value head_dim (MLA-like): one each
-        k_all, v_all = (GatherFromSequenceParallel.apply(k, 2, cp, True),
-                        GatherFromSequenceParallel.apply(v, 2, cp, True))
+        k_all, v_all = (
+            GatherFromSequenceParallel.apply(k, 2, cp, True),
+            GatherFromSequenceParallel.apply(v, 2, cp, True),
+        )
     return attend(q, k_all, v_all, positions, layout, causal, scale, dtype)
 
 
@@ -186,14 +204,14 @@ def attend(q, k, v, q_pos, k_pos, causal, scale, dtype):
 
 
 def _ring_attention(q, k, v, cp, index, q_pos, block_pos, causal, scale, dtype):
-    """Online softmax over the cp blocks as they pass by: running max ``m``, denominator ``l``,
+    """Online softmax over the cp blocks as they pass by: running max ``m``, denominator ``row_sum``,
     numerator ``acc``. Rows a block masks out entirely (max = -inf) contribute nothing. The result
     does not depend on ``m`` mathematically, so ``m`` is detached (exact gradients, no NaN from -inf)."""
     if k.shape != v.shape or k.dtype != v.dtype:
         raise ValueError("impl='ring' needs K and V of the same shape and dtype (they travel stacked)")
     kv = torch.stack((k, v)).movedim(3, 0)  # [s_local, 2, batch, heads, head_dim]: rows to send
     m = torch.full(q.shape[:3] + (1,), float("-inf"), dtype=dtype, device=q.device)
-    l = torch.zeros_like(m)
+    row_sum = torch.zeros_like(m)
     acc = torch.zeros(q.shape[:3] + (v.shape[-1],), dtype=dtype, device=q.device)
     for step in range(cp.size):
         if step:
@@ -204,14 +222,16 @@ def _ring_attention(q, k, v, cp, index, q_pos, block_pos, causal, scale, dtype):
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(scores - m_safe)
         correction = torch.exp(m - m_safe)
-        l = l * correction + p.sum(dim=-1, keepdim=True)
+        row_sum = row_sum * correction + p.sum(dim=-1, keepdim=True)
         acc = acc * correction + torch.matmul(p, _expand_heads(q, v_blk).to(dtype))
         m = m_new
-    return (acc / l).to(q.dtype)
+    return (acc / row_sum).to(q.dtype)
 
 
 def attention_core(cp: GroupInfo, impl: str = "all_gather") -> Callable:
     """An ``Attention.core`` (q, k, v, positions) -> out for the model in ``hyper_parallel.models.transformer``."""
+
     def core(q, k, v, positions):
         return context_parallel_attention(q, k, v, cp, positions, causal=True, impl=impl)
+
     return core

@@ -10,6 +10,7 @@ Our fully_shard is not torch's ``FSDPModule``, so the schedules treat the stage 
 each microbatch's backward reduces its gradients at once (FSDP2 under torch would defer that to the last
 microbatch), and the gradients accumulate in the sharded ``.grad``; the numbers are the same.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,16 +51,19 @@ def stage_indices(pp: int, pp_rank: int, stages_per_rank: int) -> list[int]:
     return [pp_rank + round_ * pp for round_ in range(stages_per_rank)]
 
 
-def split_transformer(model: Transformer, pp: int, pp_rank: int, stages_per_rank: int = 1
-                      ) -> list[tuple[int, TransformerStage]]:
+def split_transformer(
+    model: Transformer, pp: int, pp_rank: int, stages_per_rank: int = 1
+) -> list[tuple[int, TransformerStage]]:
     """(stage index, stage module) for each stage of ``pp_rank``."""
     n_stages = pp * stages_per_rank
     n_layers = model.config.n_layers
     if n_layers % n_stages:
         raise ValueError(f"n_layers={n_layers} must be divisible by the {n_stages} pipeline stages")
     per_stage = n_layers // n_stages
-    return [(s, TransformerStage(model, range(s * per_stage, (s + 1) * per_stage), s == 0, s == n_stages - 1))
-            for s in stage_indices(pp, pp_rank, stages_per_rank)]
+    return [
+        (s, TransformerStage(model, range(s * per_stage, (s + 1) * per_stage), s == 0, s == n_stages - 1))
+        for s in stage_indices(pp, pp_rank, stages_per_rank)
+    ]
 
 
 def _nbytes(ops: list[dist.P2POp]) -> int:
@@ -80,20 +84,41 @@ class TracedPipelineStage(PipelineStage):
     def _span(self, action: str, microbatch: int, start: float) -> None:
         recorder = trace.current()
         if recorder is not None:
-            recorder.events.append({
-                "kind": "pipeline", "action": action, "phase": action, "stage": self.stage_index, "microbatch": microbatch,
-                "step": recorder.step, "t_start": start - recorder.epoch, "t_end": time.time() - recorder.epoch})
+            recorder.events.append(
+                {
+                    "kind": "pipeline",
+                    "action": action,
+                    "phase": action,
+                    "stage": self.stage_index,
+                    "microbatch": microbatch,
+                    "step": recorder.step,
+                    "t_start": start - recorder.epoch,
+                    "t_end": time.time() - recorder.epoch,
+                }
+            )
 
     def _p2p(self, op: str, phase: str, microbatch: int, ops: list[dist.P2POp]) -> list[dist.P2POp]:
         recorder = trace.current()
         if recorder is not None and ops:
             now = recorder.now()
             peer_ranks = sorted({op_.peer for op_ in ops})  # P2POp.peer is the global rank
-            recorder.events.append({
-                "kind": "collective", "op": op, "group": "pp", "ranks": sorted({recorder.rank, *peer_ranks}),
-                "bytes": _nbytes(ops), "dtype": str(ops[0].tensor.dtype).removeprefix("torch."), "phase": phase,
-                "module": f"stage{self.stage_index}", "step": recorder.step, "microbatch": microbatch,
-                "peer": peer_ranks[0], "t_start": now, "t_end": now})
+            recorder.events.append(
+                {
+                    "kind": "collective",
+                    "op": op,
+                    "group": "pp",
+                    "ranks": sorted({recorder.rank, *peer_ranks}),
+                    "bytes": _nbytes(ops),
+                    "dtype": str(ops[0].tensor.dtype).removeprefix("torch."),
+                    "phase": phase,
+                    "module": f"stage{self.stage_index}",
+                    "step": recorder.step,
+                    "microbatch": microbatch,
+                    "peer": peer_ranks[0],
+                    "t_start": now,
+                    "t_end": now,
+                }
+            )
         return ops
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
@@ -106,8 +131,9 @@ class TracedPipelineStage(PipelineStage):
     def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
         start = time.time()
         with trace.labels(phase="backward", module=f"stage{self.stage_index}"):
-            out = super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
-                                             last_backward=last_backward)
+            out = super().backward_one_chunk(
+                bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward
+            )
         self._span("backward", bwd_chunk_id, start)
         return out
 
@@ -131,6 +157,8 @@ def build_schedule(schedule: str, stages: list[PipelineStage], microbatches: int
     if schedule == "interleaved_1f1b":
         return ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn)
     if len(stages) != 1:
-        raise ValueError(f"schedule {schedule!r} runs one stage per rank, got {len(stages)}; "
-                         "use interleaved_1f1b for several stages per rank")
+        raise ValueError(
+            f"schedule {schedule!r} runs one stage per rank, got {len(stages)}; "
+            "use interleaved_1f1b for several stages per rank"
+        )
     return SCHEDULES[schedule](stages[0], n_microbatches=microbatches, loss_fn=loss_fn)

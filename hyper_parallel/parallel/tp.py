@@ -7,18 +7,26 @@ tp: norms run ``SequenceParallel`` and each block's input is all-gathered by ``P
 each block's output reduce-scattered by the rowwise layer. Norm weights then get ``Partial``
 gradients over tp, which fully_shard sums over the tp group.
 """
+
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                               RowwiseParallel, SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from hyper_parallel.models.transformer import FeedForward, Transformer
 
 
-def parallelize_transformer_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool,
-                               moe_tokens_replicated: bool = False) -> Transformer:
+def parallelize_transformer_tp(
+    model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool, moe_tokens_replicated: bool = False
+) -> Transformer:
     """Apply TP (and SP) in place; MoE feed-forwards are left to expert parallelism.
 
     With SP a MoE receives the local tensor of its sequence shard (tokens differ across tp: what EP
@@ -40,7 +48,9 @@ def parallelize_transformer_tp(model: Transformer, tp_mesh: DeviceMesh, sequence
     parallelize_module(model, tp_mesh, root_plan)
     for layer in model.layers:
         plan: dict[str, object] = {
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
         }
         if isinstance(layer.feed_forward, FeedForward):
@@ -49,19 +59,26 @@ def parallelize_transformer_tp(model: Transformer, tp_mesh: DeviceMesh, sequence
         if sequence_parallel:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None),
-                                                   desired_input_layouts=(Replicate(), None))
+            plan["attention"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+            )
             if isinstance(layer.feed_forward, FeedForward):
-                plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                                          desired_input_layouts=(Replicate(),))
+                plan["feed_forward"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
             else:  # a MoE computes on local tensors
                 plan["feed_forward"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate() if moe_tokens_replicated else Shard(1),),
-                    use_local_output=True)
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate() if moe_tokens_replicated else Shard(1),),
+                    use_local_output=True,
+                )
         parallelize_module(layer, tp_mesh, plan)
         if sequence_parallel and moe_tokens_replicated and not isinstance(layer.feed_forward, FeedForward):
-            parallelize_module(layer.feed_forward, tp_mesh, PrepareModuleOutput(
-                output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)))
+            parallelize_module(
+                layer.feed_forward,
+                tp_mesh,
+                PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)),
+            )
     return model
 
 
@@ -72,4 +89,3 @@ def count_tp_collectives_per_block(sequence_parallel: bool) -> dict[str, int]:
     if sequence_parallel:
         return {"all_gather": 2, "reduce_scatter": 2}
     return {"all_reduce": 2}
-

@@ -11,6 +11,7 @@ are *partial* sums over tp although their DTensor layout says Replicate: autogra
 cannot know. Declaring them (``mark_partial_grads=True``) lets fully_shard sum them over tp;
 without it every tp rank keeps a different gradient and the replicas drift apart.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,11 +21,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.partial_grad import mark_partial
 from hyper_parallel.models.layers import rms_norm
 from hyper_parallel.models.mlp import MLP, MLPBlock
-from hyper_parallel.parallel.autograd_comm import (GatherFromSequenceParallel, ReduceScatterToSequenceParallel,
-                                                   ScatterToSequenceParallel)
+from hyper_parallel.parallel.autograd_comm import (
+    GatherFromSequenceParallel,
+    ReduceScatterToSequenceParallel,
+    ScatterToSequenceParallel,
+)
+from hyper_parallel.partial_grad import mark_partial
 
 SEQ_DIM = 1
 
@@ -35,8 +39,9 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 def _distribute(module: nn.Module, name: str, mesh: DeviceMesh, placement, partial: bool) -> None:
     param = getattr(module, name)
-    dtensor = nn.Parameter(distribute_tensor(param.detach(), mesh, [placement], src_data_rank=None),
-                           requires_grad=param.requires_grad)
+    dtensor = nn.Parameter(
+        distribute_tensor(param.detach(), mesh, [placement], src_data_rank=None), requires_grad=param.requires_grad
+    )
     if partial:
         mark_partial(dtensor, mesh.mesh_dim_names[0])
     module._parameters[name] = dtensor
@@ -80,7 +85,9 @@ def parallelize_mlp_local(model: MLP, tp_mesh: DeviceMesh, mark_partial_grads: b
     if tp_mesh.ndim != 1:
         raise ValueError(f"parallelize_mlp_local needs a 1-D tp mesh, got dims {tp_mesh.mesh_dim_names}")
     if model.config.seq_len % tp_mesh.size():
-        raise ValueError(f"seq_len={model.config.seq_len} must be divisible by tp={tp_mesh.size()} for sequence parallelism")
+        raise ValueError(
+            f"seq_len={model.config.seq_len} must be divisible by tp={tp_mesh.size()} for sequence parallelism"
+        )
     tp = GroupInfo.from_mesh(tp_mesh, tuple(tp_mesh.mesh_dim_names))
     blocks = nn.ModuleList()
     for block in model.blocks:

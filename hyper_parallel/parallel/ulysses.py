@@ -20,10 +20,11 @@ Backward mirrors forward: the adjoint of an all-to-all that permutes blocks is t
 permutation, so ``SequenceToHeads`` backward is the heads-to-sequence all-to-all and vice versa. Both
 go through ``hyper_parallel.comm``, so traces record them on the cp group with their bytes.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -83,8 +84,15 @@ class HeadsToSequence(torch.autograd.Function):
         return sequence_to_heads(grad, ctx.info), None
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: GroupInfo, positions: torch.Tensor,
-                      causal: bool = True, scale: float | None = None) -> torch.Tensor:
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cp: GroupInfo,
+    positions: torch.Tensor,
+    causal: bool = True,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Attention of this rank's tokens over the whole sequence by head resharding; [batch, heads, s_local, d].
 
     Same contract as ``cp.context_parallel_attention``: local q, k, v [batch, heads, s_local, head_dim]
@@ -93,11 +101,15 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: Gro
     the output takes one more. A cp group of one is plain attention with no communication.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [batch, heads, seq, head_dim], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must be [batch, heads, seq, head_dim], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     s_local = q.shape[2]
     if k.shape != v.shape or k.shape[2] != s_local or k.shape[0] != q.shape[0]:
-        raise ValueError(f"q, k, v must hold the same tokens and K, V one shape: got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must hold the same tokens and K, V one shape: got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     positions = positions.to(device=q.device, dtype=torch.long)
     if positions.shape != (s_local,):
         raise ValueError(f"positions must be [{s_local}] (one per local token), got shape {tuple(positions.shape)}")
@@ -105,9 +117,11 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: Gro
     if heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
     if heads % cp.size or kv_heads % cp.size:
-        raise ValueError(f"Ulysses gives each of the cp={cp.size} ranks whole heads: query heads ({heads}) and "
-                         f"key/value heads ({kv_heads}) on this rank must be divisible by cp={cp.size}; use a cp that divides "
-                         f"{math.gcd(heads, kv_heads)}, or K/V all-gather / ring CP")
+        raise ValueError(
+            f"Ulysses gives each of the cp={cp.size} ranks whole heads: query heads ({heads}) and "
+            f"key/value heads ({kv_heads}) on this rank must be divisible by cp={cp.size}; use a cp that divides "
+            f"{math.gcd(heads, kv_heads)}, or K/V all-gather / ring CP"
+        )
     dtype = torch.promote_types(q.dtype, torch.float32)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cp.size == 1:
@@ -124,6 +138,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: Gro
 
 def attention_core(cp: GroupInfo) -> Callable:
     """An ``Attention.core`` (q, k, v, positions) -> out for the model in ``hyper_parallel.models.transformer``."""
+
     def core(q, k, v, positions):
         return ulysses_attention(q, k, v, cp, positions, causal=True)
+
     return core

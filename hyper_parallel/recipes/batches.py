@@ -3,6 +3,7 @@
 The global batch and sequence length are fixed per recipe and independent of the degrees, so the
 single-process reference of a recipe is the same on every mesh.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,7 @@ def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor
         raise ValueError(f"global batch {tensor.shape[0]} is not divisible by dp={dims.dp}")
     rows = tensor.shape[0] // dims.dp
     index = dims.coordinates(dist.get_rank())["dp"]
-    return tensor[index * rows:(index + 1) * rows]
+    return tensor[index * rows : (index + 1) * rows]
 
 
 def sequence_positions(seq_len: int, dims: ParallelDims) -> torch.Tensor:
@@ -25,4 +26,5 @@ def sequence_positions(seq_len: int, dims: ParallelDims) -> torch.Tensor:
     if dims.cp == 1:
         return torch.arange(seq_len)
     from hyper_parallel.parallel.cp import load_balanced_positions
+
     return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())["cp"])

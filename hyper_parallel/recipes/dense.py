@@ -1,4 +1,5 @@
 """Dense recipes on the MLP: M1 (DDP via fully_shard) and M4 (FSDP only)."""
+
 from __future__ import annotations
 
 import copy
@@ -26,8 +27,9 @@ def _mlp_workload(dims: ParallelDims, views: MeshViews, seed: int, enable_param_
         fully_shard(block, mesh=mesh, enable_param_shard=enable_param_shard)
     fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)
     x, y = mlp_batch(config, GLOBAL_BATCH, seed)
-    return Workload(model, reference, (data_parallel_rows(x, dims),), data_parallel_rows(y, dims), (x,), y,
-                    loss_fn=F.mse_loss)
+    return Workload(
+        model, reference, (data_parallel_rows(x, dims),), data_parallel_rows(y, dims), (x,), y, loss_fn=F.mse_loss
+    )
 
 
 def ddp_mlp(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:

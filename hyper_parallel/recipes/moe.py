@@ -6,6 +6,7 @@ on the dense view (dp_replicate, fsdp). The experts' gradients are divided by dp
 data shards, like every dense gradient: each token of the global batch reaches its expert exactly
 once over the ep group, so their sum over ep, efsdp and dp_replicate is the sum over all data shards.
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,13 +14,13 @@ import copy
 import torch
 
 from hyper_parallel.fsdp import fully_shard
-from hyper_parallel.partial_grad import mark_partial
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.moe import MoE
 from hyper_parallel.models.transformer import Transformer, TransformerConfig
 from hyper_parallel.parallel.ep import parallelize_moe
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
+from hyper_parallel.partial_grad import mark_partial
 from hyper_parallel.recipes.training import Workload
 from hyper_parallel.recipes.transformer import apply_context_parallel, lm_workload
 

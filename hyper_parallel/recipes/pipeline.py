@@ -8,6 +8,7 @@ then have nothing left to do (no parameter has a gradient). The parameters of th
 hold are mirrored on rank 0 after every step, so the trainer compares every parameter with the
 reference by name; that copy, like the loss broadcast, is bookkeeping outside the trace.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,9 @@ MICROBATCHES_ENV = "HYPER_PARALLEL_MICROBATCHES"
 """Environment variable overriding MICROBATCHES for one run (the schedule figures of notebook 15 compare
 2 and 4); the tests and the registry's shapes use the default."""
 PIPELINE_CONFIG = TransformerConfig(n_layers=4)  # 4 layers: 2 stages of 2, or 4 stages of 1 (interleaved)
-PIPELINE_MOE_CONFIG = TransformerConfig(n_layers=4, moe_layers=(1, 3), num_experts=4, top_k=2, moe_hidden=32,
-                                        shared_expert=True)  # one MoE layer in each of 2 stages
+PIPELINE_MOE_CONFIG = TransformerConfig(
+    n_layers=4, moe_layers=(1, 3), num_experts=4, top_k=2, moe_hidden=32, shared_expert=True
+)  # one MoE layer in each of 2 stages
 LR = 0.5
 
 
@@ -47,8 +49,16 @@ class PipelineStep(nn.Module):
     ``norm``, ``output``): this rank's stages, and on rank 0 frozen mirrors of the other stages.
     """
 
-    def __init__(self, stages, schedule, dims: ParallelDims, views: MeshViews, mirror_of: Transformer | None,
-                 owners: dict[str, int], lr: float) -> None:
+    def __init__(
+        self,
+        stages,
+        schedule,
+        dims: ParallelDims,
+        views: MeshViews,
+        mirror_of: Transformer | None,
+        owners: dict[str, int],
+        lr: float,
+    ) -> None:
         """``mirror_of`` (rank 0 only): a copy of the unparallelized model, ``owners``: full parameter name ->
         the rank of rank 0's data slice that holds it (``_owners``)."""
         super().__init__()
@@ -80,8 +90,9 @@ class PipelineStep(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
-        self.schedule.step(*((tokens,) if self.is_first else ()),
-                           **({"target": targets, "losses": losses} if self.is_last else {}))
+        self.schedule.step(
+            *((tokens,) if self.is_first else ()), **({"target": targets, "losses": losses} if self.is_last else {})
+        )
         with trace.labels(phase="optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad()
@@ -97,8 +108,10 @@ class PipelineStep(nn.Module):
         params = dict(self.named_parameters())
         # every rank gathers its own stages' parameters in the same order (full_tensor is a collective of
         # the stage's fsdp/tp groups); the ranks of rank 0's data slice in later stages send theirs to it
-        fulls = {name: params[name].full_tensor() if isinstance(params[name], DTensor) else params[name].detach()
-                 for name in sorted(self.owned)}
+        fulls = {
+            name: params[name].full_tensor() if isinstance(params[name], DTensor) else params[name].detach()
+            for name in sorted(self.owned)
+        }
         if rank == 0:
             for name in self.full_names:
                 if name not in self.owned:
@@ -126,8 +139,14 @@ def _owners(config: TransformerConfig, dims: ParallelDims, stages_per_rank: int)
     return owners
 
 
-def pipeline_workload(dims: ParallelDims, views: MeshViews, seed: int, schedule: str,
-                      stages_per_rank: int = 1, config: TransformerConfig = PIPELINE_CONFIG) -> Workload:
+def pipeline_workload(
+    dims: ParallelDims,
+    views: MeshViews,
+    seed: int,
+    schedule: str,
+    stages_per_rank: int = 1,
+    config: TransformerConfig = PIPELINE_CONFIG,
+) -> Workload:
     """TP (without SP) on the whole model, EP on its MoE layers, then the cut into this rank's stages and
     fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage
     module the root when it holds the embedding or the head."""
@@ -138,6 +157,7 @@ def pipeline_workload(dims: ParallelDims, views: MeshViews, seed: int, schedule:
     parallelize_transformer_tp(model, views["tp"], sequence_parallel=False)
     if dims.ep > 1:
         from hyper_parallel.recipes.moe import apply_expert_parallel
+
         apply_expert_parallel(model, dims, views, dispatch="all_to_all")
     pp_rank = dims.coordinates(rank)["pp"]
     stages = split_transformer(model, dims.pp, pp_rank, stages_per_rank)
@@ -151,26 +171,51 @@ def pipeline_workload(dims: ParallelDims, views: MeshViews, seed: int, schedule:
         if stage.first or stage.last:
             fully_shard(stage, mesh=fsdp_mesh)
     microbatches = int(os.environ.get(MICROBATCHES_ENV, MICROBATCHES))
-    dims.check_model(global_batch=GLOBAL_BATCH, n_layers=config.n_layers, microbatches=microbatches,
-                     stages_per_rank=stages_per_rank)
+    dims.check_model(
+        global_batch=GLOBAL_BATCH, n_layers=config.n_layers, microbatches=microbatches, stages_per_rank=stages_per_rank
+    )
     tokens, targets = token_batch(config, GLOBAL_BATCH, seed)
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
     rows = local_tokens.shape[0] // microbatches
     hidden = torch.zeros(rows, config.seq_len, config.d_model, requires_grad=True)  # its gradient goes back
     pp_group = views["pp"].get_group()
     pipeline_stages = [
-        TracedPipelineStage(stage, index, dims.pp * stages_per_rank, torch.device("cpu"),
-                            input_args=local_tokens[:rows] if stage.first else hidden,
-                            output_args=torch.zeros(rows, config.seq_len, config.vocab_size) if stage.last else hidden,
-                            group=pp_group)
-        for index, stage in stages]
-    step = PipelineStep(stages, build_schedule(schedule, pipeline_stages, microbatches, lm_loss), dims, views,
-                        mirror_of=copy.deepcopy(reference) if rank == 0 else None,
-                        owners=_owners(config, dims, stages_per_rank) if rank == 0 else {}, lr=LR)
-    return Workload(step, reference, (local_tokens, local_targets), local_targets, (tokens,), targets,
-                    loss_fn=step_or_lm_loss, lr=LR,
-                    notes={"schedule": schedule, "microbatches": microbatches, "stages_per_rank": stages_per_rank,
-                           "boundary_bytes": hidden.numel() * hidden.element_size()})
+        TracedPipelineStage(
+            stage,
+            index,
+            dims.pp * stages_per_rank,
+            torch.device("cpu"),
+            input_args=local_tokens[:rows] if stage.first else hidden,
+            output_args=torch.zeros(rows, config.seq_len, config.vocab_size) if stage.last else hidden,
+            group=pp_group,
+        )
+        for index, stage in stages
+    ]
+    step = PipelineStep(
+        stages,
+        build_schedule(schedule, pipeline_stages, microbatches, lm_loss),
+        dims,
+        views,
+        mirror_of=copy.deepcopy(reference) if rank == 0 else None,
+        owners=_owners(config, dims, stages_per_rank) if rank == 0 else {},
+        lr=LR,
+    )
+    return Workload(
+        step,
+        reference,
+        (local_tokens, local_targets),
+        local_targets,
+        (tokens,),
+        targets,
+        loss_fn=step_or_lm_loss,
+        lr=LR,
+        notes={
+            "schedule": schedule,
+            "microbatches": microbatches,
+            "stages_per_rank": stages_per_rank,
+            "boundary_bytes": hidden.numel() * hidden.element_size(),
+        },
+    )
 
 
 def gpipe(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:

@@ -5,12 +5,13 @@ rank 0 alone on the whole global batch; the parallel model trains on each rank's
 compared every step, parameters (``full_tensor()``) after the last step. SGD without momentum keeps
 the comparison sensitive to gradient scale (Adam would hide a wrongly scaled gradient).
 """
+
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -24,11 +25,11 @@ RTOL, ATOL = 1e-5, 1e-6
 
 @dataclass
 class Workload:
-    model: nn.Module                 # parallelized
-    reference: nn.Module             # same initial weights, not parallelized
-    inputs: tuple                    # model(*inputs): this rank's share of the global batch
+    model: nn.Module  # parallelized
+    reference: nn.Module  # same initial weights, not parallelized
+    inputs: tuple  # model(*inputs): this rank's share of the global batch
     targets: torch.Tensor
-    global_inputs: tuple             # reference(*global_inputs): the whole global batch
+    global_inputs: tuple  # reference(*global_inputs): the whole global batch
     global_targets: torch.Tensor
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     lr: float = 0.05
@@ -39,9 +40,12 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param.detach()
 
 
-def train_and_compare(workload: Workload, steps: int, on_step: Callable[[dict], None] | None = None,
-                      trace_torch_collectives: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-                      ) -> dict:
+def train_and_compare(
+    workload: Workload,
+    steps: int,
+    on_step: Callable[[dict], None] | None = None,
+    trace_torch_collectives: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> dict:
     """Run ``steps`` optimizer steps; return losses, reference losses and the largest differences (rank 0).
 
     ``trace_torch_collectives`` makes a context that records the collectives torch issues itself
@@ -89,7 +93,12 @@ def train_and_compare(workload: Workload, steps: int, on_step: Callable[[dict], 
     max_loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
     losses_ok = all(abs(a - b) <= ATOL + RTOL * abs(b) for a, b in zip(losses, ref_losses))
     return {
-        "losses": losses, "reference_losses": ref_losses, "max_abs_diff": max_loss_diff,
-        "max_param_diff": max_param_diff, "mismatched_params": mismatched,
-        "ok": losses_ok and not mismatched, "step_times": step_times, "notes": workload.notes,
+        "losses": losses,
+        "reference_losses": ref_losses,
+        "max_abs_diff": max_loss_diff,
+        "max_param_diff": max_param_diff,
+        "mismatched_params": mismatched,
+        "ok": losses_ok and not mismatched,
+        "step_times": step_times,
+        "notes": workload.notes,
     }

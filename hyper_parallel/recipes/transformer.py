@@ -3,6 +3,7 @@
 One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U) and the dense
 tiers; the degrees decide which styles apply.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,11 +33,11 @@ def apply_context_parallel(model: Transformer, views: MeshViews, scheme: str = "
     """Swap every attention core for sequence-parallel attention over the cp group."""
     from hyper_parallel.parallel.cp import context_parallel_attention
     from hyper_parallel.parallel.ulysses import ulysses_attention
+
     if scheme not in SEQUENCE_SCHEMES:
         raise ValueError(f"scheme must be one of {SEQUENCE_SCHEMES}, got {scheme!r}")
     cp = GroupInfo.from_mesh(views["cp"], ("cp",))
-    attention = (ulysses_attention if scheme == "ulysses"
-                 else functools.partial(context_parallel_attention, impl=scheme))
+    attention = ulysses_attention if scheme == "ulysses" else functools.partial(context_parallel_attention, impl=scheme)
     for layer in model.layers:
         layer.attention.core = functools.partial(_cp_core, attention=attention, cp=cp)
 
@@ -53,9 +54,16 @@ def apply_fully_shard(model: Transformer, views: MeshViews, enable_param_shard: 
     fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)
 
 
-def transformer_workload(dims: ParallelDims, views: MeshViews, seed: int, *, sequence_parallel: bool,
-                         enable_param_shard: bool | None, config: TransformerConfig = DENSE_CONFIG,
-                         sequence_scheme: str = "all_gather") -> Workload:
+def transformer_workload(
+    dims: ParallelDims,
+    views: MeshViews,
+    seed: int,
+    *,
+    sequence_parallel: bool,
+    enable_param_shard: bool | None,
+    config: TransformerConfig = DENSE_CONFIG,
+    sequence_scheme: str = "all_gather",
+) -> Workload:
     torch.manual_seed(seed)
     model = Transformer(config)
     reference = copy.deepcopy(model)
@@ -66,15 +74,17 @@ def transformer_workload(dims: ParallelDims, views: MeshViews, seed: int, *, seq
     return lm_workload(model, reference, config, dims, seed)
 
 
-def lm_workload(model: Transformer, reference: Transformer, config: TransformerConfig, dims: ParallelDims,
-                seed: int) -> Workload:
+def lm_workload(
+    model: Transformer, reference: Transformer, config: TransformerConfig, dims: ParallelDims, seed: int
+) -> Workload:
     """The next-token batch of a transformer recipe: this rank's rows (dp) and sequence chunks (cp)."""
     tokens, targets = token_batch(config, GLOBAL_BATCH, seed)
     positions = sequence_positions(config.seq_len, dims)
     local_tokens = data_parallel_rows(tokens, dims)[:, positions]
     local_targets = data_parallel_rows(targets, dims)[:, positions]
-    return Workload(model, reference, (local_tokens, positions), local_targets, (tokens,), targets, loss_fn=lm_loss,
-                    lr=0.5)
+    return Workload(
+        model, reference, (local_tokens, positions), local_targets, (tokens,), targets, loss_fn=lm_loss, lr=0.5
+    )
 
 
 def tensor_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
@@ -99,11 +109,13 @@ def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int) -> Workloa
 
 def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
     """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring (cp-1 shifts each way)."""
-    return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None,
-                                sequence_scheme="ring")
+    return transformer_workload(
+        dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ring"
+    )
 
 
 def fsdp_transformer_ulysses(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
     """M5-U, M6-U: as fsdp_transformer, Ulysses attention (all-to-all to head shards and back)."""
-    return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None,
-                                sequence_scheme="ulysses")
+    return transformer_workload(
+        dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ulysses"
+    )

@@ -4,6 +4,7 @@ Builds the meshes, applies the recipe, trains next to the single-process referen
 the run directory: ``trace_rank{r}.json`` from every rank and ``metrics.json`` from rank 0. Rank 0
 prints one ``[progress] {...}`` JSON line per step for the launcher's progress bar.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,13 +19,12 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel import trace
-from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.fsdp import FullyShardModule
 from hyper_parallel.fsdp.summary import describe_units
+from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes import registry
-from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, trace_path
 from hyper_parallel.recipes.training import train_and_compare
-
+from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, trace_path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,8 +34,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
-    parser.add_argument("--batch", help="several runs in one process group: a JSON file with a list of "
-                                        "{recipe, degrees, steps, seed, out} (saves the start-up of a launch per run)")
+    parser.add_argument(
+        "--batch",
+        help="several runs in one process group: a JSON file with a list of "
+        "{recipe, degrees, steps, seed, out} (saves the start-up of a launch per run)",
+    )
     parser.add_argument("--collective-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
     if (args.recipe is None) == (args.batch is None):
@@ -67,17 +70,32 @@ def run_one(spec: dict, device_type: str) -> None:
             for module in workload.model.modules():
                 if isinstance(module, FullyShardModule):
                     module.set_overlap(spec["overlap"], recurse=False)
-        metrics = train_and_compare(workload, spec["steps"], on_step=report,
-                                    trace_torch_collectives=lambda: trace.TorchCollectiveTracer(views.group_names()))
+        metrics = train_and_compare(
+            workload,
+            spec["steps"],
+            on_step=report,
+            trace_torch_collectives=lambda: trace.TorchCollectiveTracer(views.group_names()),
+        )
     recorder.save(trace_path(out, rank))
     if rank == 0:
-        metrics = {"recipe": recipe.name, "degrees": dims.degrees(), "steps": spec["steps"], "seed": spec["seed"],
-                   "overlap": next((m._hp_state.overlap for m in workload.model.modules()
-                                    if isinstance(m, FullyShardModule)), None),
-                   "backend": dist.get_backend(), "units": describe_units(workload.model), **metrics}
+        metrics = {
+            "recipe": recipe.name,
+            "degrees": dims.degrees(),
+            "steps": spec["steps"],
+            "seed": spec["seed"],
+            "overlap": next(
+                (m._hp_state.overlap for m in workload.model.modules() if isinstance(m, FullyShardModule)), None
+            ),
+            "backend": dist.get_backend(),
+            "units": describe_units(workload.model),
+            **metrics,
+        }
         (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
-        print(f"{recipe.name}: max |loss - reference| = {metrics['max_abs_diff']:.3g}, "
-              f"max |param - reference| = {metrics['max_param_diff']:.3g}, ok={metrics['ok']}", flush=True)
+        print(
+            f"{recipe.name}: max |loss - reference| = {metrics['max_abs_diff']:.3g}, "
+            f"max |param - reference| = {metrics['max_param_diff']:.3g}, ok={metrics['ok']}",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,13 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch:
         specs = json.loads(Path(args.batch).read_text())
     else:
-        specs = [{"recipe": args.recipe, "degrees": json.loads(args.degrees), "steps": args.steps,
-                  "seed": args.seed, "out": args.out}]
+        specs = [
+            {
+                "recipe": args.recipe,
+                "degrees": json.loads(args.degrees),
+                "steps": args.steps,
+                "seed": args.seed,
+                "out": args.out,
+            }
+        ]
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo",
-                            timeout=datetime.timedelta(seconds=args.collective_timeout))
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
     try:
         for spec in specs:
             run_one(spec, "cuda" if use_cuda else "cpu")

@@ -14,6 +14,7 @@
 Every function returns a ``matplotlib.figure.Figure`` with its own Agg canvas (no pyplot state): a
 notebook displays it when returned from a cell, a script saves it; nothing needs closing.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,8 +24,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.viz.layout import ownership, parse_placements, rank_ranges
 from hyper_parallel.viz.concepts import concept_figure, cp_chunks, ideal_schedule, ideal_timeline
+from hyper_parallel.viz.layout import ownership, parse_placements, rank_ranges
 from hyper_parallel.viz.mesh_map import mesh_map, parameters_sharded
 from hyper_parallel.viz.numerics import numerics
 from hyper_parallel.viz.pipeline import measured_bubble, pipeline_schedule
@@ -89,6 +90,7 @@ def _enable_notebook_display() -> None:
 
 def _png_bytes(fig: Figure) -> bytes:
     import io
+
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
@@ -114,8 +116,13 @@ def dims_of(metrics: dict[str, Any]) -> ParallelDims:
     return ParallelDims(**{k: v for k, v in degrees.items() if k in ParallelDims.__dataclass_fields__})
 
 
-def run_figures(run_dir: str | Path, out_dir: str | Path | None = None, step: int | None = None,
-                param: str | None = None, label: str | None = None) -> dict[str, Figure]:
+def run_figures(
+    run_dir: str | Path,
+    out_dir: str | Path | None = None,
+    step: int | None = None,
+    param: str | None = None,
+    label: str | None = None,
+) -> dict[str, Figure]:
     """Every figure of one run directory (``FIGURES`` order), saved as PNG + SVG when ``out_dir`` is given.
     Titles name the run by ``label`` (e.g. "M7 + CP"), else by its recipe.
 
@@ -129,6 +136,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path | None = None, step: in
         load_json,
         load_traces,
     )
+
     run_dir = Path(run_dir)
     metrics = load_json(run_dir / METRICS_FILE) or load_json(run_dir / SUMMARY_FILE)
     if not metrics:

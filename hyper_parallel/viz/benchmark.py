@@ -1,4 +1,5 @@
 """Figures of ``python -m launch bench``: the ratios ours / torch FSDP2, and both timelines of a step."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,16 +21,26 @@ def ratio_figure(rows: list[dict[str, Any]], world_size: int | None = None) -> F
     ax_time, ax_memory = fig.subplots(1, 2, width_ratios=(3, 2))
     names = [row["config"] for row in rows]
     width = 0.38
-    for offset, key, label, color in ((-width / 2, "ratio", "whole step", "#4c72b0"),
-                                      (width / 2, "forward_backward_ratio", "forward + backward", "#55a868")):
+    for offset, key, label, color in (
+        (-width / 2, "ratio", "whole step", "#4c72b0"),
+        (width / 2, "forward_backward_ratio", "forward + backward", "#55a868"),
+    ):
         medians = [row[key]["median"] for row in rows]
         low = [row[key]["median"] - row[key]["q1"] for row in rows]
         high = [row[key]["q3"] - row[key]["median"] for row in rows]
         xs = [i + offset for i in range(len(rows))]
         bars = ax_time.bar(xs, medians, width, yerr=[low, high], capsize=3, color=color, label=label, gid=key)
         for bar, value in zip(bars, medians):
-            ax_time.text(bar.get_x() + bar.get_width() / 2, 0.02, f"{value:.2f}", ha="center", va="bottom",
-                         fontsize=8, color="white", fontweight="bold")
+            ax_time.text(
+                bar.get_x() + bar.get_width() / 2,
+                0.02,
+                f"{value:.2f}",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color="white",
+                fontweight="bold",
+            )
     ax_time.axhline(1.0, color="black", linewidth=1.0, linestyle="--")
     ax_time.set_xticks(range(len(rows)), names)
     ax_time.set_ylabel("time ours / torch FSDP2 (median of pairs)")
@@ -38,10 +49,15 @@ def ratio_figure(rows: list[dict[str, Any]], world_size: int | None = None) -> F
     ax_time.legend(fontsize=8, loc="upper right")
     ax_time.set_title("below 1: ours is faster (bars: quartiles of the pairs)", fontsize=9)
     for offset, impl, color in ((-width / 2, "ours", "#4c72b0"), (width / 2, "torch", "#c44e52")):
-        peaks = [max(resident + transient for resident, transient in row["peak_memory"][impl]) / 2**20
-                 for row in rows]
-        ax_memory.bar([i + offset for i in range(len(rows))], peaks, width, color=color,
-                      label=IMPLEMENTATION_NAMES[impl], gid=f"memory-{impl}")
+        peaks = [max(resident + transient for resident, transient in row["peak_memory"][impl]) / 2**20 for row in rows]
+        ax_memory.bar(
+            [i + offset for i in range(len(rows))],
+            peaks,
+            width,
+            color=color,
+            label=IMPLEMENTATION_NAMES[impl],
+            gid=f"memory-{impl}",
+        )
     ax_memory.set_xticks(range(len(rows)), names)
     ax_memory.set_ylabel("peak memory, largest rank (MiB)")
     ax_memory.legend(fontsize=8, loc="lower right")

@@ -15,6 +15,7 @@ and then recognises it in the traces of a real run:
 Torch-free (matplotlib only). ``ideal_schedule`` counts the same collectives as the cost model
 (``hyper_parallel.cost_model``) for the recipes' models: tests/test_concepts.py holds them equal.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -33,8 +34,8 @@ COMPUTE_COLOR = "#9e9e9e"
 class Slot:
     """One thing an idealized rank does: a compute step (op None) or a collective on a group."""
 
-    phase: str        # "forward" or "backward"
-    what: str         # what computes, or what the collective moves
+    phase: str  # "forward" or "backward"
+    what: str  # what computes, or what the collective moves
     op: str | None = None
     group: str | None = None
 
@@ -47,9 +48,19 @@ def cp_chunks(cp: int) -> dict[int, tuple[int, int]]:
     return {i: (i, 2 * cp - 1 - i) for i in range(cp)}
 
 
-def ideal_schedule(n_layers: int = 2, *, model: str = "transformer", shard: bool = True, replicate: bool = False,
-                   tp: bool = False, sp: bool = False, cp: bool = False, moe_layers: tuple[int, ...] = (),
-                   expert_shard: bool = True, root: bool = True) -> list[Slot]:
+def ideal_schedule(
+    n_layers: int = 2,
+    *,
+    model: str = "transformer",
+    shard: bool = True,
+    replicate: bool = False,
+    tp: bool = False,
+    sp: bool = False,
+    cp: bool = False,
+    moe_layers: tuple[int, ...] = (),
+    expert_shard: bool = True,
+    root: bool = True,
+) -> list[Slot]:
     """The slots of one training step of one rank, in order, for the recipes' models.
 
     Units as the recipes build them: one per block (``model="mlp"``) or transformer layer, the root
@@ -99,10 +110,12 @@ def ideal_schedule(n_layers: int = 2, *, model: str = "transformer", shard: bool
         if layer in moe_layers:
             if expert_shard:
                 fwd.append(Slot("forward", "expert parameters", "all_gather", "efsdp"))
-            fwd += [Slot("forward", "token counts per expert", "all_to_all", "ep"),
-                    Slot("forward", "dispatch tokens to their experts", "all_to_all", "ep"),
-                    Slot("forward", f"experts {layer}"),
-                    Slot("forward", "combine expert outputs", "all_to_all", "ep")]
+            fwd += [
+                Slot("forward", "token counts per expert", "all_to_all", "ep"),
+                Slot("forward", "dispatch tokens to their experts", "all_to_all", "ep"),
+                Slot("forward", f"experts {layer}"),
+                Slot("forward", "combine expert outputs", "all_to_all", "ep"),
+            ]
             continue
         if sp:
             fwd.append(Slot("forward", "feed-forward input (whole sequence)", "all_gather", "tp"))
@@ -126,8 +139,7 @@ def ideal_schedule(n_layers: int = 2, *, model: str = "transformer", shard: bool
             bwd.append(Slot("backward", "combine gradient", "all_to_all", "ep"))
             if expert_shard:
                 bwd.append(Slot("backward", "expert parameters again", "all_gather", "efsdp"))
-            bwd += [Slot("backward", f"experts {layer}"),
-                    Slot("backward", "dispatch gradient", "all_to_all", "ep")]
+            bwd += [Slot("backward", f"experts {layer}"), Slot("backward", "dispatch gradient", "all_to_all", "ep")]
             if expert_shard:
                 bwd.append(Slot("backward", "expert gradients", "reduce_scatter", "efsdp"))
         elif model == "transformer":
@@ -145,8 +157,11 @@ def ideal_schedule(n_layers: int = 2, *, model: str = "transformer", shard: bool
             if cp:
                 bwd.append(Slot("backward", "K/V gradients back to their chunks", "reduce_scatter", "cp"))
             if tp:
-                bwd += ([Slot("backward", "wq/wk/wv input gradient", "reduce_scatter", "tp")] if sp else
-                        [Slot("backward", f"{w} input gradient", "all_reduce", "tp") for w in ("wq", "wk", "wv")])
+                bwd += (
+                    [Slot("backward", "wq/wk/wv input gradient", "reduce_scatter", "tp")]
+                    if sp
+                    else [Slot("backward", f"{w} input gradient", "all_reduce", "tp") for w in ("wq", "wk", "wv")]
+                )
         unit_grads(name)
     if root:
         if sp:
@@ -179,10 +194,27 @@ def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Fi
     x, spans = 0.0, {}
     for slot, width in zip(schedule, widths):
         lane = 1 if slot.op is None else 0
-        ax.add_patch(Rectangle((x, lane + 0.1), width * 0.94, 0.8, facecolor=OP_COLORS.get(slot.op, COMPUTE_COLOR),
-                               edgecolor="black", linewidth=0.6, gid=f"ideal:{slot.op or 'compute'}"))
-        ax.text(x + width * 0.47, lane + 0.5, _slot_label(slot) if slot.op else slot.what.split(" (")[0],
-                ha="center", va="center", rotation=90, fontsize=6.5, color="white" if slot.op else "black")
+        ax.add_patch(
+            Rectangle(
+                (x, lane + 0.1),
+                width * 0.94,
+                0.8,
+                facecolor=OP_COLORS.get(slot.op, COMPUTE_COLOR),
+                edgecolor="black",
+                linewidth=0.6,
+                gid=f"ideal:{slot.op or 'compute'}",
+            )
+        )
+        ax.text(
+            x + width * 0.47,
+            lane + 0.5,
+            _slot_label(slot) if slot.op else slot.what.split(" (")[0],
+            ha="center",
+            va="center",
+            rotation=90,
+            fontsize=6.5,
+            color="white" if slot.op else "black",
+        )
         lo, hi = spans.get(slot.phase, (x, x))
         spans[slot.phase] = (min(lo, x), max(hi, x + width))
         x += width
@@ -194,12 +226,17 @@ def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Fi
     ax.set_yticks([0.5, 1.5], ["collectives", "compute"])
     ax.set_xticks([])
     counts = Counter(OP_SHORT.get(s.op, s.op) for s in schedule if s.op)
-    ax.set_title(f"{title}: " + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
-                 + " per step (one rank; no waiting, no overlap)", fontsize=9.5)
+    ax.set_title(
+        f"{title}: "
+        + ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))
+        + " per step (one rank; no waiting, no overlap)",
+        fontsize=9.5,
+    )
     return fig
 
 
 # ---------------------------------------------------------------- the left panel: what is split
+
 
 def _tensor(ax, x0, y0, rows, cols, owner, name, world, cell=0.5, dy=None):
     """A tensor as a rows x cols grid; ``owner(r, c)``: a rank, a tuple of ranks (copies) or None (not computed)."""
@@ -213,13 +250,31 @@ def _tensor(ax, x0, y0, rows, cols, owner, name, world, cell=0.5, dy=None):
                 ax.add_patch(Rectangle((x, y), cell, cell, facecolor="#f2f2f2", edgecolor="black", linewidth=0.5))
                 for i, rank in enumerate(who):
                     w = cell / len(who)
-                    ax.add_patch(Rectangle((x + i * w, y + cell * 0.35), w, cell * 0.3, facecolor=rank_color(rank, world),
-                                           edgecolor="none", gid=f"owner{rank}"))
+                    ax.add_patch(
+                        Rectangle(
+                            (x + i * w, y + cell * 0.35),
+                            w,
+                            cell * 0.3,
+                            facecolor=rank_color(rank, world),
+                            edgecolor="none",
+                            gid=f"owner{rank}",
+                        )
+                    )
             else:
-                ax.add_patch(Rectangle((x, y), cell, cell, facecolor=rank_color(who, world), edgecolor="black",
-                                       linewidth=0.5, gid=f"owner{who}"))
-    ax.text(x0 + cols * cell / 2, y0 + rows * cell + 0.12, "\n".join(_wrap(name, 20)), ha="center", va="top",
-            fontsize=7.5)
+                ax.add_patch(
+                    Rectangle(
+                        (x, y),
+                        cell,
+                        cell,
+                        facecolor=rank_color(who, world),
+                        edgecolor="black",
+                        linewidth=0.5,
+                        gid=f"owner{who}",
+                    )
+                )
+    ax.text(
+        x0 + cols * cell / 2, y0 + rows * cell + 0.12, "\n".join(_wrap(name, 20)), ha="center", va="top", fontsize=7.5
+    )
 
 
 def _draw_split(ax, style: str) -> str:
@@ -246,8 +301,9 @@ def _draw_split(ax, style: str) -> str:
         return "rows = tokens: norms and residuals on a sequence shard; AG into a block, RS out of it"
     if style == "cp":
         owner = {chunk: rank for rank, chunks in cp_chunks(2).items() for chunk in chunks}
-        _tensor(ax, 0, 0.6, 4, 4, lambda q, k: owner[q] if k <= q else None,
-                "causal mask: query chunk (row) x key chunk", 2)
+        _tensor(
+            ax, 0, 0.6, 4, 4, lambda q, k: owner[q] if k <= q else None, "causal mask: query chunk (row) x key chunk", 2
+        )
         return "rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2: 5 mask blocks each (hatched: masked)"
     if style == "moe":
         _tensor(ax, 0, 0.6, 4, 1, lambda r, c: r // 2, "experts E0-E3: S(0) over ep", 2)
@@ -256,10 +312,15 @@ def _draw_split(ax, style: str) -> str:
     raise ValueError(f"unknown style {style!r}; choose one of {STYLES}")
 
 
-_ONE_LAYER = {"ddp": dict(model="mlp", shard=False, replicate=True), "fsdp": dict(model="mlp"),
-              "hsdp": dict(model="mlp", replicate=True), "tp": dict(tp=True, shard=False),
-              "sp": dict(tp=True, sp=True, shard=False), "cp": dict(cp=True),
-              "moe": dict(moe_layers=(0,), expert_shard=False, shard=False)}
+_ONE_LAYER = {
+    "ddp": dict(model="mlp", shard=False, replicate=True),
+    "fsdp": dict(model="mlp"),
+    "hsdp": dict(model="mlp", replicate=True),
+    "tp": dict(tp=True, shard=False),
+    "sp": dict(tp=True, sp=True, shard=False),
+    "cp": dict(cp=True),
+    "moe": dict(moe_layers=(0,), expert_shard=False, shard=False),
+}
 
 
 def concept_figure(style: str) -> Figure:
@@ -273,9 +334,14 @@ def concept_figure(style: str) -> Figure:
     left.set_label("concept:split")
     caption = _draw_split(left, style)
     world = 4 if style == "hsdp" else 2
-    left.legend(handles=[Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}")
-                         for r in range(world)], loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=world,
-                fontsize=7.5, frameon=False)
+    left.legend(
+        handles=[Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}") for r in range(world)],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.02),
+        ncol=world,
+        fontsize=7.5,
+        frameon=False,
+    )
     left.set_xlim(-0.2, 5.2)
     left.set_ylim(3.4, 0.3)
     left.set_aspect("equal")
@@ -287,21 +353,40 @@ def concept_figure(style: str) -> Figure:
     for row, phase in enumerate(("forward", "backward")):
         slots = [s for s in schedule if s.phase == phase]
         for i, slot in enumerate(slots):
-            right.add_patch(Rectangle((i, row + 0.15), 0.9, 0.7, facecolor=OP_COLORS.get(slot.op, "#e0e0e0"),
-                                      edgecolor="black", linewidth=0.6, gid=f"flow:{slot.op or 'compute'}"))
+            right.add_patch(
+                Rectangle(
+                    (i, row + 0.15),
+                    0.9,
+                    0.7,
+                    facecolor=OP_COLORS.get(slot.op, "#e0e0e0"),
+                    edgecolor="black",
+                    linewidth=0.6,
+                    gid=f"flow:{slot.op or 'compute'}",
+                )
+            )
             text = slot.what if slot.op is None else f"{OP_SHORT.get(slot.op, slot.op)} {slot.group}\n{slot.what}"
-            right.text(i + 0.45, row + 0.5, "\n".join(_wrap(text, 13)), ha="center", va="center", fontsize=6.6,
-                       color="white" if slot.op else "black")
+            right.text(
+                i + 0.45,
+                row + 0.5,
+                "\n".join(_wrap(text, 13)),
+                ha="center",
+                va="center",
+                fontsize=6.6,
+                color="white" if slot.op else "black",
+            )
             if i + 1 < len(slots):
-                right.annotate("", xy=(i + 1, row + 0.5), xytext=(i + 0.9, row + 0.5),
-                               arrowprops={"arrowstyle": "-|>", "lw": 0.8})
+                right.annotate(
+                    "", xy=(i + 1, row + 0.5), xytext=(i + 0.9, row + 0.5), arrowprops={"arrowstyle": "-|>", "lw": 0.8}
+                )
         right.text(-0.1, row + 0.5, phase, ha="right", va="center", fontsize=9, fontweight="bold")
     width = max(sum(s.phase == p for s in schedule) for p in ("forward", "backward"))
     right.set_xlim(-1.2, max(width, 5))
     right.set_ylim(2, 0)
     right.axis("off")
-    right.set_title("one layer, in order. grey: compute; AG all-gather, RS reduce-scatter, AR all-reduce, "
-                    "A2A all-to-all", fontsize=8.5)
+    right.set_title(
+        "one layer, in order. grey: compute; AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all",
+        fontsize=8.5,
+    )
     fig.suptitle(f"{style.upper()}: what is split, and where the collectives go", fontsize=11)
     return fig
 

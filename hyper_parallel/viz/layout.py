@@ -7,6 +7,7 @@ Placements are written as torch prints them: ``R``, ``S(d)``, ``_S(d, split)`` (
 (FSDP shards the model-parallel local tensor): ``(_S(0, 2), S(0))`` on ``(fsdp, tp)`` splits the tensor
 over tp first and each tp piece over fsdp.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,9 +22,9 @@ _TOKEN = re.compile(r"_S\(\s*(\d+)\s*,\s*(\d+)\s*\)|S\(\s*(\d+)\s*\)|P\([^)]*\)|
 
 @dataclass(frozen=True)
 class Placement:
-    kind: str            # "R", "S", "_S", "P"
-    dim: int = -1        # tensor axis of S / _S
-    split: int = 1       # split factor of _S
+    kind: str  # "R", "S", "_S", "P"
+    dim: int = -1  # tensor axis of S / _S
+    split: int = 1  # split factor of _S
 
     def __str__(self) -> str:
         if self.kind == "S":
@@ -92,6 +93,7 @@ def rank_ranges(global_shape, mesh_dims, placements, dims: ParallelDims) -> dict
 @dataclass(frozen=True)
 class Block:
     """A box of the global tensor held by the same ranks: ``ranges[a] = (lo, hi)`` per axis."""
+
     ranges: tuple[tuple[int, int], ...]
     owners: tuple[int, ...]
 
@@ -108,8 +110,11 @@ def ownership(global_shape, mesh_dims, placements, dims: ParallelDims) -> list[B
 
     def walk(axis: int, chosen: list[tuple[int, int]]) -> None:
         if axis == len(global_shape):
-            owners = tuple(rank for rank, held in ranges.items()
-                           if all(lo <= a and b <= hi and hi > lo for (a, b), (lo, hi) in zip(chosen, held)))
+            owners = tuple(
+                rank
+                for rank, held in ranges.items()
+                if all(lo <= a and b <= hi and hi > lo for (a, b), (lo, hi) in zip(chosen, held))
+            )
             blocks.append(Block(tuple(chosen), owners))
             return
         for segment in cuts[axis]:
@@ -127,5 +132,6 @@ def changes(mesh_dims, before, after) -> list[str]:
     """One note per mesh dim: 'fsdp: S(1) → R' or 'tp: S(0) kept'."""
     before = parse_placements(before) if isinstance(before, str) else before
     after = parse_placements(after) if isinstance(after, str) else after
-    return [f"{dim}: {b} kept" if str(b) == str(a) else f"{dim}: {b} → {a}"
-            for dim, b, a in zip(mesh_dims, before, after)]
+    return [
+        f"{dim}: {b} kept" if str(b) == str(a) else f"{dim}: {b} → {a}" for dim, b, a in zip(mesh_dims, before, after)
+    ]

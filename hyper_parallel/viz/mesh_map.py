@@ -1,4 +1,5 @@
 """The ranks laid out on the device mesh: one panel per parallel dim, cells coloured by process group."""
+
 from __future__ import annotations
 
 from matplotlib.figure import Figure
@@ -84,13 +85,30 @@ def _draw_panel(ax, dims: ParallelDims, dim: str, heading: str, rows: int, cols:
     index = {rank: g for g, group in enumerate(groups) for rank in group}
     for rank in range(dims.world_size):
         row, col = divmod(rank, cols)
-        cell = Rectangle((col, row), 1, 1, facecolor=group_color(index[rank]), edgecolor="black",
-                         linewidth=1.2, gid=f"rank{rank}")
+        cell = Rectangle(
+            (col, row), 1, 1, facecolor=group_color(index[rank]), edgecolor="black", linewidth=1.2, gid=f"rank{rank}"
+        )
         ax.add_patch(cell)
-        ax.text(col + 0.5, row + 0.45, str(rank), ha="center", va="center", fontsize=15 if cols <= 4 else 12,
-                fontweight="bold", gid=f"rank{rank}")
-        ax.text(col + 0.5, row + 0.82, f"{dim}[{dims.coordinates(rank)[dim]}]", ha="center", va="center",
-                fontsize=7.5, color="#444444", gid="coordinate")
+        ax.text(
+            col + 0.5,
+            row + 0.45,
+            str(rank),
+            ha="center",
+            va="center",
+            fontsize=15 if cols <= 4 else 12,
+            fontweight="bold",
+            gid=f"rank{rank}",
+        )
+        ax.text(
+            col + 0.5,
+            row + 0.82,
+            f"{dim}[{dims.coordinates(rank)[dim]}]",
+            ha="center",
+            va="center",
+            fontsize=7.5,
+            color="#444444",
+            gid="coordinate",
+        )
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)
     ax.set_aspect("equal")
@@ -124,8 +142,14 @@ def mesh_map(dims: ParallelDims, recipe: str | None = None, sharded: bool = True
     ncols = max(len(dense), len(sparse), 1)
     nrows = 2 if sparse else 1
     cell = 0.85 if cols <= 4 else 0.6
-    longest = max((len(line) for dim, heading in dense + sparse
-                   for line in (heading, *explanation(dim, heading, sharded).split("\n"))), default=0)
+    longest = max(
+        (
+            len(line)
+            for dim, heading in dense + sparse
+            for line in (heading, *explanation(dim, heading, sharded).split("\n"))
+        ),
+        default=0,
+    )
     width = max(4.0, ncols * max(2.4, cols * cell + 0.6, 0.095 * longest + 0.4))
     height = nrows * (rows * cell + 1.6) + 0.7
     fig = new_figure(width, height)
@@ -133,10 +157,15 @@ def mesh_map(dims: ParallelDims, recipe: str | None = None, sharded: bool = True
     for r, row_panels in enumerate([dense, sparse][:nrows]):
         for c, (dim, heading) in enumerate(row_panels):
             _draw_panel(fig.add_subplot(grid[r, c]), dims, dim, heading, rows, cols, sharded)
-    lines = [title("Device mesh", recipe, dims), "number = global rank, small text = its index on that dim, same colour = one process group of that dim"]
+    lines = [
+        title("Device mesh", recipe, dims),
+        "number = global rank, small text = its index on that dim, same colour = one process group of that dim",
+    ]
     if sparse:
-        lines.append("top row: dense view (dp_replicate, dp_shard, cp, tp) · bottom row: expert view "
-                     f"(dp_replicate, efsdp, ep{', etp' if dims.etp > 1 else ''})")
+        lines.append(
+            "top row: dense view (dp_replicate, dp_shard, cp, tp) · bottom row: expert view "
+            f"(dp_replicate, efsdp, ep{', etp' if dims.etp > 1 else ''})"
+        )
     fig.set_figwidth(max(width, 0.085 * max(map(len, lines))))
     fig.suptitle("\n".join(lines), fontsize=10.5)
     return fig

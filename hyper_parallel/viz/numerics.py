@@ -1,4 +1,5 @@
 """Loss per step of a run against the single-process reference."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,8 +24,15 @@ def numerics(metrics: dict[str, Any]) -> Figure:
     steps = list(range(len(losses)))
     ax.plot(steps, losses, "o-", color="#1f77b4", linewidth=2, markersize=7, label="run", zorder=3)
     if reference:
-        ax.plot(range(len(reference)), reference, "x--", color="black", markersize=9, label="single-process reference",
-                zorder=4)
+        ax.plot(
+            range(len(reference)),
+            reference,
+            "x--",
+            color="black",
+            markersize=9,
+            label="single-process reference",
+            zorder=4,
+        )
     ax.set_ylabel("loss")
     ax.set_xticks(steps)
     ax.grid(alpha=0.3)
@@ -47,6 +55,10 @@ def numerics(metrics: dict[str, Any]) -> Figure:
     if metrics.get("max_param_diff") is not None:
         line += f" · max |param − reference| = {metrics['max_param_diff']:.2e}"
     verdict = {True: "matches the reference", False: "DOES NOT match the reference"}.get(metrics.get("ok"), "")
-    fig.suptitle(title("Loss vs single-process reference", metrics.get("recipe"), metrics.get("degrees")) +
-                 f"\n{line}" + (f" — {verdict}" if verdict else ""), fontsize=10)
+    fig.suptitle(
+        title("Loss vs single-process reference", metrics.get("recipe"), metrics.get("degrees"))
+        + f"\n{line}"
+        + (f" — {verdict}" if verdict else ""),
+        fontsize=10,
+    )
     return fig

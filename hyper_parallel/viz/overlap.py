@@ -11,6 +11,7 @@ wait returned. Per rank and step:
 A synchronous collective is always exposed; an asynchronous one (prefetch, reduce-scatter left in
 flight) is hidden for as long as compute runs before its wait. Torch-free: reads saved traces.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -53,8 +54,11 @@ def minus(intervals: list[Interval], removed: list[Interval]) -> list[Interval]:
 
 def step_exposure(events: list[dict[str, Any]], step: int) -> dict[str, float]:
     """Seconds of communication in flight, exposed and hidden, and of compute, in ``step`` of one rank."""
-    comm = [(e["t_start"], e["t_end"]) for e in events
-            if e.get("kind") == "collective" and e["step"] == step and e["phase"] != "init"]
+    comm = [
+        (e["t_start"], e["t_end"])
+        for e in events
+        if e.get("kind") == "collective" and e["step"] == step and e["phase"] != "init"
+    ]
     compute = [(e["t_start"], e["t_end"]) for e in events if e.get("kind") == "compute" and e["step"] == step]
     in_flight, exposed = length(comm), length(minus(comm, compute))
     return {"in_flight": in_flight, "exposed": exposed, "hidden": in_flight - exposed, "compute": length(compute)}

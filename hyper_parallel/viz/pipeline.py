@@ -8,6 +8,7 @@ in which that rank computed nothing: waiting for a microbatch from a neighbour, 
 The formula assumes equal stages and free communication; on a loaded CPU the measurement also holds
 the P2P and the uneven stages (the first has the embedding, the last the head and the loss).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,12 +25,16 @@ ACTION_COLORS = {"forward": "#4c72b0", "backward": "#dd8452"}
 
 def pipeline_events(traces: Traces, step: int) -> dict[int, list[dict]]:
     """rank -> its forward/backward actions of ``step``, in time order."""
-    events = {rank: sorted((e for e in evs if e.get("kind") == "pipeline" and e["step"] == step),
-                           key=lambda e: e["t_start"]) for rank, evs in sorted(traces.items())}
+    events = {
+        rank: sorted((e for e in evs if e.get("kind") == "pipeline" and e["step"] == step), key=lambda e: e["t_start"])
+        for rank, evs in sorted(traces.items())
+    }
     if not any(events.values()):
         steps = sorted({e["step"] for evs in traces.values() for e in evs if e.get("kind") == "pipeline"})
-        raise ValueError(f"no pipeline actions in step {step}; steps with pipeline actions: {steps} "
-                         "(a run of a pipeline recipe, P1/P2, records them)")
+        raise ValueError(
+            f"no pipeline actions in step {step}; steps with pipeline actions: {steps} "
+            "(a run of a pipeline recipe, P1/P2, records them)"
+        )
     return events
 
 
@@ -38,12 +43,18 @@ def measured_bubble(traces: Traces, step: int) -> dict[int, float]:
     events = pipeline_events(traces, step)
     start = min(e["t_start"] for evs in events.values() for e in evs)
     end = max(e["t_end"] for evs in events.values() for e in evs)
-    return {rank: 1.0 - sum(e["t_end"] - e["t_start"] for e in evs) / (end - start)
-            for rank, evs in events.items()}
+    return {rank: 1.0 - sum(e["t_end"] - e["t_start"] for e in evs) / (end - start) for rank, evs in events.items()}
 
 
-def pipeline_schedule(traces: Traces, step: int = 1, schedule: str | None = None, microbatches: int | None = None,
-                      pp: int | None = None, stages_per_rank: int = 1, title: str | None = None):
+def pipeline_schedule(
+    traces: Traces,
+    step: int = 1,
+    schedule: str | None = None,
+    microbatches: int | None = None,
+    pp: int | None = None,
+    stages_per_rank: int = 1,
+    title: str | None = None,
+):
     """Per-rank schedule of ``step``; with ``schedule`` (and the degrees, else read from the events) the
     title compares the mean measured bubble with the formula."""
     events = pipeline_events(traces, step)
@@ -69,15 +80,14 @@ def pipeline_schedule(traces: Traces, step: int = 1, schedule: str | None = None
     ax.invert_yaxis()
     ax.set_xlim(0, span * 1e3 * 1.12)
     ax.set_xlabel("ms since the step's first action")
-    ax.legend(handles=[Patch(color=c, label=a) for a, c in ACTION_COLORS.items()], loc="upper right",
-              fontsize=8, ncol=2)
+    ax.legend(
+        handles=[Patch(color=c, label=a) for a, c in ACTION_COLORS.items()], loc="upper right", fontsize=8, ncol=2
+    )
     mean = sum(bubble.values()) / len(bubble)
     text = f"measured bubble {mean:.0%} (mean over ranks)"
     if schedule is not None:
         formula = bubble_fraction(schedule, n_pp, microbatches, stages_per_rank)
         v = f"{stages_per_rank}*" if stages_per_rank > 1 else ""
-        text += (f" · formula (p-1)/({v}m+p-1) = {n_pp - 1}/{stages_per_rank * microbatches + n_pp - 1}"
-                 f" = {formula:.0%}")
-    ax.set_title(f"{title or schedule or 'pipeline'}: pp={n_pp}, m={microbatches} microbatches\n{text}",
-                 fontsize=10)
+        text += f" · formula (p-1)/({v}m+p-1) = {n_pp - 1}/{stages_per_rank * microbatches + n_pp - 1} = {formula:.0%}"
+    ax.set_title(f"{title or schedule or 'pipeline'}: pp={n_pp}, m={microbatches} microbatches\n{text}", fontsize=10)
     return fig

@@ -1,4 +1,5 @@
 """How a parameter's placements change: sharded -> unsharded (FSDP dim only) -> resharded."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,7 +31,7 @@ def transition(events: Events, param: str, step: int | None = 0) -> tuple[dict, 
     mine = [e for e in _placement_events(events, step) if e["param"] == param]
     for i, event in enumerate(mine):
         if _shards(event["after"]) < _shards(event["before"]):
-            return event, next((e for e in mine[i + 1:] if e["before"] == event["after"]), None)
+            return event, next((e for e in mine[i + 1 :] if e["before"] == event["after"]), None)
     if mine:
         return mine[0], None
     known = sorted({e["param"] for e in _placement_events(events, None)})
@@ -47,12 +48,18 @@ def representative_param(events: Events, step: int | None = 0) -> str:
     best, best_score = None, None
     for order, event in enumerate(_placement_events(events, step)):
         placements = parse_placements(event["before"])
-        mp_sharded = any(p.kind in ("S", "_S") and dim in MODEL_PARALLEL_DIMS
-                         for dim, p in zip(event["mesh_dims"], placements))
-        expert = any(p.kind in ("S", "_S") and dim in ("ep", "etp")
-                     for dim, p in zip(event["mesh_dims"], placements))
-        score = (event["before"] != event["after"], expert, mp_sharded, len(event["global_shape"]) == 2,
-                 "_S(" not in event["before"], -order)
+        mp_sharded = any(
+            p.kind in ("S", "_S") and dim in MODEL_PARALLEL_DIMS for dim, p in zip(event["mesh_dims"], placements)
+        )
+        expert = any(p.kind in ("S", "_S") and dim in ("ep", "etp") for dim, p in zip(event["mesh_dims"], placements))
+        score = (
+            event["before"] != event["after"],
+            expert,
+            mp_sharded,
+            len(event["global_shape"]) == 2,
+            "_S(" not in event["before"],
+            -order,
+        )
         if best_score is None or score > best_score:
             best, best_score = event["param"], score
     if best is None:
@@ -68,12 +75,19 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
     """
     blocks = ownership(global_shape, mesh_dims, placements, dims)
     ndim = len(global_shape)
-    lead = (lambda b: (b.ranges[0],) if ndim == 1 else b.ranges[:-1])
-    last = (lambda b: b.ranges[-1])
+
+    def lead(b):
+        return (b.ranges[0],) if ndim == 1 else b.ranges[:-1]
+
+    def last(b):
+        return b.ranges[-1]
+
     if ndim == 1:
         width, height = global_shape[0], max(1.0, global_shape[0] / 6)
         row_y = {(block.ranges[0],): (0.0, height) for block in blocks}
-        column = lambda b: b.ranges[0]
+
+        def column(b):
+            return b.ranges[0]
     else:
         row_y, y = {}, 0.0
         for block in blocks:
@@ -87,8 +101,16 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
         width, height, column = global_shape[-1], y, last
     for block in blocks:
         (x0, x1), (y0, h) = column(block), row_y[lead(block)]
-        _draw_block(ax, x0, y0, x1 - x0, h, block.owners, dims.world_size,
-                    label_blocks and (x1 - x0) / width > 0.12 and h / height > 0.1)
+        _draw_block(
+            ax,
+            x0,
+            y0,
+            x1 - x0,
+            h,
+            block.owners,
+            dims.world_size,
+            label_blocks and (x1 - x0) / width > 0.12 and h / height > 0.1,
+        )
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.set_box_aspect(min(1.3, max(0.3, height / width)) if ndim > 1 else 0.22)
@@ -98,8 +120,11 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
     ys = sorted({v for y0, h in row_y.values() for v in (y0, y0 + h)})
     ax.set_yticks(ys if ndim == 2 else [])
     if ndim > 2:  # rows are boxes of the leading axes: name each band by its index ranges
-        ax.set_yticks([y0 + h / 2 for y0, h in row_y.values()],
-                      ["[" + ", ".join(f"{lo}:{hi}" for lo, hi in key) + ", :]" for key in row_y], fontsize=7)
+        ax.set_yticks(
+            [y0 + h / 2 for y0, h in row_y.values()],
+            ["[" + ", ".join(f"{lo}:{hi}" for lo, hi in key) + ", :]" for key in row_y],
+            fontsize=7,
+        )
     if ndim == 1:
         ax.set_xlabel(f"dim 0 (length {global_shape[0]})", fontsize=8)
     else:
@@ -111,31 +136,61 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
 def _draw_block(ax, x, y, w, h, owners, world: int, label: bool) -> None:
     """One owner: the box filled with its colour. Several: a pale box with one coloured chip per rank."""
     if len(owners) == 1:
-        ax.add_patch(Rectangle((x, y), w, h, facecolor=rank_color(owners[0], world), edgecolor="none",
-                               gid=f"owner{owners[0]}"))
+        ax.add_patch(
+            Rectangle((x, y), w, h, facecolor=rank_color(owners[0], world), edgecolor="none", gid=f"owner{owners[0]}")
+        )
         if label:
-            ax.text(x + w / 2, y + h / 2, f"rank {owners[0]}", ha="center", va="center", fontsize=8,
-                    bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "linewidth": 0})
+            ax.text(
+                x + w / 2,
+                y + h / 2,
+                f"rank {owners[0]}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "linewidth": 0},
+            )
     else:
         ax.add_patch(Rectangle((x, y), w, h, facecolor="#f2f2f2", edgecolor="none", gid="shared"))
         k = max(len(owners), 1)
         chip_w, chip_h = min(w * 0.9 / k, w * 0.22), min(h * 0.3, h * 0.8)
         left = x + (w - chip_w * k) / 2
         for i, rank in enumerate(owners):
-            ax.add_patch(Rectangle((left + i * chip_w, y + (h - chip_h) / 2), chip_w, chip_h,
-                                   facecolor=rank_color(rank, world), edgecolor="white", linewidth=1,
-                                   gid=f"owner{rank}"))
+            ax.add_patch(
+                Rectangle(
+                    (left + i * chip_w, y + (h - chip_h) / 2),
+                    chip_w,
+                    chip_h,
+                    facecolor=rank_color(rank, world),
+                    edgecolor="white",
+                    linewidth=1,
+                    gid=f"owner{rank}",
+                )
+            )
             if label:
-                ax.text(left + (i + 0.5) * chip_w, y + h / 2, str(rank), ha="center", va="center",
-                        fontsize=8 if k <= 8 else 6, color="white", fontweight="bold")
+                ax.text(
+                    left + (i + 0.5) * chip_w,
+                    y + h / 2,
+                    str(rank),
+                    ha="center",
+                    va="center",
+                    fontsize=8 if k <= 8 else 6,
+                    color="white",
+                    fontweight="bold",
+                )
         if label:
             text = f"copy on all {world} ranks" if k == world else f"copies on {k} ranks"
             ax.text(x + w / 2, y + (h - chip_h) / 2 - h * 0.04, text, ha="center", va="bottom", fontsize=7.5)
     ax.add_patch(Rectangle((x, y), w, h, facecolor="none", edgecolor="black", linewidth=1.4, gid="block"))
 
 
-def placement_transitions(traces_or_events, dims: ParallelDims, param: str | None = None, step: int = 0,
-                          rank: int = 0, recipe: str | None = None) -> Figure:
+def placement_transitions(
+    traces_or_events,
+    dims: ParallelDims,
+    param: str | None = None,
+    step: int = 0,
+    rank: int = 0,
+    recipe: str | None = None,
+) -> Figure:
     """One parameter in three states: sharded -> unsharded (only the FSDP dim gathered) -> resharded.
 
     A parameter no data-parallel dim shards (DDP, pure TP) is drawn as "stored" and "in compute",
@@ -153,11 +208,15 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
     mesh_dims, shape = unshard["mesh_dims"], unshard["global_shape"]
     gathers = _shards(unshard["after"]) < _shards(unshard["before"])
     if gathers:
-        states = [("sharded", unshard["before"], "what the optimizer holds"),
-                  ("unsharded", unshard["after"], f"{unshard['phase']}: computes with this")]
+        states = [
+            ("sharded", unshard["before"], "what the optimizer holds"),
+            ("unsharded", unshard["after"], f"{unshard['phase']}: computes with this"),
+        ]
     else:  # DDP / pure TP: no data-parallel shard, the stored layout is the compute layout
-        states = [("stored", unshard["before"], "what the optimizer holds"),
-                  ("in compute", unshard["after"], f"{unshard['phase']}: the same layout")]
+        states = [
+            ("stored", unshard["before"], "what the optimizer holds"),
+            ("in compute", unshard["after"], f"{unshard['phase']}: the same layout"),
+        ]
     if reshard is not None:
         states.append(("resharded", reshard["after"], f"after {reshard['phase']}: back to the shard"))
     fig = new_figure(4.2 * len(states) + 1.6 * (len(states) - 1), 5.2 if len(shape) > 1 else 3.0)
@@ -168,29 +227,56 @@ def placement_transitions(traces_or_events, dims: ParallelDims, param: str | Non
         ax = fig.add_subplot(grid[0, 2 * i])
         draw_ownership(ax, shape, mesh_dims, placements, dims)
         local = list(local_shape(shape, mesh_dims, placements, dims, rank))
-        ax.set_title(f"{i + 1}. {name} — {note}\n{dims_text} = {placements}\nrank {rank} holds {local} of "
-                     f"{list(shape)}", fontsize=9)
+        ax.set_title(
+            f"{i + 1}. {name} — {note}\n{dims_text} = {placements}\nrank {rank} holds {local} of {list(shape)}",
+            fontsize=9,
+        )
         ax.set_label(f"state:{name}")
         if i + 1 < len(states):
             arrow = fig.add_subplot(grid[0, 2 * i + 1])
             arrow.axis("off")
             arrow.set_label("transition")
             before, after = placements, states[i + 1][1]
-            gathered = [d for d, b, a in zip(mesh_dims, parse_placements(before), parse_placements(after))
-                        if str(b) != str(a)]
-            verb = ("all-gather on " if i == 0 else "reshard on ") + ", ".join(gathered) if gathered else \
-                "no communication:\nnot sharded on a data-parallel dim"
-            arrow.annotate("", xy=(0.95, 0.55), xytext=(0.05, 0.55), xycoords="axes fraction",
-                           arrowprops={"arrowstyle": "-|>", "lw": 2, "color": "#333333"})
+            gathered = [
+                d for d, b, a in zip(mesh_dims, parse_placements(before), parse_placements(after)) if str(b) != str(a)
+            ]
+            verb = (
+                ("all-gather on " if i == 0 else "reshard on ") + ", ".join(gathered)
+                if gathered
+                else "no communication:\nnot sharded on a data-parallel dim"
+            )
+            arrow.annotate(
+                "",
+                xy=(0.95, 0.55),
+                xytext=(0.05, 0.55),
+                xycoords="axes fraction",
+                arrowprops={"arrowstyle": "-|>", "lw": 2, "color": "#333333"},
+            )
             arrow.text(0.5, 0.62, verb, ha="center", va="bottom", fontsize=9, fontweight="bold", wrap=True)
-            arrow.text(0.5, 0.48, "\n".join(changes(mesh_dims, before, after)),
-                       ha="center", va="top", fontsize=8.5, family="monospace")
+            arrow.text(
+                0.5,
+                0.48,
+                "\n".join(changes(mesh_dims, before, after)),
+                ha="center",
+                va="top",
+                fontsize=8.5,
+                family="monospace",
+            )
     world = dims.world_size
     handles = [Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}") for r in range(world)]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(world, 8), fontsize=8,
-               title="colour = the rank holding the block; grey block with chips = a copy on each of those ranks", title_fontsize=8)
-    subtitle = ("only the FSDP dim is gathered; model-parallel (TP/EP/ETP) placements never change" if gathers else
-                "nothing is gathered: not sharded on a data-parallel dim; model-parallel placements never change")
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(world, 8),
+        fontsize=8,
+        title="colour = the rank holding the block; grey block with chips = a copy on each of those ranks",
+        title_fontsize=8,
+    )
+    subtitle = (
+        "only the FSDP dim is gathered; model-parallel (TP/EP/ETP) placements never change"
+        if gathers
+        else "nothing is gathered: not sharded on a data-parallel dim; model-parallel placements never change"
+    )
     fig.suptitle(title(f"Placements of {param} (step {step})", recipe, dims) + "\n" + subtitle, fontsize=11)
     return fig
 
@@ -200,8 +286,14 @@ def _unit_of(param: str, units: set[str]) -> str:
     return max(matches, key=len) if matches else "root"
 
 
-def placement_overview(traces_or_events, dims: ParallelDims, module: str | None = None, step: int = 0,
-                       rank: int = 0, recipe: str | None = None) -> Figure:
+def placement_overview(
+    traces_or_events,
+    dims: ParallelDims,
+    module: str | None = None,
+    step: int = 0,
+    rank: int = 0,
+    recipe: str | None = None,
+) -> Figure:
     """A table of every parameter (of ``module``, a name prefix such as "layers.0"; None: all): unit,
     name, global shape, mesh dims, sharded and unsharded placements, rank ``rank``'s local shapes.
     The footnote lists which mesh dims changed between sharded and unsharded (only the FSDP dim should)."""
@@ -217,13 +309,30 @@ def placement_overview(traces_or_events, dims: ParallelDims, module: str | None 
         mesh_dims, shape = unshard["mesh_dims"], unshard["global_shape"]
         for dim, b, a in zip(mesh_dims, parse_placements(unshard["before"]), parse_placements(unshard["after"])):
             (changed if str(b) != str(a) else kept).add(dim)
-        rows.append([_unit_of(name, units), name, str(list(shape)), ", ".join(mesh_dims), unshard["before"],
-                     unshard["after"], str(list(local_shape(shape, mesh_dims, unshard["before"], dims, rank))),
-                     str(list(local_shape(shape, mesh_dims, unshard["after"], dims, rank)))])
+        rows.append(
+            [
+                _unit_of(name, units),
+                name,
+                str(list(shape)),
+                ", ".join(mesh_dims),
+                unshard["before"],
+                unshard["after"],
+                str(list(local_shape(shape, mesh_dims, unshard["before"], dims, rank))),
+                str(list(local_shape(shape, mesh_dims, unshard["after"], dims, rank))),
+            ]
+        )
     if not rows:
         raise ValueError(f"no parameters under {module!r} at step {step}")
-    header = ["unit", "parameter", "global shape", "mesh dims", "sharded", "unsharded",
-              f"rank {rank} local (sharded)", f"rank {rank} local (unsharded)"]
+    header = [
+        "unit",
+        "parameter",
+        "global shape",
+        "mesh dims",
+        "sharded",
+        "unsharded",
+        f"rank {rank} local (sharded)",
+        f"rank {rank} local (unsharded)",
+    ]
     fig = new_figure(15, 0.9 + 0.26 * (len(rows) + 1))
     ax = fig.add_subplot()
     ax.axis("off")
@@ -246,6 +355,8 @@ def placement_overview(traces_or_events, dims: ParallelDims, module: str | None 
             cell.get_text().set_color("#1f4e9e")
     note = f"changed between sharded and unsharded: {', '.join(sorted(changed)) or 'nothing'}"
     note += f"   ·   kept: {', '.join(sorted(kept - changed)) or 'nothing'}"
-    fig.suptitle(title(f"Parameter placements{' of ' + module if module else ''} (step {step})", recipe, dims)
-                 + "\n" + note, fontsize=10)
+    fig.suptitle(
+        title(f"Parameter placements{' of ' + module if module else ''} (step {step})", recipe, dims) + "\n" + note,
+        fontsize=10,
+    )
     return fig

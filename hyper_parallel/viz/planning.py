@@ -1,6 +1,7 @@
 """Figures of planning at scale (``python -m launch plan``, notebook 04): the cost model's memory and
 communication for one layout, every valid layout of a world size as memory against step time, and a
 design review's named candidates with their step-time ranges and the Pareto front."""
+
 from __future__ import annotations
 
 from matplotlib.figure import Figure
@@ -43,17 +44,27 @@ def plan_figure(cost: CostEstimate, timed: list[TimedCollective], memory_gib: fl
         entry[0] += c.seconds * 1e3
         entry[1] += c.bytes
     for i, ((op, group), (ms, nbytes, crosses)) in enumerate(per_key.items()):
-        cax.bar(i, ms, 0.7, color=OP_COLORS.get(op, "grey"), hatch=group_hatch(group),
-                edgecolor="#cf222e" if crosses else "black", linewidth=2 if crosses else 0.8, gid="comm")
+        cax.bar(
+            i,
+            ms,
+            0.7,
+            color=OP_COLORS.get(op, "grey"),
+            hatch=group_hatch(group),
+            edgecolor="#cf222e" if crosses else "black",
+            linewidth=2 if crosses else 0.8,
+            gid="comm",
+        )
         cax.text(i, ms, fmt_bytes(nbytes), ha="center", va="bottom", fontsize=7.5)
     cax.set_xticks(range(len(per_key)))
     cax.set_xticklabels([f"{OP_SHORT.get(op, op)}\n{group}" for op, group in per_key], fontsize=8)
     cax.set_ylabel("ms per step (model)")
     total = sum(ms for ms, _, _ in per_key.values())
     cax.set_title(f"communication per step: {total:.1f} ms (red outline: the group spans nodes)", fontsize=10)
-    fig.suptitle(f"{cost.config.name} on {cost.dims.world_size} ranks: "
-                 + ", ".join(f"{k}={v}" for k, v in cost.dims.degrees().items() if k != "world_size" and v > 1),
-                 fontsize=11)
+    fig.suptitle(
+        f"{cost.config.name} on {cost.dims.world_size} ranks: "
+        + ", ".join(f"{k}={v}" for k, v in cost.dims.degrees().items() if k != "world_size" and v > 1),
+        fontsize=11,
+    )
     return fig
 
 
@@ -64,16 +75,35 @@ def compare_figure(ranked: list[RankedLayout], highlight: ParallelDims | None = 
     ax.set_label("compare")
     for fits, color in ((True, "#1f77b4"), (False, "#bbbbbb")):
         points = [r for r in ranked if r.fits == fits]
-        ax.scatter([r.step_seconds * 1e3 for r in points], [r.memory_bytes / GIB for r in points], s=14,
-                   color=color, label="within the memory budget" if fits else "over the budget", gid=f"fits={fits}")
+        ax.scatter(
+            [r.step_seconds * 1e3 for r in points],
+            [r.memory_bytes / GIB for r in points],
+            s=14,
+            color=color,
+            label="within the memory budget" if fits else "over the budget",
+            gid=f"fits={fits}",
+        )
     if ranked:
         best = ranked[0]
-        ax.scatter([best.step_seconds * 1e3], [best.memory_bytes / GIB], s=90, facecolors="none", edgecolors="green",
-                   linewidths=2, label="best: " + short_degrees(best.dims))
+        ax.scatter(
+            [best.step_seconds * 1e3],
+            [best.memory_bytes / GIB],
+            s=90,
+            facecolors="none",
+            edgecolors="green",
+            linewidths=2,
+            label="best: " + short_degrees(best.dims),
+        )
     mine = next((r for r in ranked if r.dims == highlight), None)
     if mine is not None:
-        ax.scatter([mine.step_seconds * 1e3], [mine.memory_bytes / GIB], marker="*", s=160, color="#cf222e",
-                   label="this plan: " + short_degrees(mine.dims))
+        ax.scatter(
+            [mine.step_seconds * 1e3],
+            [mine.memory_bytes / GIB],
+            marker="*",
+            s=160,
+            color="#cf222e",
+            label="this plan: " + short_degrees(mine.dims),
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("step time, ms (model: compute, overlap, critical communication)")
@@ -98,22 +128,51 @@ def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
     for review in reviews:
         step, memory = review.step, review.cost.memory.total / GIB
         color = "#1f77b4" if review.fits else "#999999"
-        ax.errorbar([step.seconds], [memory], xerr=[[step.seconds - step.fast.total], [step.slow.total - step.seconds]],
-                    fmt="o", color=color, ecolor=color, capsize=3, markersize=7, gid=f"candidate:{review.label}")
+        ax.errorbar(
+            [step.seconds],
+            [memory],
+            xerr=[[step.seconds - step.fast.total], [step.slow.total - step.seconds]],
+            fmt="o",
+            color=color,
+            ecolor=color,
+            capsize=3,
+            markersize=7,
+            gid=f"candidate:{review.label}",
+        )
         over = "" if review.fits else " (over budget)"
-        ax.annotate(f"#{review.rank_text} {review.label}{over}", (step.seconds, memory), textcoords="offset points",
-                    xytext=(6, 6), fontsize=8, color="black" if review.fits else "#777777")
+        ax.annotate(
+            f"#{review.rank_text} {review.label}{over}",
+            (step.seconds, memory),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=8,
+            color="black" if review.fits else "#777777",
+        )
     front = sorted((r for r in reviews if r.pareto), key=lambda r: r.step.seconds)
     if front:
-        ax.plot([r.step.seconds for r in front], [r.cost.memory.total / GIB for r in front], color="green",
-                linewidth=1.2, linestyle="-", marker="s", markerfacecolor="none", markersize=11,
-                label="Pareto front (within budget)", gid="pareto")
+        ax.plot(
+            [r.step.seconds for r in front],
+            [r.cost.memory.total / GIB for r in front],
+            color="green",
+            linewidth=1.2,
+            linestyle="-",
+            marker="s",
+            markerfacecolor="none",
+            markersize=11,
+            label="Pareto front (within budget)",
+            gid="pareto",
+        )
     if budget_bytes:
-        ax.axhline(budget_bytes / GIB, color="#cf222e", linestyle="--", linewidth=1,
-                   label=f"memory budget {budget_bytes / GIB:.1f} GiB")
+        ax.axhline(
+            budget_bytes / GIB,
+            color="#cf222e",
+            linestyle="--",
+            linewidth=1,
+            label=f"memory budget {budget_bytes / GIB:.1f} GiB",
+        )
     times = [r.step.slow.total for r in reviews] + [r.step.fast.total for r in reviews]
     if times:
-        ax.set_xlim(min(times) * 0.85, max(times) * 1.25)   # room for the labels on the right
+        ax.set_xlim(min(times) * 0.85, max(times) * 1.25)  # room for the labels on the right
     ax.set_ylim(0, max([r.cost.memory.total / GIB for r in reviews] + [(budget_bytes or 0) / GIB]) * 1.2 or 1)
     ax.set_xlabel("step time, s (model: bar = compute at the efficiency range)")
     ax.set_ylabel("memory per rank, GiB")

@@ -3,6 +3,7 @@
 Figures are plain ``matplotlib.figure.Figure`` objects with an Agg canvas: no pyplot state, nothing to
 close, safe in scripts, tests and threads; Jupyter's inline backend displays a returned Figure.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -14,16 +15,36 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
-OP_COLORS = {"all_gather": "#1f77b4", "reduce_scatter": "#ff7f0e", "all_reduce": "#d62728",
-             "all_to_all": "#2ca02c", "broadcast": "#9467bd"}
-OP_SHORT = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A",
-            "broadcast": "BC"}
-GROUP_HATCHES = {"fsdp": "", "dp_shard": "", "dp_replicate": "///", "tp": "...", "cp": "xxx",
-                 "ep": "\\\\\\", "etp": "+++", "efsdp": "---", "dp_replicate+fsdp": "|||",
-                 "dp_replicate+efsdp": "|||", "dp": "ooo", "dp_cp": "OO"}
+OP_COLORS = {
+    "all_gather": "#1f77b4",
+    "reduce_scatter": "#ff7f0e",
+    "all_reduce": "#d62728",
+    "all_to_all": "#2ca02c",
+    "broadcast": "#9467bd",
+}
+OP_SHORT = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "broadcast": "BC"}
+GROUP_HATCHES = {
+    "fsdp": "",
+    "dp_shard": "",
+    "dp_replicate": "///",
+    "tp": "...",
+    "cp": "xxx",
+    "ep": "\\\\\\",
+    "etp": "+++",
+    "efsdp": "---",
+    "dp_replicate+fsdp": "|||",
+    "dp_replicate+efsdp": "|||",
+    "dp": "ooo",
+    "dp_cp": "OO",
+}
 _EXTRA_HATCHES = ("**", "oo", "//..", "\\\\..", "xx..", "--..")
-PHASE_COLORS = {"init": "#eeeeee", "forward": "#dcebf7", "backward": "#fbe3d1", "optimizer": "#dff0d8",
-                "other": "#f2f2f2"}
+PHASE_COLORS = {
+    "init": "#eeeeee",
+    "forward": "#dcebf7",
+    "backward": "#fbe3d1",
+    "optimizer": "#dff0d8",
+    "other": "#f2f2f2",
+}
 DEGREE_ORDER = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
 
 

@@ -1,4 +1,5 @@
 """Per-rank timeline of one training step: a bar per collective, coloured by op, hatched by group."""
+
 from __future__ import annotations
 
 import math
@@ -30,16 +31,29 @@ solid from the wait to its end (the training thread blocked on it)."""
 
 def steps_of(traces: Traces) -> list[int]:
     """Steps that have collectives outside the init phase."""
-    return sorted({e["step"] for events in traces.values() for e in events
-                   if e.get("kind") == "collective" and e["phase"] != "init"})
+    return sorted(
+        {
+            e["step"]
+            for events in traces.values()
+            for e in events
+            if e.get("kind") == "collective" and e["phase"] != "init"
+        }
+    )
 
 
-def collectives(traces: Traces, step: int | None = None, rank: int | None = None,
-                include_init: bool = False) -> list[tuple[int, dict]]:
+def collectives(
+    traces: Traces, step: int | None = None, rank: int | None = None, include_init: bool = False
+) -> list[tuple[int, dict]]:
     """(rank, event) of every collective of ``step`` (all steps: None), init-phase ones excluded by default."""
-    return [(r, e) for r, events in sorted(traces.items()) if rank is None or r == rank for e in events
-            if e.get("kind") == "collective" and (step is None or e["step"] == step)
-            and (include_init or e["phase"] != "init")]
+    return [
+        (r, e)
+        for r, events in sorted(traces.items())
+        if rank is None or r == rank
+        for e in events
+        if e.get("kind") == "collective"
+        and (step is None or e["step"] == step)
+        and (include_init or e["phase"] != "init")
+    ]
 
 
 def clock_offsets(traces: Traces) -> dict[int, float]:
@@ -87,9 +101,19 @@ def shift_clocks(traces: Traces, offsets: dict[int, float]) -> Traces:
     shifted = {}
     for rank, events in traces.items():
         d = offsets.get(rank, 0.0)
-        shifted[rank] = [dict(e, t_start=e["t_start"] - d, t_end=e["t_end"] - d,
-                              **({"t_wait": e["t_wait"] - d} if "t_wait" in e else {})) if "t_start" in e
-                         else dict(e, t=e["t"] - d) if "t" in e else e for e in events]
+        shifted[rank] = [
+            dict(
+                e,
+                t_start=e["t_start"] - d,
+                t_end=e["t_end"] - d,
+                **({"t_wait": e["t_wait"] - d} if "t_wait" in e else {}),
+            )
+            if "t_start" in e
+            else dict(e, t=e["t"] - d)
+            if "t" in e
+            else e
+            for e in events
+        ]
     return shifted
 
 
@@ -106,12 +130,20 @@ def phase_spans(events: list[dict]) -> list[tuple[str, float, float]]:
         firsts.setdefault(event["phase"], start)
         last = end if last is None else max(last, end)
     ordered = sorted(firsts.items(), key=lambda item: item[1])
-    return [(phase, start, ordered[i + 1][1] if i + 1 < len(ordered) else last)
-            for i, (phase, start) in enumerate(ordered)]
+    return [
+        (phase, start, ordered[i + 1][1] if i + 1 < len(ordered) else last) for i, (phase, start) in enumerate(ordered)
+    ]
 
 
-def timeline(traces: Traces, step: int | None = None, by_group: bool | None = None, recipe: str | None = None,
-             degrees=None, label_modules: bool = True, align: bool = True) -> Figure:
+def timeline(
+    traces: Traces,
+    step: int | None = None,
+    by_group: bool | None = None,
+    recipe: str | None = None,
+    degrees=None,
+    label_modules: bool = True,
+    align: bool = True,
+) -> Figure:
     """Every rank's collectives of one step (default: the last) against time.
 
     One row per rank (``by_group=True``: one row per rank and group; None: split when there are
@@ -141,19 +173,38 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
     t0 = min(_times(e)[0] for events in step_events.values() for e in events)
     t1 = max(_times(e)[1] for events in step_events.values() for e in events)
     span = max(t1 - t0, 1e-9)
-    ms = lambda t: (t - t0) * 1e3
+
+    def ms(t):
+        return (t - t0) * 1e3
+
     fig = new_figure(13, 1.9 + 0.3 * len(lanes) + (0.3 if by_group else 0))
     ax = fig.add_subplot()
     ax.set_label("timeline")
     for r in ranks:
         rows = [row_of[lane] for lane in lanes if lane[0] == r]
         for phase, start, end in phase_spans(step_events[r]):
-            ax.add_patch(Rectangle((ms(start), min(rows) - 0.5), ms(end) - ms(start), len(rows),
-                                   facecolor=PHASE_COLORS.get(phase, "#f2f2f2"), edgecolor="none", zorder=0,
-                                   gid="phase"))
+            ax.add_patch(
+                Rectangle(
+                    (ms(start), min(rows) - 0.5),
+                    ms(end) - ms(start),
+                    len(rows),
+                    facecolor=PHASE_COLORS.get(phase, "#f2f2f2"),
+                    edgecolor="none",
+                    zorder=0,
+                    gid="phase",
+                )
+            )
             if r == ranks[0]:
-                ax.text((ms(start) + ms(end)) / 2, -1.25, phase, ha="center", va="bottom", fontsize=9,
-                        color="#555555", fontstyle="italic")
+                ax.text(
+                    (ms(start) + ms(end)) / 2,
+                    -1.25,
+                    phase,
+                    ha="center",
+                    va="bottom",
+                    fontsize=9,
+                    color="#555555",
+                    fontstyle="italic",
+                )
     computing = has_compute(traces)
     bar_height = 0.58 if computing else 0.76
     if computing:
@@ -162,8 +213,17 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
                 if event.get("kind") != "compute":
                     continue
                 for row in (row_of[lane] for lane in lanes if lane[0] == r):
-                    ax.add_patch(Rectangle((ms(event["t_start"]), row + 0.24), ms(event["t_end"]) - ms(event["t_start"]),
-                                           0.16, facecolor=COMPUTE_COLOR, edgecolor="none", zorder=2, gid="compute"))
+                    ax.add_patch(
+                        Rectangle(
+                            (ms(event["t_start"]), row + 0.24),
+                            ms(event["t_end"]) - ms(event["t_start"]),
+                            0.16,
+                            facecolor=COMPUTE_COLOR,
+                            edgecolor="none",
+                            zorder=2,
+                            gid="compute",
+                        )
+                    )
     for r, event in chosen:
         row = row_of[(r, event["group"] if by_group else None)]
         start, width = ms(event["t_start"]), ms(event["t_end"]) - ms(event["t_start"])
@@ -172,16 +232,44 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
         color = OP_COLORS.get(event["op"], "grey")
         if event.get("asynchronous") and event["t_wait"] > event["t_start"]:
             in_flight = min(ms(event["t_wait"]) - start, width)
-            ax.add_patch(Rectangle((start, row - 0.38), in_flight, bar_height, facecolor=color,
-                                   alpha=IN_FLIGHT_ALPHA, edgecolor="none", zorder=2, gid="in_flight"))
+            ax.add_patch(
+                Rectangle(
+                    (start, row - 0.38),
+                    in_flight,
+                    bar_height,
+                    facecolor=color,
+                    alpha=IN_FLIGHT_ALPHA,
+                    edgecolor="none",
+                    zorder=2,
+                    gid="in_flight",
+                )
+            )
             start, width = start + in_flight, max(width - in_flight, MIN_BAR * span * 1e3)
-        ax.add_patch(Rectangle((start, row - 0.38), width, bar_height, facecolor=color,
-                               hatch=group_hatch(event["group"]), edgecolor="black" if tiny else "#333333",
-                               linewidth=0.8 if tiny else 0.4, zorder=2, gid="collective"))
+        ax.add_patch(
+            Rectangle(
+                (start, row - 0.38),
+                width,
+                bar_height,
+                facecolor=color,
+                hatch=group_hatch(event["group"]),
+                edgecolor="black" if tiny else "#333333",
+                linewidth=0.8 if tiny else 0.4,
+                zorder=2,
+                gid="collective",
+            )
+        )
         if width > 0.045 * span * 1e3:
-            ax.text(start + width / 2, row, f"{OP_SHORT.get(event['op'], event['op'])} {event['group']}",
-                    ha="center", va="center", fontsize=7, zorder=3, clip_on=True,
-                    bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+            ax.text(
+                start + width / 2,
+                row,
+                f"{OP_SHORT.get(event['op'], event['op'])} {event['group']}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                zorder=3,
+                clip_on=True,
+                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.8, "linewidth": 0},
+            )
     if label_modules:
         _label_units(ax, [e for r, e in chosen if r == ranks[0]], ms, span)
     ax.set_xlim(-0.01 * span * 1e3, span * 1.01e3)
@@ -195,25 +283,40 @@ def timeline(traces: Traces, step: int | None = None, by_group: bool | None = No
     ops = [op for op in OPS if any(e["op"] == op for _, e in chosen)]
     handles = [Patch(facecolor=OP_COLORS[op], edgecolor="black", label=op) for op in ops]
     handles += [Patch(facecolor="white", edgecolor="black", hatch=group_hatch(g), label=f"group {g}") for g in groups]
-    handles += [Patch(facecolor=PHASE_COLORS[p], label=f"{p} phase") for p in PHASE_COLORS
-                if any(e["phase"] == p for events in step_events.values() for e in events)]
+    handles += [
+        Patch(facecolor=PHASE_COLORS[p], label=f"{p} phase")
+        for p in PHASE_COLORS
+        if any(e["phase"] == p for events in step_events.values() for e in events)
+    ]
     if computing:
-        handles += [Patch(facecolor=COMPUTE_COLOR, label="compute (strip under each row)"),
-                    Patch(facecolor="#1f77b4", alpha=IN_FLIGHT_ALPHA, label="in flight, not yet waited for")]
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="colour = op, hatch = group",
-               title_fontsize=8)
+        handles += [
+            Patch(facecolor=COMPUTE_COLOR, label="compute (strip under each row)"),
+            Patch(facecolor="#1f77b4", alpha=IN_FLIGHT_ALPHA, label="in flight, not yet waited for"),
+        ]
+    fig.legend(
+        handles=handles, loc="outside right upper", fontsize=8, title="colour = op, hatch = group", title_fontsize=8
+    )
     counts = ", ".join(f"{sum(e['op'] == op for r, e in chosen if r == ranks[0])} {OP_SHORT[op]}" for op in ops)
     shift = max((abs(v) for v in offsets.values()), default=0.0) * 1e3
-    clocks = (f"clocks aligned on the ends of synchronous collectives (largest correction {shift:.1f} ms): a "
-              "collective ends together on its ranks, and starts when each rank arrives") if align else "raw clocks"
+    clocks = (
+        (
+            f"clocks aligned on the ends of synchronous collectives (largest correction {shift:.1f} ms): a "
+            "collective ends together on its ranks, and starts when each rank arrives"
+        )
+        if align
+        else "raw clocks"
+    )
     exposed = ""
     if computing:
         per_rank = exposure(traces, step)
         exposed = "\nexposed / in-flight communication: " + ", ".join(
-            f"r{r} {v['exposed'] * 1e3:.1f}/{v['in_flight'] * 1e3:.1f} ms" for r, v in list(per_rank.items())[:8])
-    fig.suptitle(title(f"{'Compute and c' if computing else 'C'}ollectives per rank, step {step}", recipe, degrees) +
-                 f"\nrank 0: {counts}{exposed}\n{clocks}; bars under {MIN_BAR:.1%} of the step are widened and outlined",
-                 fontsize=10)
+            f"r{r} {v['exposed'] * 1e3:.1f}/{v['in_flight'] * 1e3:.1f} ms" for r, v in list(per_rank.items())[:8]
+        )
+    fig.suptitle(
+        title(f"{'Compute and c' if computing else 'C'}ollectives per rank, step {step}", recipe, degrees)
+        + f"\nrank 0: {counts}{exposed}\n{clocks}; bars under {MIN_BAR:.1%} of the step are widened and outlined",
+        fontsize=10,
+    )
     return fig
 
 

@@ -1,4 +1,5 @@
 """Communication volume of one step: measured bytes per (op, group) against fully_shard's minimum."""
+
 from __future__ import annotations
 
 import math
@@ -42,9 +43,15 @@ def theoretical_bytes(units: list[dict[str, Any]]) -> dict[Key, float]:
     result: dict[Key, float] = defaultdict(float)
     for unit in units:
         size = unit["mp_local_bytes"]
-        for c in fsdp_collectives(size, size, unit["shard_size"], unit["dp_size"],
-                                  bool(unit.get("reshard_after_forward")), unit["sharded_group"]["name"],
-                                  unit["unsharded_group"]["name"]):
+        for c in fsdp_collectives(
+            size,
+            size,
+            unit["shard_size"],
+            unit["dp_size"],
+            bool(unit.get("reshard_after_forward")),
+            unit["sharded_group"]["name"],
+            unit["unsharded_group"]["name"],
+        ):
             result[(c.op, c.group)] += c.bytes
     return dict(result)
 
@@ -72,8 +79,9 @@ def wire_bytes(traces, step: int) -> dict[int, dict[Key, float]]:
 
 def _byte_axis(ax, top: float) -> None:
     """Ticks at round numbers of B / KiB / MiB instead of round numbers of bytes."""
-    scale, unit = next(((1024.0 ** k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if top >= 1024.0 ** k * 2),
-                       (1.0, "B"))
+    scale, unit = next(
+        ((1024.0**k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if top >= 1024.0**k * 2), (1.0, "B")
+    )
     ax.yaxis.set_major_locator(MultipleLocator(scale * _nice(top / scale / 6)))
     ax.yaxis.set_major_formatter(lambda v, _: f"{v / scale:g} {unit}")
 
@@ -112,27 +120,58 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
             ax.bar(i - 0.2, theory[key], 0.38, color="#c8c8c8", edgecolor="#555555", linestyle="--", gid="theory")
         if key in measured:
             x = i + 0.2 if key in theory else i
-            ax.bar(x, measured[key], 0.38, color=OP_COLORS.get(op, "grey"), edgecolor="black",
-                   hatch=group_hatch(group), gid="measured")
+            ax.bar(
+                x,
+                measured[key],
+                0.38,
+                color=OP_COLORS.get(op, "grey"),
+                edgecolor="black",
+                hatch=group_hatch(group),
+                gid="measured",
+            )
             note = f"×{measured[key] / theory[key]:.2f} of min" if theory.get(key) else "measured only"
-            ax.text(x, measured[key] + top * 0.015, f"{note}\n{counts[key]} call{'s' * (counts[key] != 1)}\n"
-                    f"{fmt_bytes(measured[key])}", ha="center", va="bottom", fontsize=7.5)
+            ax.text(
+                x,
+                measured[key] + top * 0.015,
+                f"{note}\n{counts[key]} call{'s' * (counts[key] != 1)}\n{fmt_bytes(measured[key])}",
+                ha="center",
+                va="bottom",
+                fontsize=7.5,
+            )
         elif key in theory:
-            ax.text(i - 0.2, theory[key] + top * 0.015, "expected,\nnot traced", ha="center", va="bottom",
-                    fontsize=7.5, color="#b00000")
+            ax.text(
+                i - 0.2,
+                theory[key] + top * 0.015,
+                "expected,\nnot traced",
+                ha="center",
+                va="bottom",
+                fontsize=7.5,
+                color="#b00000",
+            )
     if theory and len(theory) < len(keys):
         ax.axvline(len(theory) - 0.5, color="#777777", linestyle=":", linewidth=1)
-        ax.text(len(theory) - 0.45, top * 1.25, "not fully_shard's (TP, CP, EP): measured only →", fontsize=8,
-                va="top", color="#555555")
+        ax.text(
+            len(theory) - 0.45,
+            top * 1.25,
+            "not fully_shard's (TP, CP, EP): measured only →",
+            fontsize=8,
+            va="top",
+            color="#555555",
+        )
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels([f"{OP_SHORT.get(op, op)}\non {group}" for op, group in keys], fontsize=8.5)
     ax.set_ylim(0, top * 1.28)
     ax.set_ylabel("bytes (sum of full buffers)")
     _byte_axis(ax, top)
     ax.set_title(f"rank 0, step {step}: measured vs fully_shard's minimum", fontsize=10)
-    ax.legend(handles=[Patch(facecolor="#c8c8c8", edgecolor="#555555", linestyle="--", label="minimum (model)"),
-                       Patch(facecolor="white", edgecolor="black", label="measured (colour = op)")],
-              fontsize=8, loc="upper right")
+    ax.legend(
+        handles=[
+            Patch(facecolor="#c8c8c8", edgecolor="#555555", linestyle="--", label="minimum (model)"),
+            Patch(facecolor="white", edgecolor="black", label="measured (colour = op)"),
+        ],
+        fontsize=8,
+        loc="upper right",
+    )
     wax = fig.add_subplot(grid[0, 1])
     wax.set_label("wire")
     wire = wire_bytes(traces, step)
@@ -141,8 +180,17 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
     bottoms = [0.0] * len(ranks)
     for key in wire_keys:
         heights = [wire[r].get(key, 0.0) for r in ranks]
-        wax.bar(ranks, heights, 0.7, bottom=bottoms, color=OP_COLORS.get(key[0], "grey"), edgecolor="black",
-                hatch=group_hatch(key[1]), label=f"{OP_SHORT.get(key[0], key[0])} on {key[1]}", gid="wire")
+        wax.bar(
+            ranks,
+            heights,
+            0.7,
+            bottom=bottoms,
+            color=OP_COLORS.get(key[0], "grey"),
+            edgecolor="black",
+            hatch=group_hatch(key[1]),
+            label=f"{OP_SHORT.get(key[0], key[0])} on {key[1]}",
+            gid="wire",
+        )
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     wax.set_xticks(ranks)
     wax.set_xlabel("rank")
@@ -151,9 +199,12 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
     _byte_axis(wax, max(bottoms + [1.0]))
     wax.set_title("wire bytes per rank (ring: AG/RS ×(n-1)/n, AR ×2(n-1)/n)", fontsize=10)
     wax.legend(fontsize=7.5, ncol=2, loc="upper center")
-    fig.suptitle(title(f"Communication volume, step {step}", metrics.get("recipe"), metrics.get("degrees")) +
-                 "\nminimum = per fully_shard unit: AG of its parameters (twice if resharded after forward), "
-                 "one RS, AR of 1/shard_size (HSDP)", fontsize=10)
+    fig.suptitle(
+        title(f"Communication volume, step {step}", metrics.get("recipe"), metrics.get("degrees"))
+        + "\nminimum = per fully_shard unit: AG of its parameters (twice if resharded after forward), "
+        "one RS, AR of 1/shard_size (HSDP)",
+        fontsize=10,
+    )
     return fig
 
 
@@ -176,13 +227,15 @@ def _scheme_cost(recipe: str, degrees: dict[str, int]):
     from hyper_parallel.cost_model import recipe_model
     from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
     from hyper_parallel.mesh import ParallelDims
+
     config = recipe_model(recipe)
     dims = ParallelDims(**{k: v for k, v in degrees.items() if k != "pp"})
     return config, dims, sequence_bytes_per_layer(config, dims, config.global_batch // dims.dp)
 
 
-def sequence_schemes(runs: dict[str, tuple[Any, dict[str, Any]]], step: int | None = None,
-                     cp_sizes: tuple[int, ...] = (2, 4, 8)) -> Figure:
+def sequence_schemes(
+    runs: dict[str, tuple[Any, dict[str, Any]]], step: int | None = None, cp_sizes: tuple[int, ...] = (2, 4, 8)
+) -> Figure:
     """K/V all-gather vs ring vs Ulysses: bytes per rank per layer of one step.
 
     ``runs`` maps a label to ``(traces, metrics)`` of runs of recipes that differ in their sequence
@@ -219,16 +272,26 @@ def sequence_schemes(runs: dict[str, tuple[Any, dict[str, Any]]], step: int | No
         ax.text(i + 0.27, model["sent"], fmt_bytes(model["sent"]), ha="center", va="bottom", fontsize=7.5)
         top = max(top, model["sent"])
     ax.set_xticks(range(len(runs)))
-    ax.set_xticklabels([f"{label}\n{SCHEME_NAMES[_scheme_cost(m['recipe'], m['degrees'])[0].sequence_scheme]}"
-                        for label, (_, m) in runs.items()], fontsize=8.5)
+    ax.set_xticklabels(
+        [
+            f"{label}\n{SCHEME_NAMES[_scheme_cost(m['recipe'], m['degrees'])[0].sequence_scheme]}"
+            for label, (_, m) in runs.items()
+        ],
+        fontsize=8.5,
+    )
     ax.set_ylim(0, top * 1.2)
     _byte_axis(ax, top)
     ax.set_ylabel("bytes per layer, rank 0")
     ax.set_title("traced (bars) vs cost model (black ticks), one layer", fontsize=10)
-    ax.legend(handles=[Patch(facecolor="#cccccc", edgecolor="black", label="forward, full buffers"),
-                       Patch(facecolor="#cccccc", edgecolor="black", hatch="//", label="backward, full buffers"),
-                       Patch(facecolor="white", edgecolor="black", linewidth=2, label="sent per rank, both phases")],
-              fontsize=8, loc="upper right")
+    ax.legend(
+        handles=[
+            Patch(facecolor="#cccccc", edgecolor="black", label="forward, full buffers"),
+            Patch(facecolor="#cccccc", edgecolor="black", hatch="//", label="backward, full buffers"),
+            Patch(facecolor="white", edgecolor="black", linewidth=2, label="sent per rank, both phases"),
+        ],
+        fontsize=8,
+        loc="upper right",
+    )
     _scaling_panel(sax, model_config, rows, cp_sizes)
     first = next(iter(runs.values()))[1]
     fig.suptitle(title("Sequence schemes: bytes per rank per layer", None, first.get("degrees")), fontsize=10)
@@ -238,8 +301,12 @@ def sequence_schemes(runs: dict[str, tuple[Any, dict[str, Any]]], step: int | No
 def _scaling_panel(ax, config, rows: int, cp_sizes: tuple[int, ...]) -> None:
     from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
     from hyper_parallel.mesh import ParallelDims
-    styles = {"all_gather": dict(linestyle="--", marker="s", markersize=9), "ring": dict(marker="o"),
-              "ulysses": dict(marker="o")}
+
+    styles = {
+        "all_gather": dict(linestyle="--", marker="s", markersize=9),
+        "ring": dict(marker="o"),
+        "ulysses": dict(marker="o"),
+    }
     for scheme in ("all_gather", "ring", "ulysses"):
         variant = config.replace(sequence_scheme=scheme, global_batch=rows)
         points = []
@@ -251,8 +318,9 @@ def _scaling_panel(ax, config, rows: int, cp_sizes: tuple[int, ...]) -> None:
                 continue
             points.append((cp, sequence_bytes_per_layer(variant, dims, rows)["sent"]))
         if points:
-            ax.plot(*zip(*points), color=SCHEME_COLORS[scheme], label=SCHEME_NAMES[scheme], gid=scheme,
-                    **styles[scheme])
+            ax.plot(
+                *zip(*points), color=SCHEME_COLORS[scheme], label=SCHEME_NAMES[scheme], gid=scheme, **styles[scheme]
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(cp_sizes))
     ax.set_xticklabels([str(c) for c in cp_sizes])

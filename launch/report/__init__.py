@@ -16,6 +16,7 @@ gets a report too, with the error first. Torch is never imported (this runs in t
     compare.py    two runs side by side (python -m launch report --compare RUN_A RUN_B)
     design_review.py  named layouts side by side from the planner (python -m launch plan --layouts)
 """
+
 from launch.report.build import REPORT_FILE, build_report, find_run_dirs, write_report, write_reports
 from launch.report.run_data import RunData, read_run
 

@@ -4,6 +4,7 @@ The figures are exactly ``run_figures``' (the ones ``launch run`` saves and the 
 a report never disagrees with them. A figure that cannot be drawn is named on the page with the
 reason instead of failing the report: the report of a broken run is the one people send.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,6 +23,7 @@ TRACED = ("placements", "placement_overview", "timeline", "comm_volume")  # figu
 def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
     """``run_figures(run_dir)``; when it fails, the mesh map alone, and why the others are missing."""
     from hyper_parallel.viz import FIGURES, mesh_map, run_figures
+
     try:
         figures = run_figures(run.run_dir)
         no_traces = "the workers wrote no trace files (trace_rank*.json)"
@@ -31,6 +33,7 @@ def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
     figures: dict[str, Any] = {}
     try:
         from hyper_parallel.viz import dims_of
+
         figures["mesh"] = mesh_map(dims_of({"degrees": run.degrees}), run.recipe_name)
     except (TypeError, ValueError):
         pass
@@ -42,6 +45,7 @@ def _volume_rows(run: RunData) -> list[dict] | None:
     fully_shard's minimum (the figure's numbers, FSDP/HSDP only)."""
     from hyper_parallel.viz.timeline import steps_of
     from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
+
     traces = load_traces(run.run_dir) if run.trace_ranks else {}
     steps = steps_of(traces) if 0 in traces else []
     if not steps:
@@ -50,12 +54,22 @@ def _volume_rows(run: RunData) -> list[dict] | None:
     minimum = theoretical_bytes(run.metrics.get("units", []))
     predicted = predicted_bytes(run) or {}
     keys = sorted(minimum) + sorted((set(measured) | set(predicted)) - set(minimum))
-    return [{"op": op, "group": group, "calls": counts.get((op, group), 0), "measured": measured.get((op, group)),
-             "predicted": predicted.get((op, group)), "minimum": minimum.get((op, group))} for op, group in keys]
+    return [
+        {
+            "op": op,
+            "group": group,
+            "calls": counts.get((op, group), 0),
+            "measured": measured.get((op, group)),
+            "predicted": predicted.get((op, group)),
+            "minimum": minimum.get((op, group)),
+        }
+        for op, group in keys
+    ]
 
 
-def build_report(run_dir: str | Path, *, logs: dict[int, list[str]] | None = None,
-                 figures: dict[str, Any] | None = None) -> str:
+def build_report(
+    run_dir: str | Path, *, logs: dict[int, list[str]] | None = None, figures: dict[str, Any] | None = None
+) -> str:
     """The HTML of ``run_dir``'s report. ``logs`` (rank -> lines, e.g. ``RunResult.logs``) replaces the
     log files; ``figures`` (``run_figures``' result, if already drawn) saves drawing them again."""
     run = read_run(run_dir, logs=logs)
@@ -68,8 +82,13 @@ def build_report(run_dir: str | Path, *, logs: dict[int, list[str]] | None = Non
     return render_page(run, figures, missing=missing, volume=volume, summary=summary, downloads=downloads)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None, *, logs: dict[int, list[str]] | None = None,
-                 figures: dict[str, Any] | None = None) -> Path:
+def write_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    logs: dict[int, list[str]] | None = None,
+    figures: dict[str, Any] | None = None,
+) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``run_dir/report.html``; a folder, or a path
     without a suffix, gets ``report.html`` inside) and return its path.
 

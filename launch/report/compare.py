@@ -5,6 +5,7 @@ degrees, numerics, step time, the cost model's check, the layout at scale), then
 either run traced on rank 0 in its last step, measured and predicted by the cost model for each, with
 the table as CSV. Torch is never imported.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,22 +24,33 @@ def _facts(run: RunData, volume: list[dict] | None) -> dict[str, str]:
     times = run.value("step_times") or []
     diff = run.value("max_abs_diff")
     scaled = at_scale(run)
-    return {"recipe": run.recipe_name or "?", "verdict": "PASSED" if run.ok else "FAILED",
-            "degrees": degrees_text(run.degrees), "steps": str(len(run.value("losses") or [])),
-            "max |loss - reference|": f"{diff:.2e}" if isinstance(diff, (int, float)) else "–",
-            "mean step time (CPU, gloo)": f"{sum(times) / len(times):.3f} s" if times else "–",
-            "communication on rank 0": communication_check(volume),
-            "this layout at scale": at_scale_sentence(scaled) if scaled else "–"}
+    return {
+        "recipe": run.recipe_name or "?",
+        "verdict": "PASSED" if run.ok else "FAILED",
+        "degrees": degrees_text(run.degrees),
+        "steps": str(len(run.value("losses") or [])),
+        "max |loss - reference|": f"{diff:.2e}" if isinstance(diff, (int, float)) else "–",
+        "mean step time (CPU, gloo)": f"{sum(times) / len(times):.3f} s" if times else "–",
+        "communication on rank 0": communication_check(volume),
+        "this layout at scale": at_scale_sentence(scaled) if scaled else "–",
+    }
 
 
 def comparison_rows(volume_a: list[dict] | None, volume_b: list[dict] | None) -> list[dict]:
     """(op, group) of either run with both runs' measured and predicted bytes (None where absent)."""
     a = {(r["op"], r["group"]): r for r in volume_a or []}
     b = {(r["op"], r["group"]): r for r in volume_b or []}
-    return [{"op": op, "group": group,
-             "measured_a": a.get((op, group), {}).get("measured"), "predicted_a": a.get((op, group), {}).get("predicted"),
-             "measured_b": b.get((op, group), {}).get("measured"), "predicted_b": b.get((op, group), {}).get("predicted")}
-            for op, group in list(a) + [key for key in b if key not in a]]
+    return [
+        {
+            "op": op,
+            "group": group,
+            "measured_a": a.get((op, group), {}).get("measured"),
+            "predicted_a": a.get((op, group), {}).get("predicted"),
+            "measured_b": b.get((op, group), {}).get("measured"),
+            "predicted_b": b.get((op, group), {}).get("predicted"),
+        }
+        for op, group in list(a) + [key for key in b if key not in a]
+    ]
 
 
 def build_comparison(run_dir_a: str | Path, run_dir_b: str | Path) -> str:
@@ -46,18 +58,28 @@ def build_comparison(run_dir_a: str | Path, run_dir_b: str | Path) -> str:
     volumes = [_volume_rows(run) for run in runs]
     facts = [_facts(run, volume) for run, volume in zip(runs, volumes)]
     names = [f"A: {esc(runs[0].run_dir.name)}", f"B: {esc(runs[1].run_dir.name)}"]
-    fact_rows = "".join(f"<tr><th>{esc(key)}</th><td data-run='a'>{esc(facts[0][key])}</td>"
-                        f"<td data-run='b'>{esc(facts[1][key])}</td></tr>" for key in facts[0])
+    fact_rows = "".join(
+        f"<tr><th>{esc(key)}</th><td data-run='a'>{esc(facts[0][key])}</td>"
+        f"<td data-run='b'>{esc(facts[1][key])}</td></tr>"
+        for key in facts[0]
+    )
     rows = comparison_rows(*volumes)
     keys = ("measured_a", "predicted_a", "measured_b", "predicted_b")
-    comm_rows = "".join(f"<tr><td>{esc(r['op'])}</td><td>{esc(r['group'])}</td>"
-                        + "".join(num_cell(r[k], ",.0f", k) for k in keys) + "</tr>" for r in rows)
-    download = csv_link("comparison.csv", ("op", "group") + keys,
-                        [[r["op"], r["group"]] + ["" if r[k] is None else r[k] for k in keys] for r in rows])
+    comm_rows = "".join(
+        f"<tr><td>{esc(r['op'])}</td><td>{esc(r['group'])}</td>"
+        + "".join(num_cell(r[k], ",.0f", k) for k in keys)
+        + "</tr>"
+        for r in rows
+    )
+    download = csv_link(
+        "comparison.csv",
+        ("op", "group") + keys,
+        [[r["op"], r["group"]] + ["" if r[k] is None else r[k] for k in keys] for r in rows],
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Runs compared: {names[0]} / {names[1]}</title>
 <style>{STYLESHEET}</style></head><body>
-<header class="{'ok' if all(r.ok for r in runs) else 'failed'}"><div class="inner"><span class="verdict">COMPARISON</span>
+<header class="{"ok" if all(r.ok for r in runs) else "failed"}"><div class="inner"><span class="verdict">COMPARISON</span>
 <h1>{names[0]} &nbsp;vs&nbsp; {names[1]}</h1>
 <p class="meta">{esc(runs[0].run_dir)} · {esc(runs[1].run_dir)}</p></div></header><main>
 <section id="facts"><h2>Side by side</h2><table class="facts"><thead><tr><th></th><th>{names[0]}</th>

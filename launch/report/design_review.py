@@ -5,6 +5,7 @@ Every format carries the same numbers (``cost_model.review.CandidateReview.row``
 exact values (bytes, seconds, FLOPs), text and Markdown rounded ones plus a paragraph that says, per
 candidate, what bounds its step. Torch is never imported.
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,9 +20,23 @@ from hyper_parallel.cost_model.review import RESOLUTION, CandidateReview
 from hyper_parallel.cost_model.step_time import CRITICAL_GROUPS
 
 FORMATS = ("text", "md", "csv", "json")
-SUMMARY_HEADER = ("rank", "layout", "memory GiB", "state GiB", "gathered GiB", "activations GiB", "TFLOP/rank",
-                  "compute s", "critical comm s", "exposed comm s", "hidden comm s", "step s (range)", "MFU (range)",
-                  "inter-node GiB/rank", "notes")
+SUMMARY_HEADER = (
+    "rank",
+    "layout",
+    "memory GiB",
+    "state GiB",
+    "gathered GiB",
+    "activations GiB",
+    "TFLOP/rank",
+    "compute s",
+    "critical comm s",
+    "exposed comm s",
+    "hidden comm s",
+    "step s (range)",
+    "MFU (range)",
+    "inter-node GiB/rank",
+    "notes",
+)
 
 
 def _notes(review: CandidateReview) -> str:
@@ -35,12 +50,25 @@ def summary_rows(reviews: list[CandidateReview]) -> list[tuple[str, ...]]:
     for r in sorted(reviews, key=lambda r: (r.rank, r.step.seconds)):
         m, s = r.cost.memory, r.step
         state = m.parameters + m.gradients + m.optimizer
-        rows.append((r.rank_text, r.label, f"{m.total / GIB:.1f}", f"{state / GIB:.1f}",
-                     f"{m.gathered / GIB:.1f}", f"{m.activations / GIB:.1f}", f"{s.flops.total / 1e12:.0f}",
-                     f"{s.middle.compute:.2f}", f"{s.middle.critical:.2f}", f"{s.middle.exposed:.2f}",
-                     f"{s.middle.hidden:.2f}", f"{s.seconds:.2f} ({s.fast.total:.2f}-{s.slow.total:.2f})",
-                     f"{s.middle.mfu:.0%} ({s.slow.mfu:.0%}-{s.fast.mfu:.0%})", f"{s.inter_node_bytes / GIB:.1f}",
-                     _notes(r)))
+        rows.append(
+            (
+                r.rank_text,
+                r.label,
+                f"{m.total / GIB:.1f}",
+                f"{state / GIB:.1f}",
+                f"{m.gathered / GIB:.1f}",
+                f"{m.activations / GIB:.1f}",
+                f"{s.flops.total / 1e12:.0f}",
+                f"{s.middle.compute:.2f}",
+                f"{s.middle.critical:.2f}",
+                f"{s.middle.exposed:.2f}",
+                f"{s.middle.hidden:.2f}",
+                f"{s.seconds:.2f} ({s.fast.total:.2f}-{s.slow.total:.2f})",
+                f"{s.middle.mfu:.0%} ({s.slow.mfu:.0%}-{s.fast.mfu:.0%})",
+                f"{s.inter_node_bytes / GIB:.1f}",
+                _notes(r),
+            )
+        )
     return rows
 
 
@@ -51,50 +79,73 @@ def group_rows(review: CandidateReview) -> list[tuple[str, ...]]:
     rows = []
     for c in step.timed:
         kind = "critical" if c.group in CRITICAL_GROUPS else "overlappable"
-        rows.append((c.op, c.group, c.phase, kind, f"{c.bytes / GIB:.2f}", "yes" if c.crosses_nodes else "no",
-                     f"{c.seconds * 1e3:.1f}"))
+        rows.append(
+            (
+                c.op,
+                c.group,
+                c.phase,
+                kind,
+                f"{c.bytes / GIB:.2f}",
+                "yes" if c.crosses_nodes else "no",
+                f"{c.seconds * 1e3:.1f}",
+            )
+        )
     return rows
 
 
 def _by_group(review: CandidateReview) -> str:
     middle = review.step.middle
-    return "; ".join(f"{g}: exposed {exposed * 1e3:.0f} ms, hidden {middle.hidden_by_group[g] * 1e3:.0f} ms"
-                     for g, exposed in middle.exposed_by_group.items())
+    return "; ".join(
+        f"{g}: exposed {exposed * 1e3:.0f} ms, hidden {middle.hidden_by_group[g] * 1e3:.0f} ms"
+        for g, exposed in middle.exposed_by_group.items()
+    )
 
 
 def headline(config: ModelConfig, hardware: Hardware, world_size: int, gpus_per_node: int) -> str:
     nodes = max(1, world_size // gpus_per_node)
-    return (f"{config.name} on {world_size} ranks ({nodes} nodes x {min(gpus_per_node, world_size)}), {config.describe()}; "
-            f"hardware {hardware.describe()}")
+    return (
+        f"{config.name} on {world_size} ranks ({nodes} nodes x {min(gpus_per_node, world_size)}), {config.describe()}; "
+        f"hardware {hardware.describe()}"
+    )
 
 
 def explanation(reviews: list[CandidateReview], hardware: Hardware) -> str:
     """A paragraph a reviewer can paste: the common compute, then per candidate what bounds its step."""
     first = reviews[0].step
-    parts = [f"Every candidate does the same {first.flops.total / 1e12:.0f} TFLOP per rank per step "
-             f"({first.fast.compute:.2f}-{first.slow.compute:.2f} s of compute at "
-             f"{hardware.efficiency[0]:.0%}-{hardware.efficiency[1]:.0%} of {hardware.peak_tflops:g} TFLOPS)."]
+    parts = [
+        f"Every candidate does the same {first.flops.total / 1e12:.0f} TFLOP per rank per step "
+        f"({first.fast.compute:.2f}-{first.slow.compute:.2f} s of compute at "
+        f"{hardware.efficiency[0]:.0%}-{hardware.efficiency[1]:.0%} of {hardware.peak_tflops:g} TFLOPS)."
+    ]
     for r in sorted(reviews, key=lambda r: (r.rank, r.step.seconds)):
         s, m = r.step.middle, r.cost.memory
         hideable = s.exposed + s.hidden
-        sentence = f"#{r.rank_text} {r.label}: {r.step.seconds:.2f} s per step, MFU {s.mfu:.0%}, {m.total / GIB:.1f} GiB"
+        sentence = (
+            f"#{r.rank_text} {r.label}: {r.step.seconds:.2f} s per step, MFU {s.mfu:.0%}, {m.total / GIB:.1f} GiB"
+        )
         if not r.fits:
             sentence += f" (over the {hardware.budget_bytes / GIB:.1f} GiB budget)"
         reasons = []
         if s.critical > 0.05 * s.compute:
             reasons.append(f"{s.critical:.2f} s of TP/CP/EP collectives on the critical path")
         if s.exposed > 0.05 * s.compute:
-            reasons.append(f"{s.exposed:.2f} s of its {hideable:.2f} s of FSDP/HSDP traffic cannot hide behind "
-                           f"{s.compute:.2f} s of compute ({r.step.inter_node_bytes / GIB:.1f} GiB per rank cross "
-                           f"nodes at {hardware.inter_node_gbs:g} GB/s)")
+            reasons.append(
+                f"{s.exposed:.2f} s of its {hideable:.2f} s of FSDP/HSDP traffic cannot hide behind "
+                f"{s.compute:.2f} s of compute ({r.step.inter_node_bytes / GIB:.1f} GiB per rank cross "
+                f"nodes at {hardware.inter_node_gbs:g} GB/s)"
+            )
         elif hideable > 0:
-            reasons.append(f"its {hideable:.2f} s of FSDP/HSDP traffic hides behind compute "
-                           f"({r.step.inter_node_bytes / GIB:.1f} GiB per rank cross nodes)")
+            reasons.append(
+                f"its {hideable:.2f} s of FSDP/HSDP traffic hides behind compute "
+                f"({r.step.inter_node_bytes / GIB:.1f} GiB per rank cross nodes)"
+            )
         sentence += ": " + "; ".join(reasons) if reasons else ": compute-bound"
         parts.append(sentence + "." + (f" Warnings: {'; '.join(r.warnings)}." if r.warnings else ""))
     if any(r.tied for r in reviews):
-        parts.append(f"Candidates marked '=' are within {RESOLUTION:.0%} of each other's step time, inside the "
-                     f"model's resolution: a tie, not an order.")
+        parts.append(
+            f"Candidates marked '=' are within {RESOLUTION:.0%} of each other's step time, inside the "
+            f"model's resolution: a tie, not an order."
+        )
     return " ".join(parts)
 
 
@@ -112,36 +163,58 @@ def _table_text(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 GROUP_HEADER = ("op", "group", "phase", "kind", "GiB", "crosses nodes", "ms")
 
 
-def to_markdown(reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int,
-                gpus_per_node: int) -> str:
-    out = [f"**{headline(config, hardware, world_size, gpus_per_node)}**", "",
-           _table_md(SUMMARY_HEADER, summary_rows(reviews)), "", explanation(reviews, hardware), ""]
+def to_markdown(
+    reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int, gpus_per_node: int
+) -> str:
+    out = [
+        f"**{headline(config, hardware, world_size, gpus_per_node)}**",
+        "",
+        _table_md(SUMMARY_HEADER, summary_rows(reviews)),
+        "",
+        explanation(reviews, hardware),
+        "",
+    ]
     for r in reviews:
         out += [f"#### {r.label}", "", _by_group(r) + ".", "", _table_md(GROUP_HEADER, group_rows(r)), ""]
     return "\n".join(out)
 
 
-def to_text(reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int,
-            gpus_per_node: int) -> str:
-    out = ["review: " + headline(config, hardware, world_size, gpus_per_node), "",
-           _table_text(SUMMARY_HEADER, summary_rows(reviews)), "", explanation(reviews, hardware)]
+def to_text(
+    reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int, gpus_per_node: int
+) -> str:
+    out = [
+        "review: " + headline(config, hardware, world_size, gpus_per_node),
+        "",
+        _table_text(SUMMARY_HEADER, summary_rows(reviews)),
+        "",
+        explanation(reviews, hardware),
+    ]
     for r in reviews:
         out += ["", f"{r.label}: {_by_group(r)}", _table_text(GROUP_HEADER, group_rows(r))]
     return "\n".join(out)
 
 
-def to_json(reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int,
-            gpus_per_node: int) -> dict:
+def to_json(
+    reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int, gpus_per_node: int
+) -> dict:
     candidates = []
     for r in reviews:
         row = r.row()
         row["collectives"] = [c.__dict__ for c in r.step.timed]
         candidates.append(row)
-    return {"model": config.name, "seq_len": config.seq_len, "global_batch": config.global_batch,
-            "precision": config.precision.name, "world_size": world_size, "gpus_per_node": gpus_per_node,
-            "hardware": hardware.__dict__ | {"efficiency": list(hardware.efficiency)},
-            "memory_budget_bytes": hardware.budget_bytes, "resolution": RESOLUTION, "candidates": candidates,
-            "explanation": explanation(reviews, hardware)}
+    return {
+        "model": config.name,
+        "seq_len": config.seq_len,
+        "global_batch": config.global_batch,
+        "precision": config.precision.name,
+        "world_size": world_size,
+        "gpus_per_node": gpus_per_node,
+        "hardware": hardware.__dict__ | {"efficiency": list(hardware.efficiency)},
+        "memory_budget_bytes": hardware.budget_bytes,
+        "resolution": RESOLUTION,
+        "candidates": candidates,
+        "explanation": explanation(reviews, hardware),
+    }
 
 
 def to_csv(reviews: list[CandidateReview]) -> str:
@@ -162,8 +235,14 @@ def to_csv(reviews: list[CandidateReview]) -> str:
     return buffer.getvalue()
 
 
-def render(fmt: str, reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int,
-           gpus_per_node: int) -> str:
+def render(
+    fmt: str,
+    reviews: list[CandidateReview],
+    config: ModelConfig,
+    hardware: Hardware,
+    world_size: int,
+    gpus_per_node: int,
+) -> str:
     if fmt == "csv":
         return to_csv(reviews)
     if fmt == "json":
@@ -172,8 +251,14 @@ def render(fmt: str, reviews: list[CandidateReview], config: ModelConfig, hardwa
     return writer(reviews, config, hardware, world_size, gpus_per_node)
 
 
-def to_html(reviews: list[CandidateReview], config: ModelConfig, hardware: Hardware, world_size: int,
-            gpus_per_node: int, command: str = "") -> str:
+def to_html(
+    reviews: list[CandidateReview],
+    config: ModelConfig,
+    hardware: Hardware,
+    world_size: int,
+    gpus_per_node: int,
+    command: str = "",
+) -> str:
     """One page: headline, the comparison figure, the summary table, the paragraph, a table per candidate."""
     from hyper_parallel.viz.planning import review_figure
     from launch.report.page import esc, png_data_uri
@@ -181,8 +266,12 @@ def to_html(reviews: list[CandidateReview], config: ModelConfig, hardware: Hardw
 
     def table(header, rows, numeric_from=2):
         head = "".join(f"<th>{esc(h)}</th>" for h in header)
-        body = "".join("<tr>" + "".join(f"<td{' class=num' if i >= numeric_from else ''}>{esc(c)}</td>"
-                                        for i, c in enumerate(row)) + "</tr>" for row in rows)
+        body = "".join(
+            "<tr>"
+            + "".join(f"<td{' class=num' if i >= numeric_from else ''}>{esc(c)}</td>" for i, c in enumerate(row))
+            + "</tr>"
+            for row in rows
+        )
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     figure = review_figure(reviews, hardware.budget_bytes)
@@ -191,10 +280,13 @@ def to_html(reviews: list[CandidateReview], config: ModelConfig, hardware: Hardw
     for r in reviews:
         warnings = "".join(f"<li>{esc(w)}</li>" for w in r.warnings)
         memory = table(("part", "GiB"), [(k, f"{v / GIB:.2f}") for k, v in r.cost.memory.as_dict().items()], 1)
-        sections.append(f"<section><h3>#{esc(r.rank_text)} {esc(r.label)}</h3>"
-                        + (f"<ul class='fail'>{warnings}</ul>" if warnings else "")
-                        + f"<p class='note'>{esc(_by_group(r))}</p>{memory}"
-                        + table(GROUP_HEADER, group_rows(r), 4) + "</section>")
+        sections.append(
+            f"<section><h3>#{esc(r.rank_text)} {esc(r.label)}</h3>"
+            + (f"<ul class='fail'>{warnings}</ul>" if warnings else "")
+            + f"<p class='note'>{esc(_by_group(r))}</p>{memory}"
+            + table(GROUP_HEADER, group_rows(r), 4)
+            + "</section>"
+        )
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Design review: {esc(config.name)} on {world_size} ranks</title>
@@ -208,7 +300,7 @@ def to_html(reviews: list[CandidateReview], config: ModelConfig, hardware: Hardw
 <figure><img alt="step time against memory per candidate" src="{image}"><figcaption><b>Candidates.</b> Step time
 (the bar: compute at {hardware.efficiency[0]:.0%}-{hardware.efficiency[1]:.0%} of peak) against memory per rank;
 the green line joins the Pareto front within the budget.</figcaption></figure></section>
-<section><h2>Per candidate</h2>{''.join(sections)}</section>
+<section><h2>Per candidate</h2>{"".join(sections)}</section>
 <section><h2>Model</h2><p class="note">FLOPs: hyper_parallel.cost_model.compute; overlap and step time:
 hyper_parallel.cost_model.step_time; memory: hyper_parallel.cost_model.memory (sharded state exact, activations
 estimated); bytes per collective: hyper_parallel.cost_model.communication.</p>

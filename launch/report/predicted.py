@@ -10,6 +10,7 @@
                              ``cost_model.review`` on ``hardware.DEFAULT_HARDWARE``.
 Torch is never imported.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,8 +62,10 @@ def at_scale(run: RunData, world_size: int = AT_SCALE_WORLD, gpus_per_node: int 
     model = "moe-16e" if moe else "llama-8b-like"
     degrees = scaled_degrees(dims, world_size)
     text = ",".join(f"{k}={v}" for k, v in degrees.items()) or f"dp_shard={world_size}"
-    command = (f"python -m launch plan --world {world_size} --model {model} --gpus-per-node {gpus_per_node} "
-               f"--layouts \"{text}\" --format md")
+    command = (
+        f"python -m launch plan --world {world_size} --model {model} --gpus-per-node {gpus_per_node} "
+        f'--layouts "{text}" --format md'
+    )
     try:
         layout = ParallelDims(world_size=world_size, **degrees)
         review = review_layouts(get_model(model), [layout], gpus_per_node, DEFAULT_HARDWARE)[0]
@@ -75,9 +78,11 @@ def at_scale_sentence(scaled: AtScale) -> str:
     if scaled.review is None:
         return f"{scaled.model} on {scaled.world_size} ranks with these degrees: not a valid layout ({scaled.error})"
     r = scaled.review
-    step, memory = r.step, r.cost.memory.total / 2 ** 30
+    step, memory = r.step, r.cost.memory.total / 2**30
     budget = "within" if r.fits else "OVER"
-    return (f"{scaled.model} on {scaled.world_size} ranks as {short_label(r.cost.dims)}: {memory:.1f} GiB per GPU "
-            f"({budget} the {DEFAULT_HARDWARE.budget_bytes / 2 ** 30:.1f} GiB budget), {step.seconds:.2f} s per step "
-            f"({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%}, exposed communication "
-            f"{step.middle.exposed + step.middle.critical:.2f} s on {DEFAULT_HARDWARE.name}")
+    return (
+        f"{scaled.model} on {scaled.world_size} ranks as {short_label(r.cost.dims)}: {memory:.1f} GiB per GPU "
+        f"({budget} the {DEFAULT_HARDWARE.budget_bytes / 2**30:.1f} GiB budget), {step.seconds:.2f} s per step "
+        f"({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%}, exposed communication "
+        f"{step.middle.exposed + step.middle.critical:.2f} s on {DEFAULT_HARDWARE.name}"
+    )

@@ -6,6 +6,7 @@ empty and the page says so. The per-rank logs are torchrun's ``--log-dir`` files
 supervisor puts in the launch's directory: the run directory itself for ``launch.run``, its parent
 (next to ``batch.json``) when several runs shared one launch (``run_many``, the notebooks).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -101,8 +102,10 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         payload = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); was the run interrupted while writing it? "
-                         f"Re-run it, or remove the file to report on the rest") from error
+        raise ValueError(
+            f"{path} is not valid JSON ({error}); was the run interrupted while writing it? "
+            f"Re-run it, or remove the file to report on the rest"
+        ) from error
     if not isinstance(payload, dict):
         raise ValueError(f"{path} holds a {type(payload).__name__}, not the JSON object a run writes")
     return payload
@@ -110,8 +113,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _check_run_dir(run_dir: Path) -> None:
     if not run_dir.exists():
-        raise ValueError(f"run directory {run_dir} does not exist; pass the folder given to "
-                         "`python -m launch run ... --out DIR` (printed as 'run directory:' at the end of a run)")
+        raise ValueError(
+            f"run directory {run_dir} does not exist; pass the folder given to "
+            "`python -m launch run ... --out DIR` (printed as 'run directory:' at the end of a run)"
+        )
     if not run_dir.is_dir():
         raise ValueError(f"{run_dir} is a file, not a run directory; pass the folder holding {SUMMARY_FILE}")
     markers = [run_dir / SUMMARY_FILE, run_dir / METRICS_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]
@@ -119,10 +124,12 @@ def _check_run_dir(run_dir: Path) -> None:
         return
     inner = sorted(p.parent.name for p in run_dir.glob(f"*/{SUMMARY_FILE}"))
     listed = ", ".join(inner[:8]) + (f" and {len(inner) - 8} more" if len(inner) > 8 else "")
-    hint = (f"; it holds the run directories {listed}: pass one of them" if inner
-            else f"; a run directory holds {SUMMARY_FILE}, {METRICS_FILE} and trace_rank*.json")
-    raise ValueError(f"{run_dir} is not a run directory: it has no {SUMMARY_FILE}, {METRICS_FILE} "
-                     f"or trace files{hint}")
+    hint = (
+        f"; it holds the run directories {listed}: pass one of them"
+        if inner
+        else f"; a run directory holds {SUMMARY_FILE}, {METRICS_FILE} and trace_rank*.json"
+    )
+    raise ValueError(f"{run_dir} is not a run directory: it has no {SUMMARY_FILE}, {METRICS_FILE} or trace files{hint}")
 
 
 def _launch_log_dir(run_dir: Path) -> Path | None:
@@ -181,10 +188,16 @@ def read_run(run_dir: str | Path, logs: dict[int, list[str]] | None = None) -> R
     """
     run_dir = Path(run_dir).expanduser().resolve()
     _check_run_dir(run_dir)
-    ranks = sorted(int(m[1]) for p in run_dir.glob(TRACE_FILE.format(rank="*"))
-                   if (m := re.fullmatch(r"trace_rank(\d+)\.json", p.name)))
+    ranks = sorted(
+        int(m[1])
+        for p in run_dir.glob(TRACE_FILE.format(rank="*"))
+        if (m := re.fullmatch(r"trace_rank(\d+)\.json", p.name))
+    )
     return RunData(
-        run_dir=run_dir, summary=_read_json(run_dir / SUMMARY_FILE), metrics=_read_json(run_dir / METRICS_FILE),
-        trace_ranks=ranks, logs=logs_from_memory(logs) if logs else read_log_files(run_dir),
+        run_dir=run_dir,
+        summary=_read_json(run_dir / SUMMARY_FILE),
+        metrics=_read_json(run_dir / METRICS_FILE),
+        trace_ranks=ranks,
+        logs=logs_from_memory(logs) if logs else read_log_files(run_dir),
         chrome_traces=sorted(p.name for p in run_dir.glob("*chrome*.json")),
     )

@@ -15,11 +15,25 @@
 
 Nothing here starts a worker until Launch is clicked (or ``launch()`` called).
 """
+
 from launch.widgets.bench_widget import BenchWidget
 from launch.widgets.display import WIDGET_HELP, cli_command, recipe_card, table, widget_help
 from launch.widgets.mesh_widget import MeshWidget, Stopped
 from launch.widgets.picker import DEGREES, HELP, DegreePicker, valid_meshes
 from launch.widgets.plan_widget import PlanWidget
 
-__all__ = ["DEGREES", "HELP", "WIDGET_HELP", "BenchWidget", "DegreePicker", "MeshWidget", "PlanWidget", "Stopped", "cli_command",
-           "recipe_card", "table", "valid_meshes", "widget_help"]
+__all__ = [
+    "DEGREES",
+    "HELP",
+    "WIDGET_HELP",
+    "BenchWidget",
+    "DegreePicker",
+    "MeshWidget",
+    "PlanWidget",
+    "Stopped",
+    "cli_command",
+    "recipe_card",
+    "table",
+    "valid_meshes",
+    "widget_help",
+]

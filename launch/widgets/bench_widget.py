@@ -5,6 +5,7 @@ Run starts ``launch.bench.run_bench`` in a background thread (a torchrun subproc
 the kernel) and shows the table and the ratio figure when it is done. papermill never clicks: the
 notebook's plain code cell runs the default benchmark.
 """
+
 from __future__ import annotations
 
 import html
@@ -26,8 +27,14 @@ class BenchWidget(widgets.VBox):
     context is not thread-safe (another cell's output would land in it). ``runner`` replaces
     ``launch.bench.run_bench`` (tests)."""
 
-    def __init__(self, world_size: int = 4, steps: int = 10, out: str | Path | None = None,
-                 timeout: float = 1200.0, runner: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        world_size: int = 4,
+        steps: int = 10,
+        out: str | Path | None = None,
+        timeout: float = 1200.0,
+        runner: Callable[..., Any] | None = None,
+    ) -> None:
         self.out, self.timeout = out, timeout
         self._runner = runner
         self.thread: threading.Thread | None = None
@@ -41,8 +48,9 @@ class BenchWidget(widgets.VBox):
         self.world.observe(lambda _: self._offer_configs(), names="value")
         self.run_button.on_click(lambda _: self.launch())
         self._offer_configs()
-        super().__init__([widgets.HBox([self.world, self.steps]), self.configs, self.run_button, self.status,
-                          self.results])
+        super().__init__(
+            [widgets.HBox([self.world, self.steps]), self.configs, self.run_button, self.status, self.results]
+        )
 
     def _offer_configs(self) -> None:
         names = [config.name for config in configurations(self.world.value)]
@@ -66,16 +74,19 @@ class BenchWidget(widgets.VBox):
         self.thread.start()
 
     def _run(self, world: int, pairs: int, chosen: list[str]) -> None:
-        from launch.bench import bench_table, run_bench
         from hyper_parallel.viz.benchmark import ratio_figure
+        from launch.bench import bench_table, run_bench
+
         runner = self._runner or run_bench
         try:
             self.result = runner(world, steps=pairs, out=self.out, configs=chosen, timeout=self.timeout)
             if not self.result.ok:
                 self._say(BAD_COLOR, f"failed: {self.result.error}")
                 return
-            self.results.children = [widgets.HTML(bench_table(self.result).data),
-                                     widgets.Image(value=png_bytes(ratio_figure(self.result.rows, world)))]
+            self.results.children = [
+                widgets.HTML(bench_table(self.result).data),
+                widgets.Image(value=png_bytes(ratio_figure(self.result.rows, world))),
+            ]
             medians = ", ".join(f"{row['config']} {row['ratio']['median']:.3f}" for row in self.result.rows)
             self._say(OK_COLOR, f"done: median step-time ratio ours / torch: {medians}")
         except Exception as error:  # shown in the widget: a thread has nobody else to tell

@@ -2,6 +2,7 @@
 
 Nothing here holds state; every value from a recipe or a run goes through ``html.escape``.
 """
+
 from __future__ import annotations
 
 import html
@@ -30,8 +31,10 @@ def step_text(progress: dict) -> str:
     """One progress update in the figures' numbering (steps 0 .. steps-1, as timelines and tables
     count them): ``step 0 (1/2 done): loss ..., reference ...``."""
     done = progress["step"]  # the training loop reports how many steps are done
-    return (f"step {done - 1} ({done}/{progress['steps']} done): loss {progress['loss']:.6f}, "
-            f"single-process reference {progress['reference']:.6f}")
+    return (
+        f"step {done - 1} ({done}/{progress['steps']} done): loss {progress['loss']:.6f}, "
+        f"single-process reference {progress['reference']:.6f}"
+    )
 
 
 def cli_command(recipe: str, degrees: dict[str, int], steps: int | None = None) -> str:
@@ -46,14 +49,23 @@ def cli_command(recipe: str, degrees: dict[str, int], steps: int | None = None) 
 def recipe_card(name: str):
     """A recipe as an HTML block: title, description, matrix row, constraints, default and other meshes."""
     from IPython.display import HTML
+
     spec = registry.get(name)
     alternatives = "; ".join(degrees_text(a) for a in spec.alternatives) or "none"
-    rows = [("what", spec.description), ("matrix row", spec.matrix_row),
-            ("constraints", spec.constraints() or "none beyond the mesh rules"),
-            ("default run", degrees_text(spec.default)), ("also tested on", alternatives),
-            ("CI tier", spec.tier or "-"), ("from a terminal", cli_command(spec.name, spec.default))]
-    body = "".join(f"<tr><th style='text-align:left;vertical-align:top;padding-right:1em'>{html.escape(k)}</th>"
-                   f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
+    rows = [
+        ("what", spec.description),
+        ("matrix row", spec.matrix_row),
+        ("constraints", spec.constraints() or "none beyond the mesh rules"),
+        ("default run", degrees_text(spec.default)),
+        ("also tested on", alternatives),
+        ("CI tier", spec.tier or "-"),
+        ("from a terminal", cli_command(spec.name, spec.default)),
+    ]
+    body = "".join(
+        f"<tr><th style='text-align:left;vertical-align:top;padding-right:1em'>{html.escape(k)}</th>"
+        f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+        for k, v in rows
+    )
     return HTML(f"<h4>{html.escape(spec.name)} — {html.escape(spec.title)}</h4><table>{body}</table>")
 
 
@@ -69,4 +81,5 @@ rebind the parameters: `PARAM = picker.degrees` (see the comment in that cell)."
 def widget_help():
     """How to use the mesh widget: the one copy of the text every notebook with a widget shows."""
     from IPython.display import Markdown
+
     return Markdown(WIDGET_HELP)

@@ -6,6 +6,7 @@ progress to a bar. papermill never clicks, so notebooks run their default config
 code cell instead. Once a run finished (passed or failed), Export report writes the run's
 self-contained HTML report (``launch.report``) next to it: the file people attach to a discussion.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -50,10 +51,20 @@ class MeshWidget(DegreePicker):
     saved) are used by Launch. ``runner`` replaces ``launch.run`` (tests).
     """
 
-    def __init__(self, recipe: str = "M4", *, recipes: tuple[str, ...] | list[str] | None = None,
-                 steps: int | None = None, timeout: float = 300.0, out: str | Path | None = None,
-                 figures_dir: str | Path | None = None, max_world_size: int = 8, preview: bool = True,
-                 runner: Callable[..., Any] | None = None, **degrees: int) -> None:
+    def __init__(
+        self,
+        recipe: str = "M4",
+        *,
+        recipes: tuple[str, ...] | list[str] | None = None,
+        steps: int | None = None,
+        timeout: float = 300.0,
+        out: str | Path | None = None,
+        figures_dir: str | Path | None = None,
+        max_world_size: int = 8,
+        preview: bool = True,
+        runner: Callable[..., Any] | None = None,
+        **degrees: int,
+    ) -> None:
         self.timeout = timeout
         self.out = Path(out) if out is not None else None
         self.figures_dir = Path(figures_dir) if figures_dir is not None else None
@@ -70,30 +81,49 @@ class MeshWidget(DegreePicker):
         self.figures: dict[str, Any] = {}
         self.report_path: Path | None = None
 
-        self.launch_button = widgets.Button(description="Launch", button_style="success", icon="play",
-                                            tooltip="start torchrun workers with these degrees")
-        self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
-                                          tooltip="end torchrun and every worker (at their next output line)")
-        self.export_button = widgets.Button(description="Export report", icon="file", disabled=True,
-                                            tooltip="write a self-contained HTML report of the finished run next to it")
-        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="steps", bar_style="",
-                                            layout=widgets.Layout(width="320px"))
+        self.launch_button = widgets.Button(
+            description="Launch",
+            button_style="success",
+            icon="play",
+            tooltip="start torchrun workers with these degrees",
+        )
+        self.stop_button = widgets.Button(
+            description="Stop",
+            button_style="danger",
+            icon="stop",
+            disabled=True,
+            tooltip="end torchrun and every worker (at their next output line)",
+        )
+        self.export_button = widgets.Button(
+            description="Export report",
+            icon="file",
+            disabled=True,
+            tooltip="write a self-contained HTML report of the finished run next to it",
+        )
+        self.progress = widgets.IntProgress(
+            value=0, min=0, max=1, description="steps", bar_style="", layout=widgets.Layout(width="320px")
+        )
         self.run_status = widgets.HTML()
         self.report_status = widgets.HTML()
-        self.log_output = widgets.Output(layout=widgets.Layout(max_height="260px", overflow="auto",
-                                                               border="1px solid #ddd"))
+        self.log_output = widgets.Output(
+            layout=widgets.Layout(max_height="260px", overflow="auto", border="1px solid #ddd")
+        )
         self.log_box = widgets.Accordion(children=[self.log_output], titles=("worker output",), selected_index=None)
         self.figure_tabs = widgets.Tab(layout=widgets.Layout(display="none"))
         self.launch_button.on_click(lambda _: self.launch())
         self.stop_button.on_click(lambda _: self.stop())
         self.export_button.on_click(lambda _: self.export_report())
-        super().__init__(recipe, recipes=recipes, steps=steps, max_world_size=max_world_size, preview=preview,
-                         **degrees)
+        super().__init__(
+            recipe, recipes=recipes, steps=steps, max_world_size=max_world_size, preview=preview, **degrees
+        )
 
     def _rows(self) -> list[widgets.Widget]:
         return super()._rows() + [
             widgets.HBox([self.launch_button, self.stop_button, self.progress, self.export_button]),
-            self.run_status, self.report_status, self.log_box, self.figure_tabs,
+            self.run_status,
+            self.report_status,
+            self.log_box,
+            self.figure_tabs,
         ]
 
     # ------------------------------------------------------------------ public API
@@ -116,10 +146,14 @@ class MeshWidget(DegreePicker):
         self.progress.max, self.progress.value, self.progress.bar_style = steps, 0, "info"
         self.progress.description = "steps"
         self._set_busy(True)
-        self._say(f"starting {degrees['world_size']} worker(s) for {recipe} ({degrees_text(degrees)}); importing "
-                  "torch and the rendezvous take 10-20 s on a small machine …", INFO_COLOR)
-        self.thread = threading.Thread(target=self._run, args=(recipe, degrees, steps), daemon=True,
-                                       name=f"MeshWidget-{recipe}")
+        self._say(
+            f"starting {degrees['world_size']} worker(s) for {recipe} ({degrees_text(degrees)}); importing "
+            "torch and the rendezvous take 10-20 s on a small machine …",
+            INFO_COLOR,
+        )
+        self.thread = threading.Thread(
+            target=self._run, args=(recipe, degrees, steps), daemon=True, name=f"MeshWidget-{recipe}"
+        )
         self.thread.start()
         return self.thread
 
@@ -142,13 +176,16 @@ class MeshWidget(DegreePicker):
             self.report_status.value = f"<span style='color:{INFO_COLOR}'>no finished run to report on yet</span>"
             return None
         from launch.report import write_report
+
         self.report_status.value = f"<span style='color:{INFO_COLOR}'>writing the report …</span>"
         try:
-            self.report_path = write_report(self.result.run_dir, logs=getattr(self.result, "logs", None),
-                                            figures=self.figures or None)
+            self.report_path = write_report(
+                self.result.run_dir, logs=getattr(self.result, "logs", None), figures=self.figures or None
+            )
         except (OSError, ValueError) as error:
-            self.report_status.value = (f"<span style='color:{BAD_COLOR}'>could not write the report: "
-                                        f"{html.escape(str(error))}</span>")
+            self.report_status.value = (
+                f"<span style='color:{BAD_COLOR}'>could not write the report: {html.escape(str(error))}</span>"
+            )
             return None
         self.report_status.value = report_link(self.report_path)
         return self.report_path
@@ -200,14 +237,25 @@ class MeshWidget(DegreePicker):
 
     def _run(self, recipe: str, degrees: dict[str, int], steps: int) -> None:
         from launch.runner import run
+
         runner = self._runner or run
         # an explicit folder per run: launch.run's result.run_dir is then the folder holding its files
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = (self.out / f"{recipe}-{stamp}" if self.out is not None
-                   else Path(tempfile.mkdtemp(prefix=f"hp-{recipe}-{stamp}-")))
+        run_dir = (
+            self.out / f"{recipe}-{stamp}"
+            if self.out is not None
+            else Path(tempfile.mkdtemp(prefix=f"hp-{recipe}-{stamp}-"))
+        )
         try:
-            result = runner(recipe, steps=steps, timeout=self.timeout, out=run_dir, on_line=self._on_line,
-                            on_progress=self._on_progress, **degrees)
+            result = runner(
+                recipe,
+                steps=steps,
+                timeout=self.timeout,
+                out=run_dir,
+                on_line=self._on_line,
+                on_progress=self._on_progress,
+                **degrees,
+            )
         except Stopped:
             self.run_error = "stopped by the user"
             self.progress.bar_style = "warning"
@@ -231,26 +279,35 @@ class MeshWidget(DegreePicker):
         where = f"Run directory: <code>{html.escape(str(result.run_dir))}</code>"
         if result.ok:
             self.progress.bar_style = "success"
-            self._say(f"<b>✔ {recipe} matched its single-process reference</b>: max |loss − reference| = "
-                      f"{summary['max_abs_diff']:.3g}, max |param − reference| = {summary['max_param_diff']:.3g}, "
-                      f"{summary['duration']:.1f} s. {where}", OK_COLOR)
+            self._say(
+                f"<b>✔ {recipe} matched its single-process reference</b>: max |loss − reference| = "
+                f"{summary['max_abs_diff']:.3g}, max |param − reference| = {summary['max_param_diff']:.3g}, "
+                f"{summary['duration']:.1f} s. {where}",
+                OK_COLOR,
+            )
         else:
             self.progress.bar_style = "danger"
             self.run_error = result.error
-            self._say(f"<b>✘ {recipe} failed</b> ({where}):"
-                      f"<pre style='white-space:pre-wrap'>{html.escape(str(result.error))}</pre>", BAD_COLOR)
+            self._say(
+                f"<b>✘ {recipe} failed</b> ({where}):"
+                f"<pre style='white-space:pre-wrap'>{html.escape(str(result.error))}</pre>",
+                BAD_COLOR,
+            )
 
     def _show_figures(self, result) -> None:
         from hyper_parallel.viz import run_figures
+
         try:
             out_dir = self.figures_dir / Path(result.run_dir).name if self.figures_dir is not None else None
             self.figures = run_figures(result.run_dir, out_dir=out_dir)
         except Exception as error:  # a failed run may have no traces or metrics
-            self.run_status.value += (f"<br><span style='color:{INFO_COLOR}'>no figures: "
-                                      f"{html.escape(str(error))}</span>")
+            self.run_status.value += (
+                f"<br><span style='color:{INFO_COLOR}'>no figures: {html.escape(str(error))}</span>"
+            )
             return
-        self.figure_tabs.children = [widgets.Image(value=png_bytes(fig), format="png",
-                                                   layout=widgets.Layout(max_width="100%"))
-                                     for fig in self.figures.values()]
+        self.figure_tabs.children = [
+            widgets.Image(value=png_bytes(fig), format="png", layout=widgets.Layout(max_width="100%"))
+            for fig in self.figures.values()
+        ]
         self.figure_tabs.titles = tuple(self.figures)
         self.figure_tabs.layout.display = ""

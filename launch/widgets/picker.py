@@ -5,6 +5,7 @@ recipe (``valid_choices`` + ``Recipe.validate``); a combination that breaks a ru
 the rule's own message and the nearest valid choice (one click applies it), and a live mesh-map
 preview shows the last valid selection. Nothing here starts a worker: ``MeshWidget`` adds that.
 """
+
 from __future__ import annotations
 
 import html
@@ -56,8 +57,16 @@ class DegreePicker(widgets.VBox):
     a new selection in ``_update_controls``.
     """
 
-    def __init__(self, recipe: str = "M4", *, recipes: tuple[str, ...] | list[str] | None = None,
-                 steps: int | None = None, max_world_size: int = 8, preview: bool = True, **degrees: int) -> None:
+    def __init__(
+        self,
+        recipe: str = "M4",
+        *,
+        recipes: tuple[str, ...] | list[str] | None = None,
+        steps: int | None = None,
+        max_world_size: int = 8,
+        preview: bool = True,
+        **degrees: int,
+    ) -> None:
         spec = registry.get(recipe)
         names = [registry.get(name).name for name in (recipes or [spec.name])]
         if spec.name not in names:
@@ -75,18 +84,32 @@ class DegreePicker(widgets.VBox):
         style = {"description_width": "initial"}
         self.header = widgets.HTML()
         self.recipe_selector = widgets.Dropdown(
-            options=names, value=spec.name, description="recipe",
-            layout=widgets.Layout(width="210px", display="" if len(names) > 1 else "none"))
-        self.world_selector = widgets.Dropdown(description="world_size", style=style,
-                                               layout=widgets.Layout(width="150px"), tooltip=HELP["world_size"])
-        self.steps_selector = widgets.BoundedIntText(value=steps or spec.steps, min=1, max=50, description="steps",
-                                                     layout=widgets.Layout(width="130px"))
-        self.selectors = {name: widgets.Dropdown(description=name, style=style, tooltip=HELP[name],
-                                                 layout=widgets.Layout(width="150px")) for name in PICKER_DEGREES}
+            options=names,
+            value=spec.name,
+            description="recipe",
+            layout=widgets.Layout(width="210px", display="" if len(names) > 1 else "none"),
+        )
+        self.world_selector = widgets.Dropdown(
+            description="world_size", style=style, layout=widgets.Layout(width="150px"), tooltip=HELP["world_size"]
+        )
+        self.steps_selector = widgets.BoundedIntText(
+            value=steps or spec.steps, min=1, max=50, description="steps", layout=widgets.Layout(width="130px")
+        )
+        self.selectors = {
+            name: widgets.Dropdown(
+                description=name, style=style, tooltip=HELP[name], layout=widgets.Layout(width="150px")
+            )
+            for name in PICKER_DEGREES
+        }
         self.status = widgets.HTML()
-        self.fix_button = widgets.Button(description="use the nearest valid choice", icon="wrench",
-                                         layout=widgets.Layout(width="fit-content", display="none"))
-        self.preview = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", display="none"))  # until drawn
+        self.fix_button = widgets.Button(
+            description="use the nearest valid choice",
+            icon="wrench",
+            layout=widgets.Layout(width="fit-content", display="none"),
+        )
+        self.preview = widgets.Image(
+            format="png", layout=widgets.Layout(max_width="100%", display="none")
+        )  # until drawn
         self.preview_caption = widgets.HTML()
 
         self.recipe_selector.observe(self._on_recipe, names="value")
@@ -98,6 +121,7 @@ class DegreePicker(widgets.VBox):
 
         super().__init__(children=self._rows())
         from launch.runner import resolve_degrees  # what launch.run does: world_size from the degrees if omitted
+
         self._load(spec.name, resolve_degrees(spec, degrees))
 
     def _rows(self) -> list[widgets.Widget]:
@@ -106,8 +130,10 @@ class DegreePicker(widgets.VBox):
             widgets.HBox([self.recipe_selector, self.world_selector, self.steps_selector]),
             widgets.HBox([self.selectors[name] for name in PICKER_DEGREES[:3]]),
             widgets.HBox([self.selectors[name] for name in PICKER_DEGREES[3:]]),
-            self.status, self.fix_button,
-            self.preview_caption, self.preview,
+            self.status,
+            self.fix_button,
+            self.preview_caption,
+            self.preview,
         ]
 
     # ------------------------------------------------------------------ public API
@@ -128,8 +154,11 @@ class DegreePicker(widgets.VBox):
         """The current selection, ``world_size`` first: pass it to ``launch.run(recipe, **degrees)``
         (``pp`` only when a pipeline recipe selects pp > 1)."""
         pp = self.selectors["pp"].value
-        return {"world_size": self.world_size, **({"pp": pp} if pp != 1 else {}),
-                **{name: self.selectors[name].value for name in DEGREES}}
+        return {
+            "world_size": self.world_size,
+            **({"pp": pp} if pp != 1 else {}),
+            **{name: self.selectors[name].value for name in DEGREES},
+        }
 
     @property
     def steps(self) -> int:
@@ -211,9 +240,14 @@ class DegreePicker(widgets.VBox):
             return None
         default = self.spec.default
         # fewest changed degrees; then prefer not to switch off a parallelism that is on; then the recipe default
-        return min(valid, key=lambda d: (_differences(d, {k: wanted.get(k, 1) for k in PICKER_DEGREES}),
-                                         sum(getattr(d, k) == 1 < wanted.get(k, 1) for k in PICKER_DEGREES),
-                                         _differences(d, {k: default.get(k, 1) for k in PICKER_DEGREES})))
+        return min(
+            valid,
+            key=lambda d: (
+                _differences(d, {k: wanted.get(k, 1) for k in PICKER_DEGREES}),
+                sum(getattr(d, k) == 1 < wanted.get(k, 1) for k in PICKER_DEGREES),
+                _differences(d, {k: default.get(k, 1) for k in PICKER_DEGREES}),
+            ),
+        )
 
     def _on_recipe(self, change) -> None:
         if self._updating:
@@ -257,13 +291,17 @@ class DegreePicker(widgets.VBox):
     def _show_valid(self, degrees: dict[str, int]) -> None:
         note = ""
         if degrees["world_size"] > (os.cpu_count() or 1):
-            note = (f"<br><span style='color:{INFO_COLOR}'>{degrees['world_size']} ranks on {os.cpu_count()} cores: "
-                    "works (gloo on CPU), just slower</span>")
+            note = (
+                f"<br><span style='color:{INFO_COLOR}'>{degrees['world_size']} ranks on {os.cpu_count()} cores: "
+                "works (gloo on CPU), just slower</span>"
+            )
         views = "\n".join(html.escape(line.strip()) for line in self.dims.describe().splitlines()[1:])
-        self.status.value = (f"<div style='color:{OK_COLOR}'><b>✔ valid</b>: {html.escape(degrees_text(degrees))}"
-                             f"<pre style='margin:2px 0;font-size:85%;line-height:1.25;color:{OK_COLOR}'>{views}</pre>"
-                             f"same run from a terminal: "
-                             f"<code>{html.escape(cli_command(self.recipe, degrees, self.steps))}</code>{note}</div>")
+        self.status.value = (
+            f"<div style='color:{OK_COLOR}'><b>✔ valid</b>: {html.escape(degrees_text(degrees))}"
+            f"<pre style='margin:2px 0;font-size:85%;line-height:1.25;color:{OK_COLOR}'>{views}</pre>"
+            f"same run from a terminal: "
+            f"<code>{html.escape(cli_command(self.recipe, degrees, self.steps))}</code>{note}</div>"
+        )
         self.fix_button.layout.display = "none"
         self._update_preview()
 
@@ -273,25 +311,34 @@ class DegreePicker(widgets.VBox):
         if nearest is not None:
             changes = {k: getattr(nearest, k) for k in PICKER_DEGREES if getattr(nearest, k) != degrees.get(k, 1)}
             self._suggestion = changes
-            hint = ("<br>nearest valid choice: <b>" + html.escape(", ".join(f"{k}={v}" for k, v in changes.items()))
-                    + "</b>")
+            hint = (
+                "<br>nearest valid choice: <b>"
+                + html.escape(", ".join(f"{k}={v}" for k, v in changes.items()))
+                + "</b>"
+            )
             self.fix_button.description = "use " + ", ".join(f"{k}={v}" for k, v in changes.items())
             self.fix_button.layout.display = ""
         else:
             self.fix_button.layout.display = "none"
-        self.status.value = (f"<div style='color:{BAD_COLOR}'><b>✘ invalid</b>: {html.escape(self.error)}{hint}"
-                             "<br><i>Launch is disabled until the degrees are valid.</i></div>")
+        self.status.value = (
+            f"<div style='color:{BAD_COLOR}'><b>✘ invalid</b>: {html.escape(self.error)}{hint}"
+            "<br><i>Launch is disabled until the degrees are valid.</i></div>"
+        )
         if self.preview_figure is not None:
-            self.preview_caption.value = (f"<span style='color:{INFO_COLOR}'>mesh map of the last valid choice "
-                                          "(the current one is invalid)</span>")
+            self.preview_caption.value = (
+                f"<span style='color:{INFO_COLOR}'>mesh map of the last valid choice "
+                "(the current one is invalid)</span>"
+            )
 
     def _header(self) -> str:
         spec = self.spec
         constraints = spec.constraints() or "none beyond the mesh rules"
-        return (f"<b>{html.escape(spec.name)} — {html.escape(spec.title)}</b><br>"
-                f"<span style='font-size:90%'>{html.escape(spec.description)}<br>recipe constraints: "
-                f"<code>{html.escape(constraints)}</code>; default run: "
-                f"<code>{html.escape(degrees_text(spec.default))}</code></span>")
+        return (
+            f"<b>{html.escape(spec.name)} — {html.escape(spec.title)}</b><br>"
+            f"<span style='font-size:90%'>{html.escape(spec.description)}<br>recipe constraints: "
+            f"<code>{html.escape(constraints)}</code>; default run: "
+            f"<code>{html.escape(degrees_text(spec.default))}</code></span>"
+        )
 
     def _update_preview(self) -> None:
         if not self.preview_enabled or self.dims is None:
@@ -301,6 +348,7 @@ class DegreePicker(widgets.VBox):
             self.preview_caption.value = caption
             return
         from hyper_parallel.viz import mesh_map
+
         self._preview_key = (self.recipe, self.dims)
         self.preview_figure = mesh_map(self.dims, self.recipe)
         self.preview.value = png_bytes(self.preview_figure, dpi=80)

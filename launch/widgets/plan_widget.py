@@ -10,11 +10,13 @@ a combination that breaks a rule shows the rule's message and the nearest valid 
 a process: memory and communication come from the cost model, groups from ParallelDims' arithmetic,
 so every change redraws at once (the bars are ``hyper_parallel.viz.planning.plan_figure``).
 """
+
 from __future__ import annotations
 
 import html
 
 import ipywidgets as widgets
+
 from hyper_parallel.cost_model import CLI_MODELS, CostEstimate, ModelConfig, estimate, get_model
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.layouts import candidate_layouts, nearest_valid, nodes_spanned
@@ -26,6 +28,8 @@ from launch.widgets.display import png_bytes, table
 from launch.widgets.picker import DEGREES, HELP
 
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
 def _fits(config: ModelConfig, dims: ParallelDims) -> bool:
     try:
         config.check(dims)
@@ -37,8 +41,14 @@ def _fits(config: ModelConfig, dims: ParallelDims) -> bool:
 class PlanWidget(widgets.VBox):
     """Model, world size, GPUs per node and degree selectors; live bars, group table and torchrun command."""
 
-    def __init__(self, model: str = "llama-8b-like", world_size: int = 4096, gpus_per_node: int = 8,
-                 memory_gib: float = 80.0, **degrees: int) -> None:
+    def __init__(
+        self,
+        model: str = "llama-8b-like",
+        world_size: int = 4096,
+        gpus_per_node: int = 8,
+        memory_gib: float = 80.0,
+        **degrees: int,
+    ) -> None:
         unknown = set(degrees) - set(DEGREES)
         if unknown:
             raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {', '.join(DEGREES)}")
@@ -49,30 +59,53 @@ class PlanWidget(widgets.VBox):
         self.dims: ParallelDims | None = None
         self.error: str | None = None
         self.cost: CostEstimate | None = None
-        self.step = None                    # the step-time estimate (cost_model.step_time) of a valid layout
+        self.step = None  # the step-time estimate (cost_model.step_time) of a valid layout
         self.command, self.figure = "", None
         style = {"description_width": "initial"}
         self.model_selector = widgets.Dropdown(options=CLI_MODELS, value=model, description="model", style=style)
-        self.world_selector = widgets.Dropdown(options=sorted(set(WORLD_SIZES) | {world_size}), value=world_size,
-                                               description="world_size", style=style, tooltip=HELP["world_size"])
-        self.gpus_selector = widgets.Dropdown(options=sorted({1, 2, 4, 8, 16, gpus_per_node}), value=gpus_per_node,
-                                              description="GPUs per node", style=style)
-        self.selectors = {name: widgets.Dropdown(description=name, style=style, tooltip=HELP[name],
-                                                 layout=widgets.Layout(width="150px")) for name in DEGREES}
+        self.world_selector = widgets.Dropdown(
+            options=sorted(set(WORLD_SIZES) | {world_size}),
+            value=world_size,
+            description="world_size",
+            style=style,
+            tooltip=HELP["world_size"],
+        )
+        self.gpus_selector = widgets.Dropdown(
+            options=sorted({1, 2, 4, 8, 16, gpus_per_node}),
+            value=gpus_per_node,
+            description="GPUs per node",
+            style=style,
+        )
+        self.selectors = {
+            name: widgets.Dropdown(
+                description=name, style=style, tooltip=HELP[name], layout=widgets.Layout(width="150px")
+            )
+            for name in DEGREES
+        }
         self.status, self.groups, self.command_box = widgets.HTML(), widgets.HTML(), widgets.HTML()
-        self.fix_button = widgets.Button(description="use the nearest valid layout", icon="wrench",
-                                         layout=widgets.Layout(width="fit-content", display="none"))
+        self.fix_button = widgets.Button(
+            description="use the nearest valid layout",
+            icon="wrench",
+            layout=widgets.Layout(width="fit-content", display="none"),
+        )
         self.bars = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
         for selector in (self.model_selector, self.world_selector):  # a new list of layouts: the nearest valid one
             selector.observe(lambda change: self._load(), names="value")
         for selector in (self.gpus_selector, *self.selectors.values()):
             selector.observe(lambda change: self._refresh(), names="value")
         self.fix_button.on_click(lambda _: self.set(**self._suggestion))
-        super().__init__(children=[
-            widgets.HBox([self.model_selector, self.world_selector, self.gpus_selector]),
-            widgets.HBox([self.selectors[name] for name in DEGREES[:3]]),
-            widgets.HBox([self.selectors[name] for name in DEGREES[3:]]),
-            self.status, self.fix_button, self.bars, self.groups, self.command_box])
+        super().__init__(
+            children=[
+                widgets.HBox([self.model_selector, self.world_selector, self.gpus_selector]),
+                widgets.HBox([self.selectors[name] for name in DEGREES[:3]]),
+                widgets.HBox([self.selectors[name] for name in DEGREES[3:]]),
+                self.status,
+                self.fix_button,
+                self.bars,
+                self.groups,
+                self.command_box,
+            ]
+        )
         wanted = {name: degrees.get(name, 1) for name in DEGREES}
         if degrees.get("dp_shard", -1) == -1:  # "whatever is left", as ParallelDims infers it
             others = wanted["dp_replicate"] * wanted["cp"] * wanted["tp"]
@@ -101,8 +134,9 @@ class PlanWidget(widgets.VBox):
         combination is explained); without degrees a new model or world size moves to the nearest valid layout."""
         unknown = set(values) - {"model", "world_size", "gpus_per_node", *DEGREES}
         if unknown:
-            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: model, world_size, gpus_per_node, "
-                             f"{', '.join(DEGREES)}")
+            raise ValueError(
+                f"unknown setting(s) {sorted(unknown)}; known: model, world_size, gpus_per_node, {', '.join(DEGREES)}"
+            )
         self._updating = True
         try:
             if "model" in values:
@@ -132,8 +166,9 @@ class PlanWidget(widgets.VBox):
                 offered = {getattr(d, name) for d in layouts}
                 value = wanted.get(name, 1)
                 options = sorted(offered | {value})
-                self.selectors[name].options = [(str(v) if v in offered else f"{v} (no valid layout)", v)
-                                                for v in options]
+                self.selectors[name].options = [
+                    (str(v) if v in offered else f"{v} (no valid layout)", v) for v in options
+                ]
                 self.selectors[name].value = value
         finally:
             self._updating = False
@@ -157,11 +192,13 @@ class PlanWidget(widgets.VBox):
         self.step = estimate_step(self.cost, gpus, hardware)
         self.figure = plan_figure(self.cost, self.step.timed, self.memory_gib)
         self.bars.value = png_bytes(self.figure, dpi=80)
-        self.status.value = (f"<b style='color:#1a7f37'>✔ valid</b>: {html.escape(short_degrees(self.dims))}; "
-                             f"{self.cost.parameter_count:.3g} parameters, {len(self.layouts())} valid layouts of "
-                             f"{self.dims.world_size} ranks for {html.escape(self.config.name)}; step "
-                             f"{self.step.seconds:.3g} s ({self.step.fast.total:.3g}-{self.step.slow.total:.3g}), "
-                             f"MFU {self.step.middle.mfu:.0%} on {html.escape(hardware.describe())}")
+        self.status.value = (
+            f"<b style='color:#1a7f37'>✔ valid</b>: {html.escape(short_degrees(self.dims))}; "
+            f"{self.cost.parameter_count:.3g} parameters, {len(self.layouts())} valid layouts of "
+            f"{self.dims.world_size} ranks for {html.escape(self.config.name)}; step "
+            f"{self.step.seconds:.3g} s ({self.step.fast.total:.3g}-{self.step.slow.total:.3g}), "
+            f"MFU {self.step.middle.mfu:.0%} on {html.escape(hardware.describe())}"
+        )
         self.groups.value = self._group_table(gpus)
         self.command = torchrun_command(self.config, self.dims, gpus, "$MASTER_ADDR:29500")
         self.command_box.value = f"<b>multi-node command</b><pre>{html.escape(self.command)}</pre>"
@@ -186,7 +223,11 @@ class PlanWidget(widgets.VBox):
             if len(groups[0]) > 1:
                 spans = nodes_spanned(self.dims, dim, gpus)
                 first = groups[0] if len(groups[0]) <= 8 else groups[0][:3] + ["…", groups[0][-1]]
-                rows.append([dim, len(groups[0]), len(groups), f"{spans}" + (" (crosses)" if spans > 1 else ""),
-                             str(first)])
-        return table(["dim", "size", "groups", "nodes per group", "rank 0's group"], rows,
-                     caption=f"groups with {gpus} GPUs per node").data
+                rows.append(
+                    [dim, len(groups[0]), len(groups), f"{spans}" + (" (crosses)" if spans > 1 else ""), str(first)]
+                )
+        return table(
+            ["dim", "size", "groups", "nodes per group", "rank 0's group"],
+            rows,
+            caption=f"groups with {gpus} GPUs per node",
+        ).data

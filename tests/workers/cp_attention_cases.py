@@ -6,6 +6,7 @@ ranks are not contiguous; a cp group of one) and each case (impl, causal, dtype,
 gradients with the unsplit float64 ``scaled_dot_product_attention``, and records the attention
 call's collectives. Results go to $HYPER_PARALLEL_RUN_DIR/cp_rank<R>.json; the test asserts on them.
 """
+
 import copy
 import json
 import os
@@ -22,8 +23,13 @@ from hyper_parallel.comm import GroupInfo
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel import ulysses
-from hyper_parallel.parallel.cp import (attention_core, context_parallel_attention, cp_index, shard_sequence,
-                                        unshard_sequence)
+from hyper_parallel.parallel.cp import (
+    attention_core,
+    context_parallel_attention,
+    cp_index,
+    shard_sequence,
+    unshard_sequence,
+)
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 SEQ_LEN = 32
@@ -65,10 +71,14 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 
 
-def run_case(cp: GroupInfo, impl: str, causal: bool, dtype: torch.dtype, kv_heads: int, seq_len: int, seed: int) -> dict:
+def run_case(
+    cp: GroupInfo, impl: str, causal: bool, dtype: torch.dtype, kv_heads: int, seq_len: int, seed: int
+) -> dict:
     gen = torch.Generator().manual_seed(seed)  # identical full tensors on every rank
-    q, k, v, grad_out = (torch.randn(BATCH, h, seq_len, HEAD_DIM, generator=gen, dtype=torch.float64)
-                         for h in (HEADS, kv_heads, kv_heads, HEADS))
+    q, k, v, grad_out = (
+        torch.randn(BATCH, h, seq_len, HEAD_DIM, generator=gen, dtype=torch.float64)
+        for h in (HEADS, kv_heads, kv_heads, HEADS)
+    )
     ref_in = [t.clone().requires_grad_(True) for t in (q, k, v)]
     ref = F.scaled_dot_product_attention(*ref_in, is_causal=causal, enable_gqa=kv_heads != HEADS)
     ref.backward(grad_out)
@@ -85,15 +95,27 @@ def run_case(cp: GroupInfo, impl: str, causal: bool, dtype: torch.dtype, kv_head
     grads = [unshard_sequence(t.grad, 2, cp) for t in local]
     kv_bytes = BATCH * kv_heads * seq_len * HEAD_DIM * torch.finfo(dtype).bits // 8
     return {
-        "impl": impl, "causal": causal, "dtype": str(dtype).removeprefix("torch."), "kv_heads": kv_heads,
-        "seq_len": seq_len, "out_dtype": str(out.dtype).removeprefix("torch."), "out_shape": list(out.shape),
-        "errors": {"out": _max_diff(full, ref), "dq": _max_diff(grads[0], ref_in[0].grad),
-                   "dk": _max_diff(grads[1], ref_in[1].grad), "dv": _max_diff(grads[2], ref_in[2].grad)},
+        "impl": impl,
+        "causal": causal,
+        "dtype": str(dtype).removeprefix("torch."),
+        "kv_heads": kv_heads,
+        "seq_len": seq_len,
+        "out_dtype": str(out.dtype).removeprefix("torch."),
+        "out_shape": list(out.shape),
+        "errors": {
+            "out": _max_diff(full, ref),
+            "dq": _max_diff(grads[0], ref_in[0].grad),
+            "dk": _max_diff(grads[1], ref_in[1].grad),
+            "dv": _max_diff(grads[2], ref_in[2].grad),
+        },
         "kv_bytes": kv_bytes,  # one of K or V, whole sequence
         "local_kv_bytes": kv_bytes // cp.size,
         "out_bytes": kv_bytes // kv_heads * HEADS,  # the gathered output
-        "events": [{key: e[key] for key in ("op", "group", "ranks", "bytes", "dtype", "phase", "module")}
-                   for e in rec.events if e["kind"] == "collective"],
+        "events": [
+            {key: e[key] for key in ("op", "group", "ranks", "bytes", "dtype", "phase", "module")}
+            for e in rec.events
+            if e["kind"] == "collective"
+        ],
     }
 
 
@@ -115,7 +137,7 @@ def transformer_case(cp: GroupInfo, core=attention_core) -> dict:
     loss.backward()
     global_loss = comm.all_reduce(loss.detach().clone(), cp) / cp.size
     grad_err = 0.0
-    for (name, param), ref_param in zip(model.named_parameters(), reference.parameters()):
+    for (_name, param), ref_param in zip(model.named_parameters(), reference.parameters()):
         grad = comm.all_reduce(param.grad.clone(), cp) / cp.size
         grad_err = max(grad_err, _max_diff(grad, ref_param.grad))
     return {"loss": _max_diff(global_loss, ref_loss), "param_grads": grad_err}
@@ -128,12 +150,16 @@ def invalid_inputs(cp: GroupInfo) -> dict:
     checks = {
         "shard_bad_seq_len": lambda: shard_sequence(torch.zeros(1, bad_len), 1, cp),
         "wrong_positions": lambda: context_parallel_attention(
-            *(torch.zeros(1, 1, SEQ_LEN // cp.size, 4) for _ in range(3)), cp, torch.arange(SEQ_LEN // cp.size)),
+            *(torch.zeros(1, 1, SEQ_LEN // cp.size, 4) for _ in range(3)), cp, torch.arange(SEQ_LEN // cp.size)
+        ),
         "ulysses_wrong_positions": lambda: ulysses.ulysses_attention(
-            *(torch.zeros(1, cp.size, SEQ_LEN // cp.size, 4) for _ in range(3)), cp, torch.arange(SEQ_LEN // cp.size)),
+            *(torch.zeros(1, cp.size, SEQ_LEN // cp.size, 4) for _ in range(3)), cp, torch.arange(SEQ_LEN // cp.size)
+        ),
         "ulysses_heads": lambda: ulysses.ulysses_attention(
-            *(torch.zeros(1, cp.size + 1, SEQ_LEN // cp.size, 4) for _ in range(3)), cp,
-            shard_sequence(torch.arange(SEQ_LEN), 0, cp)),
+            *(torch.zeros(1, cp.size + 1, SEQ_LEN // cp.size, 4) for _ in range(3)),
+            cp,
+            shard_sequence(torch.arange(SEQ_LEN), 0, cp),
+        ),
     }
     for name, check in checks.items():
         try:
@@ -152,8 +178,12 @@ def main() -> None:
     for name, dims in layouts(world):
         views = dims.build_mesh("cpu")
         cp = GroupInfo.from_mesh(views.dense, ("cp",))
-        entry = {"cp_ranks": list(cp.ranks), "cp_index": cp_index(cp),
-                 "positions_16": shard_sequence(torch.arange(16), 0, cp).tolist(), "cases": []}
+        entry = {
+            "cp_ranks": list(cp.ranks),
+            "cp_index": cp_index(cp),
+            "positions_16": shard_sequence(torch.arange(16), 0, cp).tolist(),
+            "cases": [],
+        }
         for seed, case in enumerate(CASES):
             impl, kv_heads = case[0], case[3]
             if impl == "ulysses" and kv_heads % cp.size:

@@ -14,6 +14,7 @@ its traceback; the ranks meet at a barrier before the next case.
 
     torchrun --nproc-per-node 4 tests/workers/drop_in_cases.py --out DIR [--cases a,b]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,8 @@ import json
 import os
 import shutil
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -53,6 +54,7 @@ def case(fn: Callable) -> Callable:
 
 # --------------------------------------------------------------------------- shared loop
 
+
 def full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach().clone()
 
@@ -67,7 +69,7 @@ def tokens(dp_rank: int, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1234)
     batch = torch.randint(0, ARGS.vocab_size, (BATCH, SEQ + 1), generator=generator)
     rows = BATCH // dp_size
-    return batch, batch[dp_rank * rows:(dp_rank + 1) * rows]
+    return batch, batch[dp_rank * rows : (dp_rank + 1) * rows]
 
 
 def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -82,8 +84,9 @@ def shard_per_block(model: Transformer, shard: Callable, mesh: DeviceMesh, **kwa
     shard(model, mesh=mesh, **kwargs)
 
 
-def train(model: nn.Module, batch: torch.Tensor, *, clip: float | None = None,
-          frozen: Callable[[int], None] | None = None) -> dict:
+def train(
+    model: nn.Module, batch: torch.Tensor, *, clip: float | None = None, frozen: Callable[[int], None] | None = None
+) -> dict:
     """STEPS AdamW steps; losses averaged over the ranks (the global-batch mean), grads and params in full."""
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, grads = [], []
@@ -141,8 +144,14 @@ def compare(runs: dict[str, dict], dp_size: int) -> dict:
     return result
 
 
-def run_three(build: Callable[[], nn.Module], parallelize: dict[str, Callable[[nn.Module], nn.Module]],
-              dp_rank: int, dp_size: int, with_ref: bool = True, **train_kwargs) -> dict:
+def run_three(
+    build: Callable[[], nn.Module],
+    parallelize: dict[str, Callable[[nn.Module], nn.Module]],
+    dp_rank: int,
+    dp_size: int,
+    with_ref: bool = True,
+    **train_kwargs,
+) -> dict:
     """Train ref (global batch) and each parallel copy (its rows); compare."""
     batch, local = tokens(dp_rank, dp_size)
     runs = {}
@@ -161,7 +170,9 @@ def fsdp_only(mesh: DeviceMesh, **kwargs) -> dict[str, Callable]:
         def apply(model):
             shard_per_block(model, shard, mesh, **kwargs)
             return model
+
         return apply
+
     return {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)}
 
 
@@ -170,6 +181,7 @@ def world_mesh() -> DeviceMesh:
 
 
 # --------------------------------------------------------------------------- cases
+
 
 @case
 def plain():
@@ -182,9 +194,11 @@ def tied():
     result = run_three(lambda: transformer(weight_tying=True), fsdp_only(world_mesh()), dist.get_rank(), 4)
     model = transformer(weight_tying=True)
     shard_per_block(model, our_fully_shard, world_mesh())
-    result["facts"] = {"same_object": model.output.weight is model.tok_embeddings.weight,
-                       "n_parameters": len(list(model.parameters())),
-                       "n_reference_parameters": len(list(transformer(weight_tying=True).parameters()))}
+    result["facts"] = {
+        "same_object": model.output.weight is model.tok_embeddings.weight,
+        "n_parameters": len(list(model.parameters())),
+        "n_reference_parameters": len(list(transformer(weight_tying=True).parameters())),
+    }
     return result
 
 
@@ -202,6 +216,7 @@ def frozen_run(mesh: DeviceMesh, dp_rank: int, dp_size: int) -> dict:
         model = transformer(weight_tying=False)
         freeze(model)
         return model
+
     return run_three(build, fsdp_only(mesh), dp_rank, dp_size)
 
 
@@ -218,24 +233,34 @@ def frozen():
     reference = transformer(weight_tying=False)
     freeze(reference)
     result["facts"] = {
-        "reduce_scatter": {e["module"]: e["bytes"] for e in recorder.events
-                           if e["kind"] == "collective" and e["op"] == "reduce_scatter"},
-        "trainable_numel": {f"layers.{i}": sum(p.numel() for p in layer.parameters() if p.requires_grad)
-                            for i, layer in enumerate(reference.layers)},
-        "root_trainable_numel": sum(p.numel() for n, p in reference.named_parameters()
-                                    if p.requires_grad and not n.startswith("layers."))}
+        "reduce_scatter": {
+            e["module"]: e["bytes"]
+            for e in recorder.events
+            if e["kind"] == "collective" and e["op"] == "reduce_scatter"
+        },
+        "trainable_numel": {
+            f"layers.{i}": sum(p.numel() for p in layer.parameters() if p.requires_grad)
+            for i, layer in enumerate(reference.layers)
+        },
+        "root_trainable_numel": sum(
+            p.numel() for n, p in reference.named_parameters() if p.requires_grad and not n.startswith("layers.")
+        ),
+    }
     return result
 
 
 @case
 def freeze_between_steps():
     """Unfreeze wq after step 1 (requires_grad set on the sharded parameters, as a user does)."""
+
     def frozen_until_1(model):
         def hook(step):
             for name, param in model.named_parameters():
                 if ".attention.wq." in name:
                     param.requires_grad_(step >= 1)
+
         return hook
+
     batch, local = tokens(dist.get_rank(), 4)
     runs = {}
     for name, apply in {"ref": lambda m: m, **fsdp_only(world_mesh())}.items():
@@ -258,9 +283,15 @@ def tp_case(shape: tuple[int, int, int], sequence_parallel: bool, tying: bool) -
             Transformer.parallelize(model, mesh["tp"], use_seq_parallel=sequence_parallel, local_output_for_attn=True)
             shard_per_block(model, shard, dp_mesh)
             return model
+
         return apply
-    return run_three(lambda: transformer(weight_tying=tying),
-                     {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)}, dp_rank, dp_size)
+
+    return run_three(
+        lambda: transformer(weight_tying=tying),
+        {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)},
+        dp_rank,
+        dp_size,
+    )
 
 
 @case
@@ -281,55 +312,83 @@ def frozen_hsdp():
 
 @case
 def activation_checkpointing():
-    return run_three(lambda: transformer(weight_tying=False, checkpoint_activations=True),
-                     fsdp_only(world_mesh()), dist.get_rank(), 4)
+    return run_three(
+        lambda: transformer(weight_tying=False, checkpoint_activations=True),
+        fsdp_only(world_mesh()),
+        dist.get_rank(),
+        4,
+    )
 
 
 @case
 def keep_after_forward():
-    return run_three(lambda: transformer(weight_tying=False), fsdp_only(world_mesh(), reshard_after_forward=False),
-                     dist.get_rank(), 4)
+    return run_three(
+        lambda: transformer(weight_tying=False),
+        fsdp_only(world_mesh(), reshard_after_forward=False),
+        dist.get_rank(),
+        4,
+    )
 
 
 @case
 def reshard_to_two_after_forward():
     """reshard_after_forward=2 on fsdp 4: backward all-gathers over 2 ranks, from the kept half."""
-    result = run_three(lambda: transformer(weight_tying=False), fsdp_only(world_mesh(), reshard_after_forward=2),
-                       dist.get_rank(), 4)
+    result = run_three(
+        lambda: transformer(weight_tying=False), fsdp_only(world_mesh(), reshard_after_forward=2), dist.get_rank(), 4
+    )
     model = transformer(weight_tying=False)
     shard_per_block(model, our_fully_shard, world_mesh(), reshard_after_forward=2)
     _, local = tokens(dist.get_rank(), 4)
     with trace.record() as recorder:
         lm_loss(model, local).backward()
-    result["facts"] = {"all_gathers": sorted((e["phase"], e["module"], e["ranks"], e["bytes"]) for e in recorder.events
-                                             if e["kind"] == "collective" and e["op"] == "all_gather")}
+    result["facts"] = {
+        "all_gathers": sorted(
+            (e["phase"], e["module"], e["ranks"], e["bytes"])
+            for e in recorder.events
+            if e["kind"] == "collective" and e["op"] == "all_gather"
+        )
+    }
     return result
 
 
 @case
 def modules_as_one_unit():
     """fully_shard([norm, output]) as one unit (chunked-loss style), then the blocks and the root."""
+
     def with_(shard):
         def apply(model):
             shard([model.norm, model.output], mesh=world_mesh())
             shard_per_block(model, shard, world_mesh())
             return model
+
         return apply
-    return run_three(lambda: transformer(weight_tying=False),
-                     {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)}, dist.get_rank(), 4)
+
+    return run_three(
+        lambda: transformer(weight_tying=False),
+        {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)},
+        dist.get_rank(),
+        4,
+    )
 
 
 @case
 def ignored_params():
     """pos_embeddings ignored: not sharded, its gradient not reduced (each rank keeps its own)."""
+
     def with_(shard):
         def apply(model):
             shard_per_block(model, shard, world_mesh(), ignored_params={model.pos_embeddings.weight})
             return model
+
         return apply
-    result = run_three(lambda: transformer(weight_tying=False),
-                       {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)}, dist.get_rank(), 4,
-                       with_ref=False)
+
+    result = run_three(
+        lambda: transformer(weight_tying=False),
+        {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)},
+        dist.get_rank(),
+        4,
+        with_ref=False,
+    )
     model = with_(our_fully_shard)(transformer(weight_tying=False))
     result["facts"] = {"ignored_is_dtensor": isinstance(model.pos_embeddings.weight, DTensor)}
     return result
@@ -365,13 +424,15 @@ def common_fsdp_mlp():
                 shard(sub, mesh=world_mesh())
             shard(model, mesh=world_mesh())
             return model
+
         return apply
+
     original = lm_loss
     globals()["lm_loss"] = lambda model, batch: F.cross_entropy(
-        model(F.one_hot(batch[:, :-1] % 16, 16).float()).flatten(0, 1), batch[:, 1:].flatten())
+        model(F.one_hot(batch[:, :-1] % 16, 16).float()).flatten(0, 1), batch[:, 1:].flatten()
+    )
     try:
-        return run_three(build, {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)},
-                         dist.get_rank(), 4)
+        return run_three(build, {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)}, dist.get_rank(), 4)
     finally:
         globals()["lm_loss"] = original
 
@@ -393,14 +454,16 @@ def moe_expert_parallel():
             experts.set_gradient_divide_factor(dist.get_world_size())
         shard_per_block(model, our_fully_shard, world_mesh())
         return model
+
     result = run_three(lambda: transformer(weight_tying=False, num_experts=4), {"ours": apply}, dist.get_rank(), 4)
     model = apply(transformer(weight_tying=False, num_experts=4))
     result["facts"] = {"expert_placements": [str(p) for p in model.layers[0].expert_layer.experts.w1.placements]}
     return result
 
 
-def dcp_roundtrip(save_with: Callable, load_with: Callable, save_mesh: DeviceMesh, load_mesh: DeviceMesh,
-                  directory: Path) -> dict:
+def dcp_roundtrip(
+    save_with: Callable, load_with: Callable, save_mesh: DeviceMesh, load_mesh: DeviceMesh, directory: Path
+) -> dict:
     """Train 1 step with one implementation, save with DCP, load into the other on another mesh."""
     _, local = tokens(dist.get_rank(), 4)
     source = transformer(weight_tying=False)
@@ -424,11 +487,14 @@ def dcp_roundtrip(save_with: Callable, load_with: Callable, save_mesh: DeviceMes
 def dcp_ours_to_torch_and_back():
     directory = Path(os.environ.get("DROP_IN_OUT", ".")) / "dcp"
     hsdp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "fsdp"))
-    return {"ours_to_torch": dcp_roundtrip(our_fully_shard, torch_fully_shard, world_mesh(), hsdp, directory),
-            "torch_to_ours": dcp_roundtrip(torch_fully_shard, our_fully_shard, hsdp, world_mesh(), directory)}
+    return {
+        "ours_to_torch": dcp_roundtrip(our_fully_shard, torch_fully_shard, world_mesh(), hsdp, directory),
+        "torch_to_ours": dcp_roundtrip(torch_fully_shard, our_fully_shard, hsdp, world_mesh(), directory),
+    }
 
 
 # --------------------------------------------------------------------------- driver
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()

@@ -16,6 +16,7 @@ Loss = sum(outputs * fixed random weights). The collectives recorded during forw
 backward are saved per dispatch as (phase, op, group, ranks, dtype, bytes). Results go to
 $HYPER_PARALLEL_RUN_DIR/ep_rank<r>.json as {case: {"all_to_all": ..., "all_gather": ..., ...}}.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,7 +31,6 @@ STARTED = time.perf_counter()
 
 import torch
 import torch.distributed as dist
-
 from torch.distributed.tensor import DTensor
 
 from hyper_parallel import trace
@@ -56,8 +56,9 @@ CASES = {
         "ep4_top2": dict(dims=dict(dp_shard=4, ep=4), top_k=2, num_experts=8, dead=[5]),
         "ep4_top1_no_shared": dict(dims=dict(dp_shard=4, ep=4), top_k=1, shared=False, renormalize=False),
         "ep2_etp2_top2": dict(dims=dict(dp_shard=2, tp=2, ep=2, etp=2), top_k=2),
-        "ep2_etp2_top1_dead_expert": dict(dims=dict(dp_shard=2, tp=2, ep=2, etp=2), top_k=1, dead=[1],
-                                          renormalize=False, separate_etp_mesh=True),
+        "ep2_etp2_top1_dead_expert": dict(
+            dims=dict(dp_shard=2, tp=2, ep=2, etp=2), top_k=1, dead=[1], renormalize=False, separate_etp_mesh=True
+        ),
         "ep4_tp2_split_top2": dict(dims=dict(dp_shard=2, tp=2, ep=4), top_k=2, split=True),
         # the same mesh without the split: tp ranks hold the same tokens, so expert work and expert
         # gradients are duplicated (checked: expert grads come out exactly 2x the reference)
@@ -85,8 +86,14 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
         views_cache[key] = dims.build_mesh("cpu")
     views = views_cache[key]
     etp = dims.etp > 1
-    config = MoEConfig(d_model=D_MODEL, hidden=HIDDEN, num_experts=spec.get("num_experts", 4), top_k=spec["top_k"],
-                       shared_expert=spec.get("shared", True), renormalize=spec.get("renormalize", True))
+    config = MoEConfig(
+        d_model=D_MODEL,
+        hidden=HIDDEN,
+        num_experts=spec.get("num_experts", 4),
+        top_k=spec["top_k"],
+        shared_expert=spec.get("shared", True),
+        renormalize=spec.get("renormalize", True),
+    )
 
     torch.manual_seed(seed)
     reference = MoE(config)
@@ -106,8 +113,9 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
         if spec.get("separate_etp_mesh"):
             parallelize_moe(parallel, views["ep"], views["etp"], token_split_mesh=split, dispatch=dispatch)
         else:
-            parallelize_moe(parallel, views["ep", "etp"] if etp else views["ep"], token_split_mesh=split,
-                            dispatch=dispatch)
+            parallelize_moe(
+                parallel, views["ep", "etp"] if etp else views["ep"], token_split_mesh=split, dispatch=dispatch
+            )
 
     # reference: all distinct tokens in one process (the MoE is token-wise: one [1, T, d] sequence)
     x_all = torch.cat([data[i][:, :n].reshape(-1, D_MODEL) for i, n in enumerate(seq_lens)])
@@ -126,24 +134,27 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
     index = dims.coordinates(rank)["dp"]  # ranks with the same data index hold the same tokens
     results, seen = {}, {}
     for dispatch, parallel in copies.items():
-        x = data[index][:, :seq_lens[index]].clone().requires_grad_(True)
+        x = data[index][:, : seq_lens[index]].clone().requires_grad_(True)
         started = time.perf_counter()
         with trace.record() as recorder:
             with trace.labels(phase="forward"):
                 out = parallel(x)
             with trace.labels(phase="backward"):
-                (out * weights[index][:, :seq_lens[index]]).sum().backward()
+                (out * weights[index][:, : seq_lens[index]]).sum().backward()
         elapsed = time.perf_counter() - started
         errors = {"output": _max(out.detach(), ref_outs[index]), "input_grad": _max(x.grad, ref_x_grads[index])}
         # expert shards: Shard(0) on ep, with ETP Shard(2) (w1) / Shard(1) (w2) on etp
         experts = parallel.experts
         local = config.num_experts // experts.ep.size
         first = experts.ep.ranks.index(rank) * local
-        w1_ref, w2_ref = reference.experts.w1.grad[first:first + local], reference.experts.w2.grad[first:first + local]
+        w1_ref, w2_ref = (
+            reference.experts.w1.grad[first : first + local],
+            reference.experts.w2.grad[first : first + local],
+        )
         if etp:
             h = HIDDEN // experts.etp.size
             j = experts.etp.ranks.index(rank)
-            w1_ref, w2_ref = w1_ref[:, :, j * h:(j + 1) * h], w2_ref[:, j * h:(j + 1) * h, :]
+            w1_ref, w2_ref = w1_ref[:, :, j * h : (j + 1) * h], w2_ref[:, j * h : (j + 1) * h, :]
         scale = spec.get("duplicated", 1)
         w1_grad, w2_grad = experts.w1.grad.to_local(), experts.w2.grad.to_local()
         assert tuple(w1_grad.shape) == tuple(w1_ref.shape) and tuple(w2_grad.shape) == tuple(w2_ref.shape)
@@ -157,18 +168,26 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
             summed = param.grad.clone()
             dist.all_reduce(summed)
             errors[pname] = _max(summed / replicas, ref_grads[pname].grad)
-        events = [[e["phase"], e["op"], e["group"], e["ranks"], e["dtype"], e["bytes"]]
-                  for e in recorder.events if e["kind"] == "collective"]
+        events = [
+            [e["phase"], e["op"], e["group"], e["ranks"], e["dtype"], e["bytes"]]
+            for e in recorder.events
+            if e["kind"] == "collective"
+        ]
         seen[dispatch] = {"output": out.detach(), "input_grad": x.grad, **_grads(parallel)}
         results[dispatch] = {
-            "errors": errors, "events": events, "seconds": elapsed, "tokens_per_expert": tokens_per_expert,
-            "unscaled_expert_w1_error": _max(w1_grad, w1_ref), "ep_ranks": list(experts.ep.ranks),
+            "errors": errors,
+            "events": events,
+            "seconds": elapsed,
+            "tokens_per_expert": tokens_per_expert,
+            "unscaled_expert_w1_error": _max(w1_grad, w1_ref),
+            "ep_ranks": list(experts.ep.ranks),
             "etp_ranks": list(experts.etp.ranks) if etp else None,
             "local_shapes": {"w1": list(w1_grad.shape), "w2": list(w2_grad.shape)},
             "expert_ref_grad_max": max(w1_ref.abs().max().item(), w2_ref.abs().max().item()),
-            "parameters": {pname: [type(param).__name__, list(param.shape),
-                                   [str(p) for p in getattr(param, "placements", ())]]
-                           for pname, param in parallel.named_parameters()},
+            "parameters": {
+                pname: [type(param).__name__, list(param.shape), [str(p) for p in getattr(param, "placements", ())]]
+                for pname, param in parallel.named_parameters()
+            },
             "experts_class": type(experts).__name__,
         }
     a2a, ag = seen["all_to_all"], seen["all_gather"]
@@ -192,10 +211,12 @@ def check_errors(views_cache: dict) -> dict:
     if world == 2:
         views = views_cache[(("dp_shard", 2), ("ep", 2))]
         messages["experts_not_divisible"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, num_experts=3))), views["ep"]))
+            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, num_experts=3))), views["ep"])
+        )
         messages["wrong_mesh"] = _raises(lambda: parallelize_moe(MoE(MoEConfig(**small)), views["dp_shard"]))
         messages["unknown_dispatch"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**small)), views["ep"], dispatch="alltoall"))
+            lambda: parallelize_moe(MoE(MoEConfig(**small)), views["ep"], dispatch="alltoall")
+        )
         twice = parallelize_moe(MoE(MoEConfig(**small)), views["ep"])
         messages["twice"] = _raises(lambda: parallelize_moe(twice, views["ep"]))
         views = views_cache[(("dp_shard", 1), ("ep", 2), ("tp", 2))]
@@ -204,9 +225,11 @@ def check_errors(views_cache: dict) -> dict:
     else:
         views = views_cache[(("dp_shard", 2), ("ep", 2), ("etp", 2), ("tp", 2))]
         messages["hidden_not_divisible"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, hidden=15))), views["ep", "etp"]))
+            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, hidden=15))), views["ep", "etp"])
+        )
         messages["split_with_etp"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**small)), views["ep", "etp"], token_split_mesh=views["tp"]))
+            lambda: parallelize_moe(MoE(MoEConfig(**small)), views["ep", "etp"], token_split_mesh=views["tp"])
+        )
     return messages
 
 
@@ -215,8 +238,10 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        print(f"rank {rank}: imports {imported:.1f} s, process group {time.perf_counter() - STARTED - imported:.1f} s",
-              flush=True)
+        print(
+            f"rank {rank}: imports {imported:.1f} s, process group {time.perf_counter() - STARTED - imported:.1f} s",
+            flush=True,
+        )
         only = sys.argv[1:]
         results, views_cache = {}, {}
         for seed, (name, spec) in enumerate(CASES[world].items()):
@@ -226,10 +251,15 @@ def main() -> int:
             for dispatch in DISPATCHES:
                 result = results[name][dispatch]
                 worst = max(result["errors"].values())
-                print(f"rank {rank} {name} {dispatch}: max error {worst:.3g} ({result['seconds'] * 1e3:.1f} ms)",
-                      flush=True)
-            print(f"rank {rank} {name}: all_gather vs all_to_all "
-                  f"{max(results[name]['all_gather_vs_all_to_all'].values()):.3g}", flush=True)
+                print(
+                    f"rank {rank} {name} {dispatch}: max error {worst:.3g} ({result['seconds'] * 1e3:.1f} ms)",
+                    flush=True,
+                )
+            print(
+                f"rank {rank} {name}: all_gather vs all_to_all "
+                f"{max(results[name]['all_gather_vs_all_to_all'].values()):.3g}",
+                flush=True,
+            )
         if not only:
             results["invalid_uses"] = check_errors(views_cache)
         out = Path(os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))

@@ -23,8 +23,8 @@ rank = int(os.environ["RANK"])
 Path(os.environ["HYPER_PARALLEL_RUN_DIR"], f"pid_rank{rank}").write_text(f"{os.getpid()} {os.getppid()}")
 print(f"rank {rank} started", flush=True)
 
-import torch  # noqa: E402  (after the pid file on purpose)
-import torch.distributed as dist  # noqa: E402
+import torch  # after the pid file on purpose
+import torch.distributed as dist
 
 # Long collective timeout: a hang must be ended by the launcher's timeout, not by gloo's.
 dist.init_process_group("gloo", timeout=timedelta(minutes=10))

@@ -7,14 +7,15 @@ reference| over all parameters, or the traceback.
 
     torchrun --nproc-per-node 2 tests/workers/fsdp_edge_cases.py --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
 import copy
 import json
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -58,12 +59,12 @@ def inputs(count: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     torch.manual_seed(1)
     full = [torch.randn(ROWS * dist.get_world_size(), D) for _ in range(count)]
     rank = dist.get_rank()
-    return full, [x[rank * ROWS:(rank + 1) * ROWS] for x in full]
+    return full, [x[rank * ROWS : (rank + 1) * ROWS] for x in full]
 
 
 def grad_diff(model: nn.Module, reference: nn.Module) -> float:
     worst = 0.0
-    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+    for (_name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         if p.grad is None and q.grad is None:
             continue
         if (p.grad is None) != (q.grad is None):
@@ -73,8 +74,12 @@ def grad_diff(model: nn.Module, reference: nn.Module) -> float:
     return worst
 
 
-def compare(build: Callable[[], nn.Module], shard: Callable[[nn.Module], None],
-            run: Callable[[nn.Module, list[torch.Tensor]], None], count: int = 2) -> float:
+def compare(
+    build: Callable[[], nn.Module],
+    shard: Callable[[nn.Module], None],
+    run: Callable[[nn.Module, list[torch.Tensor]], None],
+    count: int = 2,
+) -> float:
     torch.manual_seed(0)
     model = build()
     reference = copy.deepcopy(model)
@@ -94,6 +99,7 @@ def per_block(model: Net) -> None:
 @case
 def list_unit_frozen_first():
     """fully_shard([A, B]) with A frozen: B's input gradient arrives first; A's backward still needs A."""
+
     class Two(nn.Module):
         def __init__(self):
             super().__init__()
@@ -110,12 +116,14 @@ def list_unit_frozen_first():
     def shard(model):
         fully_shard([model.a, model.b])
         fully_shard(model)
+
     return compare(build, shard, lambda m, xs: m(xs[0]).pow(2).mean().backward())
 
 
 @case
 def frozen_unit_called_twice():
     """A frozen encoder used twice in one forward (siamese): resharded only after both calls' backward."""
+
     class Siamese(nn.Module):
         def __init__(self):
             super().__init__()
@@ -134,6 +142,7 @@ def frozen_unit_called_twice():
     def shard(model):
         fully_shard(model.enc)
         fully_shard(model)
+
     return compare(build, shard, lambda m, xs: m(xs[0]).pow(2).mean().backward())
 
 
@@ -141,6 +150,7 @@ def frozen_unit_called_twice():
 def frozen_layer_two_backwards_of_one_forward():
     """A unit with a frozen layer, two backwards through one forward (retain_graph): the second must
     gather the unit again, not find it resharded by state left over from the first."""
+
     def build():
         model = Net()
         model.blocks[1][0].weight.requires_grad_(False)
@@ -150,18 +160,21 @@ def frozen_layer_two_backwards_of_one_forward():
         out = model(xs[0])
         out.pow(2).mean().backward(retain_graph=True)
         out.abs().mean().backward()
+
     return compare(build, per_block, run)
 
 
 @case
 def loss_on_a_feature_not_the_output():
     """The loss uses block 1's output only: the root's output gets no gradient, its hook never fires."""
+
     def run(model, xs):
         for x in xs:
             for p in model.parameters():
                 p.grad = None
             model(x)
             model.feature.pow(2).mean().backward()
+
     return compare(Net, per_block, run)
 
 
@@ -178,6 +191,7 @@ class Boom(torch.autograd.Function):
 @case
 def backward_raises_then_training_goes_on():
     """A backward that raises (caught by the user), then two normal steps (their gradients compared)."""
+
     def run(model, xs):
         try:  # raises at the very end of backward, after every unit's hooks ran and reductions were issued
             model(Boom.apply(xs[0].clone().requires_grad_())).pow(2).mean().backward()
@@ -189,6 +203,7 @@ def backward_raises_then_training_goes_on():
             for p in model.parameters():
                 p.grad = None
             model(x).pow(2).mean().backward()
+
     return compare(Net, per_block, run, count=3)
 
 
@@ -196,6 +211,7 @@ def backward_raises_then_training_goes_on():
 def reshard_to_subgroup_then_weights_change():
     """reshard_after_forward=2 (on 4 ranks), a forward without backward, a weight change, a forward: the
     second forward must read the new weights, not the shard kept after the first."""
+
     def shard(model):
         for block in model.blocks:
             fully_shard(block, reshard_after_forward=2)
@@ -207,6 +223,7 @@ def reshard_to_subgroup_then_weights_change():
             for p in model.parameters():
                 p.mul_(0.5)
         model(xs[1]).pow(2).mean().backward()
+
     return compare(Net, shard, run)
 
 

@@ -22,6 +22,7 @@ point; a rank left waiting in a collective by an error elsewhere gives up after
 
     torchrun --nproc-per-node 4 tests/workers/fully_shard_cases.py --cases all --tolerances '{...}'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -64,13 +65,16 @@ CASES: dict[str, tuple[int, Callable]] = {}
 
 def case(name: str, world_size: int):
     """Register a case that runs in the launch with ``world_size`` ranks."""
+
     def register(fn):
         CASES[name] = (world_size, fn)
         return fn
+
     return register
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 class Result:
     """What one case reports (JSON-serialisable)."""
@@ -81,27 +85,39 @@ class Result:
         self.numbers: dict[str, dict] = {}
         self.facts: dict = {}
 
-    def compare(self, label: str, actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
-                tol: str = "fp32") -> None:
+    def compare(
+        self, label: str, actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tol: str = "fp32"
+    ) -> None:
         rtol, atol = self.tolerances[tol]
         per = {}
         for name, want in expected.items():
             got = actual[name].detach().float()
             want = want.detach().float()
             if got.shape != want.shape:
-                per[name] = {"max_abs": float("inf"), "ratio": float("inf"),
-                             "shape": [list(got.shape), list(want.shape)]}
+                per[name] = {
+                    "max_abs": float("inf"),
+                    "ratio": float("inf"),
+                    "shape": [list(got.shape), list(want.shape)],
+                }
                 continue
             diff = (got - want).abs()
-            per[name] = {"max_abs": diff.max().item() if diff.numel() else 0.0,
-                         "ratio": (diff / (atol + rtol * want.abs())).max().item() if diff.numel() else 0.0,
-                         "max_ref": want.abs().max().item() if want.numel() else 0.0,
-                         "rel_l2": ((got - want).norm() / want.norm().clamp_min(1e-30)).item()}
+            per[name] = {
+                "max_abs": diff.max().item() if diff.numel() else 0.0,
+                "ratio": (diff / (atol + rtol * want.abs())).max().item() if diff.numel() else 0.0,
+                "max_ref": want.abs().max().item() if want.numel() else 0.0,
+                "rel_l2": ((got - want).norm() / want.norm().clamp_min(1e-30)).item(),
+            }
         worst = max(per, key=lambda n: per[n]["ratio"])
-        self.numbers[label] = {"tol": tol, "rtol": rtol, "atol": atol, "per": per, "worst": worst,
-                               "max_abs": max(v["max_abs"] for v in per.values()),
-                               "rel_l2": max(v.get("rel_l2", float("inf")) for v in per.values()),
-                               "ratio": max(v["ratio"] for v in per.values())}
+        self.numbers[label] = {
+            "tol": tol,
+            "rtol": rtol,
+            "atol": atol,
+            "per": per,
+            "worst": worst,
+            "max_abs": max(v["max_abs"] for v in per.values()),
+            "rel_l2": max(v.get("rel_l2", float("inf")) for v in per.values()),
+            "ratio": max(v["ratio"] for v in per.values()),
+        }
 
 
 def rank() -> int:
@@ -136,7 +152,7 @@ def global_mean(value: torch.Tensor) -> torch.Tensor:
 def rows(tensor: torch.Tensor, index: int, count: int) -> torch.Tensor:
     """Slice ``index`` of ``count`` equal slices of the global batch."""
     size = tensor.shape[0] // count
-    return tensor[index * size:(index + 1) * size]
+    return tensor[index * size : (index + 1) * size]
 
 
 def batch(seed: int, index: int, count: int):
@@ -159,11 +175,19 @@ def param_facts(model: nn.Module) -> dict:
     for name, p in model.named_parameters():
         entry = {"type": type(p).__name__, "shape": list(p.shape)}
         if isinstance(p, DTensor):
-            entry.update(mesh_dims=list(p.device_mesh.mesh_dim_names), placements=placements_str(p.placements),
-                         local_shape=list(p.to_local().shape))
+            entry.update(
+                mesh_dims=list(p.device_mesh.mesh_dim_names),
+                placements=placements_str(p.placements),
+                local_shape=list(p.to_local().shape),
+            )
         if hasattr(p, "sharded_group_info"):
-            entry.update(shard_size=p.shard_size, dp_size=p.dp_size, rank_size=p.rank_size,
-                         sharded=group_dict(p.sharded_group_info), unsharded=group_dict(p.unsharded_group_info))
+            entry.update(
+                shard_size=p.shard_size,
+                dp_size=p.dp_size,
+                rank_size=p.rank_size,
+                sharded=group_dict(p.sharded_group_info),
+                unsharded=group_dict(p.unsharded_group_info),
+            )
         facts[name] = entry
     return facts
 
@@ -185,10 +209,17 @@ def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out.float(), target)
 
 
-def train_side_by_side(res: Result, models: dict[str, nn.Module], reference: nn.Module, local, global_,
-                       comparisons: list[tuple[str, str, str]], steps: int = STEPS,
-                       on_step: Callable[[int], None] | None = None,
-                       on_backward: Callable[[int], None] | None = None) -> None:
+def train_side_by_side(
+    res: Result,
+    models: dict[str, nn.Module],
+    reference: nn.Module,
+    local,
+    global_,
+    comparisons: list[tuple[str, str, str]],
+    steps: int = STEPS,
+    on_step: Callable[[int], None] | None = None,
+    on_backward: Callable[[int], None] | None = None,
+) -> None:
     """Train every model in ``models`` on this rank's batch and ``reference`` (key "ref") on the
     global batch for ``steps`` SGD steps; compare loss, grads (before each step) and params (after
     each step) for each (a, b, tolerance) in ``comparisons``. Only ``models["ours"]`` is traced
@@ -255,6 +286,7 @@ def replica_spread(model: nn.Module, tp_mesh) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- cases, 4 ranks
 
+
 @case("c1_fsdp", 4)
 def fsdp_1d(res: Result) -> None:
     """Case 1, FSDP 1-D over 4 ranks (``mesh=views["fsdp"]``, the torch FSDP2 call unchanged): RS only,
@@ -267,8 +299,14 @@ def fsdp_1d(res: Result) -> None:
     apply_torch(theirs, views["fsdp"])
     res.facts["params"] = param_facts(model)
     *local, gx, gy = batch(11, dims.coordinates(rank())["dp"], dims.dp)
-    train_side_by_side(res, {"ours": model, "torch": theirs}, reference, local, (gx, gy),
-                       [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")])
+    train_side_by_side(
+        res,
+        {"ours": model, "torch": theirs},
+        reference,
+        local,
+        (gx, gy),
+        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
+    )
 
 
 @case("c2_hsdp", 4)
@@ -283,8 +321,14 @@ def hsdp(res: Result) -> None:
     apply_torch(theirs, views["dp_replicate", "fsdp"])
     res.facts["params"] = param_facts(model)
     *local, gx, gy = batch(12, dims.coordinates(rank())["dp"], dims.dp)
-    train_side_by_side(res, {"ours": model, "torch": theirs}, reference, local, (gx, gy),
-                       [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")])
+    train_side_by_side(
+        res,
+        {"ours": model, "torch": theirs},
+        reference,
+        local,
+        (gx, gy),
+        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
+    )
 
 
 def _pure_tp(res: Result, mark_partial_grads: bool, seed: int) -> None:
@@ -382,25 +426,38 @@ def mixed_precision(res: Result) -> None:
     views = dims.build_mesh("cpu")
     model = new_mlp(9)
     reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
-    apply_ours(model, views["fsdp"], mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                                    reduce_dtype=torch.float32))
-    apply_torch(theirs, views["fsdp"], mp_policy=TorchMixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                                           reduce_dtype=torch.float32))
+    apply_ours(
+        model, views["fsdp"], mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    )
+    apply_torch(
+        theirs,
+        views["fsdp"],
+        mp_policy=TorchMixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    )
     res.facts["params"] = param_facts(model)
     *local, gx, gy = batch(19, dims.coordinates(rank())["dp"], dims.dp)
     res.facts["dtypes"] = {}
 
     def dtypes(step: int) -> None:  # sharded params and their reduced grads stay fp32
-        res.facts["dtypes"][str(step)] = {"params": sorted({str(p.dtype) for p in model.parameters()}),
-                                          "grads": sorted({str(p.grad.dtype) for p in model.parameters()})}
+        res.facts["dtypes"][str(step)] = {
+            "params": sorted({str(p.dtype) for p in model.parameters()}),
+            "grads": sorted({str(p.grad.dtype) for p in model.parameters()}),
+        }
 
-    train_side_by_side(res, {"ours": model, "torch": theirs}, reference, local, (gx, gy),
-                       [("ours", "torch", "bf16_torch"), ("ours", "ref", "bf16_ref"), ("torch", "ref", "bf16_ref")],
-                       on_backward=dtypes)
+    train_side_by_side(
+        res,
+        {"ours": model, "torch": theirs},
+        reference,
+        local,
+        (gx, gy),
+        [("ours", "torch", "bf16_torch"), ("ours", "ref", "bf16_ref"), ("torch", "ref", "bf16_ref")],
+        on_backward=dtypes,
+    )
 
 
-def _accumulate(res: Result, dims: ParallelDims, mesh_names: tuple[str, ...], seed: int,
-                skip: Callable[[nn.Module, bool], None]) -> None:
+def _accumulate(
+    res: Result, dims: ParallelDims, mesh_names: tuple[str, ...], seed: int, skip: Callable[[nn.Module, bool], None]
+) -> None:
     """Two optimizer steps, each of two micro-batches (this rank's rows split in half, loss / 2);
     ``skip(model, first_micro)`` switches synchronisation. Trace step label = 2*step + micro."""
     views = dims.build_mesh("cpu")
@@ -424,12 +481,12 @@ def _accumulate(res: Result, dims: ParallelDims, mesh_names: tuple[str, ...], se
             micro_losses.append(loss)
             if micro == 0:
                 res.facts["grad_after_first_micro"][str(step)] = sorted(
-                    n for n, p in model.named_parameters() if p.grad is not None)
+                    n for n, p in model.named_parameters() if p.grad is not None
+                )
         ref_loss = mse(reference(gx), gy)
         ref_loss.backward()
         res.compare(f"loss{step}:ours-ref", {"loss": global_mean(sum(micro_losses))}, {"loss": ref_loss.detach()})
-        res.compare(f"grad{step}:ours-ref", full_grads(model),
-                    {n: p.grad for n, p in reference.named_parameters()})
+        res.compare(f"grad{step}:ours-ref", full_grads(model), {n: p.grad for n, p in reference.named_parameters()})
         trace.set_phase("optimizer")
         for opt in (optimizer, ref_opt):
             opt.step()
@@ -442,8 +499,10 @@ def _accumulate(res: Result, dims: ParallelDims, mesh_names: tuple[str, ...], se
 def accumulation_fsdp(res: Result) -> None:
     """Case 9a, FSDP 1-D: set_requires_gradient_sync(False) on the first micro-batch (no RS), True
     on the second (RS of the accumulated sum) == one step on the whole global batch."""
+
     def skip(model, first):
         model.set_requires_gradient_sync(not first)
+
     _accumulate(res, ParallelDims(world_size=4), ("fsdp",), 21, skip)
 
 
@@ -451,8 +510,10 @@ def accumulation_fsdp(res: Result) -> None:
 def accumulation_hsdp(res: Result) -> None:
     """Case 9b, HSDP (2 x 2): set_requires_all_reduce(False) on the first micro-batch (RS but no AR),
     True on the second (RS + AR of the sum) == one step on the whole global batch."""
+
     def skip(model, first):
         model.set_requires_all_reduce(not first)
+
     _accumulate(res, ParallelDims(world_size=4, dp_replicate=2, dp_shard=2), ("dp_replicate", "fsdp"), 22, skip)
 
 
@@ -469,8 +530,9 @@ class TwoHeads(nn.Module):
         return self.heads[head](torch.relu(self.trunk(x)))
 
 
-def _accumulate_unused(res: Result, dims: ParallelDims, mesh_names: tuple[str, ...],
-                       skip: Callable[[nn.Module, bool], None]) -> None:
+def _accumulate_unused(
+    res: Result, dims: ParallelDims, mesh_names: tuple[str, ...], skip: Callable[[nn.Module, bool], None]
+) -> None:
     """Micro-batch 0 trains head 0, micro-batch 1 head 1, synchronisation switched by ``skip``; the
     accumulated gradients must equal one process's gradient of the sum of both global losses."""
     views = dims.build_mesh("cpu")
@@ -502,16 +564,20 @@ def _accumulate_unused(res: Result, dims: ParallelDims, mesh_names: tuple[str, .
 @case("c9_accumulation_unused_fsdp", 4)
 def accumulation_unused_fsdp(res: Result) -> None:
     """Case 9c: FSDP, sync off for micro-batch 0, on for micro-batch 1; head 0 is not used in 1."""
+
     def skip(model, first):
         model.set_requires_gradient_sync(not first)
+
     _accumulate_unused(res, ParallelDims(world_size=4), ("fsdp",), skip)
 
 
 @case("c9_accumulation_unused_hsdp", 4)
 def accumulation_unused_hsdp(res: Result) -> None:
     """Case 9d: HSDP, all-reduce off for micro-batch 0, on for 1; head 0 is not used in 1."""
+
     def skip(model, first):
         model.set_requires_all_reduce(not first)
+
     _accumulate_unused(res, ParallelDims(world_size=4, dp_replicate=2, dp_shard=2), ("dp_replicate", "fsdp"), skip)
 
 
@@ -537,16 +603,27 @@ def state_dict_round_trip(res: Result) -> None:
     trace.set_step(100)  # state-dict traffic: fully_shard issues no traced collectives here
     state = model_a.state_dict()
     res.facts["state_dict_types"] = sorted({type(v).__name__ for v in state.values()})
-    res.facts["state_dict_placements"] = {k: placements_str(v.placements) for k, v in state.items()
-                                          if isinstance(v, DTensor)}
+    res.facts["state_dict_placements"] = {
+        k: placements_str(v.placements) for k, v in state.items() if isinstance(v, DTensor)
+    }
     path = res.run_dir / f"fully_shard_c10_rank{rank()}.pt"
     torch.save({k: v.to_local() for k, v in state.items()}, path)
     loaded = torch.load(path, weights_only=True)
     model_b = apply_ours(new_mlp(33), mesh)
     like = model_b.state_dict()
-    model_b.load_state_dict({k: DTensor.from_local(loaded[k], like[k].device_mesh, like[k].placements,
-                                                   run_check=False, shape=like[k].shape, stride=like[k].stride())
-                             for k in like})
+    model_b.load_state_dict(
+        {
+            k: DTensor.from_local(
+                loaded[k],
+                like[k].device_mesh,
+                like[k].placements,
+                run_check=False,
+                shape=like[k].shape,
+                stride=like[k].stride(),
+            )
+            for k in like
+        }
+    )
     # (d) the DTensor state dict itself through a file: torch.save(model.state_dict()) as users write it
     model_e = apply_ours(new_mlp(36), mesh)
     res.facts["file_local_equal"] = {}
@@ -554,7 +631,7 @@ def state_dict_round_trip(res: Result) -> None:
         torch.save(state, path)
         model_e.load_state_dict(torch.load(path, weights_only=True))
         res.facts["dtensor_file_round_trip"] = "ok"
-    except Exception as exc:  # noqa: BLE001  (recorded; see the test's xfail)
+    except Exception as exc:  # recorded; see the test's xfail
         res.facts["dtensor_file_round_trip"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     else:
         got = local_params(model_e)
@@ -586,13 +663,15 @@ def state_dict_round_trip(res: Result) -> None:
         params[key] = local_params(model)
     ref_loss = mse(reference(gx), gy)
     res.facts["next_step_losses"] = losses
-    res.facts["next_step_params_equal"] = {k: all(torch.equal(params[k][n], params["A"][n]) for n in params["A"])
-                                           for k in params}
+    res.facts["next_step_params_equal"] = {
+        k: all(torch.equal(params[k][n], params["A"][n]) for n in params["A"]) for k in params
+    }
     res.compare("next_loss:ours-ref", {"loss": global_mean(torch.tensor(losses["A"]))}, {"loss": ref_loss.detach()})
     path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- cases, 8 ranks
+
 
 @case("c3_dp_tp", 8)
 def dp_tp(res: Result) -> None:
@@ -614,14 +693,22 @@ def dp_tp(res: Result) -> None:
     def seen(module, args):
         w = module.weight
         res.facts["forward_w1"][str(len(res.facts["forward_w1"]))] = {
-            "type": type(w).__name__, "mesh_dims": list(w.device_mesh.mesh_dim_names) if isinstance(w, DTensor) else [],
+            "type": type(w).__name__,
+            "mesh_dims": list(w.device_mesh.mesh_dim_names) if isinstance(w, DTensor) else [],
             "placements": placements_str(w.placements) if isinstance(w, DTensor) else "",
-            "local_shape": list((w.to_local() if isinstance(w, DTensor) else w).shape)}
+            "local_shape": list((w.to_local() if isinstance(w, DTensor) else w).shape),
+        }
 
     model.blocks[0].w1.register_forward_pre_hook(seen)
     *local, gx, gy = batch(14, dims.coordinates(rank())["dp"], dims.dp)
-    train_side_by_side(res, {"ours": model, "torch": theirs}, reference, local, (gx, gy),
-                       [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")])
+    train_side_by_side(
+        res,
+        {"ours": model, "torch": theirs},
+        reference,
+        local,
+        (gx, gy),
+        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
+    )
 
 
 class Experts(nn.Module):
@@ -632,14 +719,15 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(num_experts, dim, dim) * dim ** -0.5)
+        self.weight = nn.Parameter(torch.randn(num_experts, dim, dim) * dim**-0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         tokens = x.reshape(1, -1, x.shape[-1]).expand(weight.shape[0], -1, -1)
         if isinstance(weight, DTensor):
-            tokens = DTensor.from_local(tokens, weight.device_mesh, [Replicate()] * weight.device_mesh.ndim,
-                                        run_check=False)
+            tokens = DTensor.from_local(
+                tokens, weight.device_mesh, [Replicate()] * weight.device_mesh.ndim, run_check=False
+            )
             out = torch.bmm(tokens, weight).full_tensor()
         else:
             out = torch.bmm(tokens, weight)
@@ -671,8 +759,11 @@ def dp_tp_ep(res: Result) -> None:
     model = DenseAndExperts()
     reference = copy.deepcopy(model)
     parallelize_module(model.block, views["tp"], tp_plan())
-    model.experts.weight = nn.Parameter(distribute_tensor(model.experts.weight.detach(), views.sparse["ep", "etp"],
-                                                          [Shard(0), Shard(2)], src_data_rank=None))
+    model.experts.weight = nn.Parameter(
+        distribute_tensor(
+            model.experts.weight.detach(), views.sparse["ep", "etp"], [Shard(0), Shard(2)], src_data_rank=None
+        )
+    )
     fully_shard(model.block, mesh=views["dp_replicate", "fsdp"])
     fully_shard(model.experts, mesh=views.sparse["dp_replicate", "efsdp"])
     fully_shard(model, mesh=views["dp_replicate", "fsdp"])
@@ -715,13 +806,17 @@ def run_case(name: str, fn: Callable, tolerances: dict, run_dir: Path) -> dict:
     with trace.record() as recorder:
         try:
             fn(res)
-        except Exception:  # noqa: BLE001  (recorded per case; the other cases still run)
+        except Exception:  # recorded per case; the other cases still run
             error = traceback.format_exc()
     events = recorder.events
     dist.barrier()
     return {
-        "ok": error is None, "error": error, "seconds": time.perf_counter() - start,
-        "doc": (fn.__doc__ or "").strip(), "numbers": res.numbers, "facts": res.facts,
+        "ok": error is None,
+        "error": error,
+        "seconds": time.perf_counter() - start,
+        "doc": (fn.__doc__ or "").strip(),
+        "numbers": res.numbers,
+        "facts": res.facts,
         "collectives": [{k: e[k] for k in COLLECTIVE_KEYS} for e in events if e["kind"] == "collective"],
         "placements": [{k: e[k] for k in PLACEMENT_KEYS} for e in events if e["kind"] == "placement"],
     }
@@ -730,7 +825,9 @@ def run_case(name: str, fn: Callable, tolerances: dict, run_dir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", help="comma-separated case names, or 'all' (for this world size)")
-    parser.add_argument("--tolerances", required=True, help='JSON {"fp32": [rtol, atol], "bf16_torch": ..., "bf16_ref": ...}')
+    parser.add_argument(
+        "--tolerances", required=True, help='JSON {"fp32": [rtol, atol], "bf16_torch": ..., "bf16_ref": ...}'
+    )
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
     parser.add_argument("--collective-timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
@@ -752,7 +849,8 @@ def main(argv: list[str] | None = None) -> int:
             if not results[name]["ok"]:
                 print(f"[case] {name} rank {rank()}:\n{results[name]['error']}", flush=True)
         (out / f"fully_shard_rank{rank()}.json").write_text(
-            json.dumps({"rank": rank(), "world_size": world, "cases": results}))
+            json.dumps({"rank": rank(), "world_size": world, "cases": results})
+        )
     finally:
         dist.destroy_process_group()
     return 0

@@ -38,6 +38,7 @@ token counts; in exchange the collectives have fixed, even splits (no per-destin
 and gather/reduce-scatter are the best-tuned collectives. Worth it for small ep groups (Megatron's
 default for ep * tp small) or tiny token counts; not at scale.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,12 @@ import torch.nn.functional as F
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.models.moe import grouped_mlp
-from hyper_parallel.parallel.autograd_comm import (CopyToTensorParallel, GatherFromSequenceParallel,
-                                                   ReduceFromTensorParallel, ReduceScatterToSequenceParallel)
+from hyper_parallel.parallel.autograd_comm import (
+    CopyToTensorParallel,
+    GatherFromSequenceParallel,
+    ReduceFromTensorParallel,
+    ReduceScatterToSequenceParallel,
+)
 from hyper_parallel.parallel.ep.all_to_all import ExpertParallelExperts, local_tensor
 
 
@@ -64,11 +69,11 @@ def local_rows(all_counts: torch.Tensor, first: int, local: int, capacity: int) 
     ``[first, first + local)``: expert-major, source rank order inside an expert, each source's rows in
     order (source j's rows start at ``j * capacity`` and are sorted by global expert)."""
     sources = all_counts.shape[0]
-    starts = torch.cumsum(all_counts, dim=1) - all_counts                         # [ep, E] exclusive
+    starts = torch.cumsum(all_counts, dim=1) - all_counts  # [ep, E] exclusive
     starts = starts + torch.arange(sources, device=all_counts.device).unsqueeze(1) * capacity
-    seg_starts = starts[:, first:first + local].t().reshape(-1)                   # (expert, source)
-    seg_counts = all_counts[:, first:first + local].t().reshape(-1)
-    seg_offsets = torch.cumsum(seg_counts, 0) - seg_counts                        # within the output
+    seg_starts = starts[:, first : first + local].t().reshape(-1)  # (expert, source)
+    seg_counts = all_counts[:, first : first + local].t().reshape(-1)
+    seg_offsets = torch.cumsum(seg_counts, 0) - seg_counts  # within the output
     total = int(seg_counts.sum())
     within = torch.arange(total, device=all_counts.device) - torch.repeat_interleave(seg_offsets, seg_counts)
     return torch.repeat_interleave(seg_starts, seg_counts) + within
@@ -81,20 +86,20 @@ class AllGatherExpertParallelExperts(ExpertParallelExperts):
 
     def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ep, local = self.ep, self.num_local_experts
-        all_counts = gather_counts(counts, ep)                                     # [ep, E]
-        capacity = int(all_counts.sum(1).max())                                    # host sync (as .tolist())
+        all_counts = gather_counts(counts, ep)  # [ep, E]
+        capacity = int(all_counts.sum(1).max())  # host sync (as .tolist())
         first = ep.index * local
         num_rows = routed.shape[0]
-        padded = F.pad(routed, (0, 0, 0, capacity - num_rows))                     # [C, d]
+        padded = F.pad(routed, (0, 0, 0, capacity - num_rows))  # [C, d]
         # each rank computes only its experts' rows of the gathered ones: its gradient of them is partial
-        gathered = GatherFromSequenceParallel.apply(padded, 0, ep, True)          # [ep * C, d]
+        gathered = GatherFromSequenceParallel.apply(padded, 0, ep, True)  # [ep * C, d]
         index = local_rows(all_counts, first, local, capacity)
         rows = gathered[index]
         if self.etp is not None:
             rows = CopyToTensorParallel.apply(rows, self.etp)
-        local_counts = all_counts[:, first:first + local].sum(0).tolist()
+        local_counts = all_counts[:, first : first + local].sum(0).tolist()
         out = grouped_mlp(rows, local_counts, local_tensor(self.w1), local_tensor(self.w2))
         if self.etp is not None:
             out = ReduceFromTensorParallel.apply(out, self.etp)
         full = out.new_zeros((ep.size * capacity,) + tuple(out.shape[1:])).index_copy(0, index, out)
-        return ReduceScatterToSequenceParallel.apply(full, 0, ep)[:num_rows]      # [N_i, d]
+        return ReduceScatterToSequenceParallel.apply(full, 0, ep)[:num_rows]  # [N_i, d]

@@ -61,6 +61,7 @@ Preconditions (not checkable cheaply at run time, so documented):
 * with ETP (etp == tp) every rank of an etp group holds the same tokens (and routes them identically):
   each computes its hidden-dim shard of the same rows and the partial outputs are summed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -113,8 +114,9 @@ def expert_major_order(received_counts: torch.Tensor) -> torch.Tensor:
     """Permutation regrouping the received rows (source-rank major, then local expert) expert-major,
     keeping source-rank order (and each source's row order) inside an expert."""
     sources, local = received_counts.shape
-    segment = torch.repeat_interleave(torch.arange(sources * local, device=received_counts.device),
-                                      received_counts.reshape(-1))
+    segment = torch.repeat_interleave(
+        torch.arange(sources * local, device=received_counts.device), received_counts.reshape(-1)
+    )
     key = (segment % local) * sources + torch.div(segment, local, rounding_mode="floor")
     return torch.argsort(key, stable=True)
 
@@ -154,7 +156,7 @@ class ExpertParallelExperts(nn.Module):
 
     def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         ep = self.ep
-        received_counts = exchange_counts(counts, ep)                        # [ep, E/ep]
+        received_counts = exchange_counts(counts, ep)  # [ep, E/ep]
         input_splits = counts.view(ep.size, -1).sum(1).tolist()
         output_splits = received_counts.sum(1).tolist()
         received = DispatchTokens.apply(routed, ep, output_splits, input_splits)
@@ -170,5 +172,7 @@ class ExpertParallelExperts(nn.Module):
 
     def extra_repr(self) -> str:
         etp = f", etp={list(self.etp.ranks)}" if self.etp is not None else ""
-        return (f"num_experts={self.num_experts}, local={self.num_local_experts}, ep={list(self.ep.ranks)}{etp}, "
-                f"dispatch={self.dispatch}")
+        return (
+            f"num_experts={self.num_experts}, local={self.num_local_experts}, ep={list(self.ep.ranks)}{etp}, "
+            f"dispatch={self.dispatch}"
+        )
