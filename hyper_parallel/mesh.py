@@ -24,12 +24,8 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # torch is imported only by build_mesh
-    from hyper_parallel.mesh_views import MeshViews
-
-DEGREE_NAMES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
+from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
 
 
 @functools.lru_cache(maxsize=1024)
@@ -72,8 +68,8 @@ class ParallelDims:
                 raise ValueError(f"{name} must be an integer, got {value!r}")
             value = int(value)
             object.__setattr__(self, name, value)
-            if value < 1 and not (name == "dp_shard" and value == -1):
-                hint = " (or -1 to infer it)" if name == "dp_shard" else ""
+            if value < 1 and not (name == MeshDim.DP_SHARD and value == -1):
+                hint = " (or -1 to infer it)" if name == MeshDim.DP_SHARD else ""
                 raise ValueError(f"{name} must be >= 1{hint}, got {name}={value}")
         others = self.dp_replicate * self.cp * self.tp * self.pp
         if self.dp_shard == -1:
@@ -172,18 +168,28 @@ class ParallelDims:
         """Every named view as ((dim name, size), ...), outermost first; each multiplies to world_size."""
         # pp is the outermost dim of every view (TorchTitan): each pipeline stage is a contiguous block of
         # world_size/pp ranks holding one whole (dp_replicate, dp_shard, cp, tp) mesh of its own
-        pp = (("pp", self.pp),) if self.pp > 1 else ()
+        pp = ((MeshDim.PP, self.pp),) if self.pp > 1 else ()
         views = {
             "dense": pp
-            + (("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard), ("cp", self.cp), ("tp", self.tp)),
-            "fsdp": pp + (("dp_replicate", self.dp_replicate), ("fsdp", self.fsdp), ("tp", self.tp)),
-            "batch": pp + (("dp", self.dp), ("cp", self.cp), ("tp", self.tp)),
-            "loss": pp + (("dp_cp", self.dp_cp), ("tp", self.tp)),
+            + (
+                (MeshDim.DP_REPLICATE, self.dp_replicate),
+                (MeshDim.DP_SHARD, self.dp_shard),
+                (MeshDim.CP, self.cp),
+                (MeshDim.TP, self.tp),
+            ),
+            "fsdp": pp + ((MeshDim.DP_REPLICATE, self.dp_replicate), (MeshDim.FSDP, self.fsdp), (MeshDim.TP, self.tp)),
+            "batch": pp + ((MeshDim.DP, self.dp), (MeshDim.CP, self.cp), (MeshDim.TP, self.tp)),
+            "loss": pp + ((MeshDim.DP_CP, self.dp_cp), (MeshDim.TP, self.tp)),
         }
         if self.ep > 1:
-            sparse = [*pp, ("dp_replicate", self.dp_replicate), ("efsdp", self.efsdp), ("ep", self.ep)]
+            sparse = [
+                *pp,
+                (MeshDim.DP_REPLICATE, self.dp_replicate),
+                (MeshDim.EFSDP, self.efsdp),
+                (MeshDim.EP, self.ep),
+            ]
             if self.etp > 1:
-                sparse.append(("etp", self.etp))
+                sparse.append((MeshDim.ETP, self.etp))
             views["sparse"] = tuple(sparse)
         return views
 
@@ -192,9 +198,9 @@ class ParallelDims:
             if dim in dict(view):
                 return view
         known = sorted({name for view in self.views().values() for name, _ in view})
-        if dim in ("efsdp", "ep", "etp") and self.ep == 1:
+        if dim in (MeshDim.EFSDP, MeshDim.EP, MeshDim.ETP) and self.ep == 1:
             raise ValueError(f"there is no {dim!r} dim: ep=1, so there is no sparse (expert) mesh")
-        if dim == "etp" and self.ep > 1:
+        if dim == MeshDim.ETP and self.ep > 1:
             raise ValueError("there is no 'etp' dim: etp=1, so the expert mesh is (dp_replicate, efsdp, ep)")
         raise ValueError(f"unknown mesh dim {dim!r}; known dims: {known}")
 
@@ -294,8 +300,8 @@ class ParallelDims:
                 f"Ulysses (its all-to-all gives each cp rank num_heads/(tp*cp) whole heads); valid cp for "
                 f"tp={self.tp}: {valid_cp}, or use K/V all-gather / ring CP"
             )
-        self._check_divisible(hidden_sizes, self.tp, "tp")
-        self._check_divisible(expert_hidden_sizes, self.etp, "etp")
+        self._check_divisible(hidden_sizes, self.tp, MeshDim.TP)
+        self._check_divisible(expert_hidden_sizes, self.etp, MeshDim.ETP)
         if self.pp > 1:
             self._check_pipeline(n_layers, microbatches, stages_per_rank, global_batch)
 
@@ -334,12 +340,6 @@ class ParallelDims:
                     f"nearest valid size: {_nearest_multiple(size, degree)}"
                 )
 
-    def build_mesh(self, device_type: str = "cpu") -> MeshViews:
-        """Build every view as a DeviceMesh over the same root; needs an initialised process group."""
-        from hyper_parallel.mesh_views import MeshViews
-
-        return MeshViews.build(self, device_type)
-
     def describe(self) -> str:
         """One line per view with group sizes, e.g. for `launch check`."""
         lines = [f"world_size={self.world_size}: " + ", ".join(f"{n}={getattr(self, n)}" for n in DEGREE_NAMES)]
@@ -351,14 +351,14 @@ class ParallelDims:
 def valid_choices(
     world_size: int,
     fixed: dict[str, int] | None = None,
-    names: Sequence[str] = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp"),
+    names: Sequence[str] = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP),
     pipeline: bool = False,
 ) -> list[ParallelDims]:
     """Every valid ParallelDims for ``world_size`` that agrees with ``fixed``; for widgets and plans.
 
     pp=1 only, unless ``pipeline``: then every pp dividing world_size too (pp is then fixable)."""
     fixed = dict(fixed or {})
-    names = (*names, "pp") if pipeline else tuple(names)
+    names = (*names, MeshDim.PP) if pipeline else tuple(names)
     unknown = set(fixed) - set(names)
     if unknown:
         raise ValueError(f"valid_choices can fix {list(names)}, not {sorted(unknown)}")

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 
 
 @dataclass
@@ -19,23 +20,6 @@ class MeshViews:
     dims: ParallelDims
     world: DeviceMesh
     meshes: dict[str, DeviceMesh]  # view name -> mesh with that view's dims
-
-    @classmethod
-    def build(cls, dims: ParallelDims, device_type: str = "cpu") -> MeshViews:
-        if not dist.is_initialized():
-            raise RuntimeError("build_mesh needs torch.distributed initialised (init_process_group) first")
-        if dist.get_world_size() != dims.world_size:
-            raise ValueError(
-                f"the process group has {dist.get_world_size()} ranks but ParallelDims.world_size="
-                f"{dims.world_size}; start the run with --nproc-per-node {dims.world_size}"
-            )
-        world = init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=("world",))
-        meshes = {}
-        for name, view in dims.views().items():
-            names = tuple(dim for dim, _ in view)
-            sizes = tuple(size for _, size in view)
-            meshes[name] = world._unflatten(0, sizes, names)
-        return cls(dims, world, meshes)
 
     @property
     def dense(self) -> DeviceMesh:
@@ -69,7 +53,18 @@ class MeshViews:
         collectives (DTensor) can name their dim. Where dims share ranks, the model-parallel name wins."""
         rank = dist.get_rank()
         names: dict[tuple[int, ...], str] = {}
-        for dim in ("tp", "cp", "ep", "etp", "fsdp", "efsdp", "dp_replicate", "dp_shard", "dp", "dp_cp"):
+        for dim in (
+            MeshDim.TP,
+            MeshDim.CP,
+            MeshDim.EP,
+            MeshDim.ETP,
+            MeshDim.FSDP,
+            MeshDim.EFSDP,
+            MeshDim.DP_REPLICATE,
+            MeshDim.DP_SHARD,
+            MeshDim.DP,
+            MeshDim.DP_CP,
+        ):
             try:
                 ranks = tuple(self.dims.group_of(dim, rank))
             except ValueError:  # e.g. no ep dims when ep == 1
@@ -86,3 +81,24 @@ class MeshViews:
                 full = mesh.mesh.movedim(index, -1).reshape(-1, mesh.mesh.shape[index])
                 return sorted(sorted(group) for group in full.tolist())
         raise ValueError(f"unknown mesh dim {dim!r}")
+
+
+def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> MeshViews:
+    """Every view of ``dims`` as a DeviceMesh over one root; needs an initialised process group.
+
+    A function here rather than a ParallelDims method, so ``hyper_parallel.mesh`` stays torch-free and
+    imports nothing back from this module."""
+    if not dist.is_initialized():
+        raise RuntimeError("build_mesh needs torch.distributed initialised (init_process_group) first")
+    if dist.get_world_size() != dims.world_size:
+        raise ValueError(
+            f"the process group has {dist.get_world_size()} ranks but ParallelDims.world_size="
+            f"{dims.world_size}; start the run with --nproc-per-node {dims.world_size}"
+        )
+    world = init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=(MeshDim.WORLD,))
+    meshes = {}
+    for name, view in dims.views().items():
+        names = tuple(dim for dim, _ in view)
+        sizes = tuple(size for _, size in view)
+        meshes[name] = world._unflatten(0, sizes, names)
+    return MeshViews(dims, world, meshes)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchModel, configurations, summarize
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.run_files import load_traces
 from hyper_parallel.viz.overlap import exposure
 from hyper_parallel.viz.style import OP_SHORT
@@ -26,7 +27,7 @@ from launch.run_dirs import new_scratch_dir
 from launch.supervisor import TorchrunResult, torchrun
 
 WORKER_MODULE = "hyper_parallel.benchmark.worker"
-FSDP_GROUPS = ("fsdp", "dp_replicate", "dp_replicate+fsdp")
+FSDP_GROUPS = (MeshDim.FSDP, MeshDim.DP_REPLICATE, "dp_replicate+fsdp")
 
 
 @dataclass

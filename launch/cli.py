@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from launch.text_table import multinode_command, print_table
 
-DEGREE_FLAGS = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "pp")
+DEGREE_FLAGS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP, MeshDim.PP)
 EXIT_INVALID = 2
 
 
@@ -122,7 +123,7 @@ def cmd_list() -> int:
         dims = ParallelDims(**recipe.default)
         active = " x ".join(
             f"{name}={getattr(dims, name)}"
-            for name in ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+            for name in (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
             if getattr(dims, name) > 1
         )
         meshes = 1 + len(recipe.alternatives)

@@ -39,9 +39,21 @@ from hyper_parallel.cost_model.ranking import RankedLayout, rank_layouts
 from hyper_parallel.cost_model.review import RESOLUTION, parse_layouts, review_layouts, warnings_of
 from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
 from hyper_parallel.recipes import registry
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp", "fsdp", "dp", "dp_cp", "efsdp", "ep", "etp")
+MESH_DIMS = (
+    MeshDim.DP_REPLICATE,
+    MeshDim.DP_SHARD,
+    MeshDim.CP,
+    MeshDim.TP,
+    MeshDim.FSDP,
+    MeshDim.DP,
+    MeshDim.DP_CP,
+    MeshDim.EFSDP,
+    MeshDim.EP,
+    MeshDim.ETP,
+)
 RECIPE_OF_MODEL = {"small": "C", "small-moe": "C-MoE", "small-mlp": "M4"}
 """The recipe whose worker trains a small preset on any mesh its shapes admit (for the torchrun command)."""
 
@@ -148,9 +160,11 @@ def hardware_from_args(args: argparse.Namespace) -> Hardware:
 
 
 def mesh_groups(dims: ParallelDims, rank: int, gpus_per_node: int) -> dict[str, dict]:
-    """Every mesh dim of size > 1 as built by ``ParallelDims.build_mesh`` on the fake process group."""
+    """Every mesh dim of size > 1 as built by ``build_mesh`` on the fake process group."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from hyper_parallel.mesh_views import build_mesh  # torch: only when groups are asked for
 
     if not 0 <= rank < dims.world_size:
         raise ValueError(f"--rank {rank} is outside world_size={dims.world_size}")
@@ -158,7 +172,7 @@ def mesh_groups(dims: ParallelDims, rank: int, gpus_per_node: int) -> dict[str, 
         raise RuntimeError("a process group is already initialised in this process; plan needs its own fake one")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
     try:
-        views = dims.build_mesh("cpu")
+        views = build_mesh(dims, "cpu")
         groups = {}
         for dim in MESH_DIMS:
             with contextlib.suppress(ValueError):  # efsdp / ep / etp exist only with experts
@@ -217,7 +231,7 @@ def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int
         return multinode_command(nnodes, per_node, rdzv_endpoint, worker)
     return (
         "# no workbook recipe trains this model on these degrees: the same launch for your own trainer, which\n"
-        "# builds its meshes with ParallelDims(**degrees).build_mesh()\n"
+        "# builds its meshes with build_mesh(ParallelDims(**degrees))\n"
         + multinode_command(nnodes, per_node, rdzv_endpoint, ["-m", "your_training_module", "--degrees", explicit])
     )
 
@@ -470,7 +484,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return cmd_review(args, config, hardware)
     if args.out:
         raise ValueError('--out writes a --layouts review; give --layouts "CANDIDATE; CANDIDATE"')
-    degrees = {k: getattr(args, k) for k in ("world_size", "dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")}
+    degrees = {k: getattr(args, k) for k in ("world_size", *DEGREE_NAMES)}
     dims = ParallelDims(**{k: v for k, v in degrees.items() if v is not None})
     plan = make_plan(config, dims, args.gpus_per_node, args.rank, hardware)
     command = torchrun_command(config, dims, args.gpus_per_node, args.rdzv_endpoint)

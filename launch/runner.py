@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, SUMMARY_FILE, TRACE_FILE, load_json, load_traces
 from launch.run_dirs import new_scratch_dir
@@ -128,7 +129,7 @@ def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> di
     degrees = {k: v for k, v in given.items() if v is not None}
     if not degrees:
         return dict(recipe.default)
-    dense = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+    dense = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.PP)
     if "world_size" not in degrees:
         if any(name in degrees for name in dense):
             world = 1

@@ -21,6 +21,7 @@ from hyper_parallel import ParallelDims, fully_shard
 from hyper_parallel.fsdp import FullyShardModule, UnshardHandle
 from hyper_parallel.fsdp.module import UNSUPPORTED_FSDP2_METHODS
 from hyper_parallel.fsdp.roles import resolve_roles
+from hyper_parallel.mesh_views import build_mesh
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +161,7 @@ def test_spmd_parameter_on_the_whole_mesh(world):
 def test_slices_of_one_mesh_combine_whatever_else_exists(world, shape):
     """TP on mesh["tp"], fully_shard on mesh["dp_replicate", "fsdp"], after other meshes of the same
     shape (ParallelDims views and another init_device_mesh) were built in this process."""
-    ParallelDims(world_size=8, dp_shard=4, tp=2).build_mesh("cpu")
+    build_mesh(ParallelDims(world_size=8, dp_shard=4, tp=2), "cpu")
     init_device_mesh("cpu", shape, mesh_dim_names=("dp_replicate", "fsdp", "tp"))
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp_replicate", "fsdp", "tp"))
     layer = nn.Linear(8, 8)

@@ -17,13 +17,14 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from hyper_parallel import ParallelDims, fully_shard
 from hyper_parallel.fsdp.roles import resolve_roles
+from hyper_parallel.mesh_views import build_mesh
 
 
 @pytest.fixture(scope="module")
 def views():
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
     try:
-        yield ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2).build_mesh("cpu")
+        yield build_mesh(ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2), "cpu")
     finally:
         dist.destroy_process_group()
 
@@ -53,10 +54,10 @@ def test_roles(views, dims, enable, replicate, shard):
 
 
 def test_group_sizes_follow_rfc_examples(views):
-    hsdp = ParallelDims(world_size=8, dp_replicate=2, dp_shard=4).build_mesh("cpu")
+    hsdp = build_mesh(ParallelDims(world_size=8, dp_replicate=2, dp_shard=4), "cpu")
     roles = resolve_roles(hsdp["dp_replicate", "fsdp"], None)  # rank_size 8, shard 4, dp 2
     assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 4, 2)
-    pure = ParallelDims(world_size=8, dp_shard=8).build_mesh("cpu")
+    pure = build_mesh(ParallelDims(world_size=8, dp_shard=8), "cpu")
     roles = resolve_roles(pure["dp_replicate", "fsdp"], False)  # rank_size 8, shard 1, dp 8
     assert (roles.rank_size, roles.shard_size, roles.dp_size) == (8, 1, 8)
 

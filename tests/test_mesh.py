@@ -16,6 +16,7 @@ import re
 import pytest
 
 from hyper_parallel.mesh import ParallelDims, valid_choices
+from hyper_parallel.mesh_views import build_mesh
 
 ALL_DIMS = ("dp_replicate", "dp_shard", "cp", "tp", "fsdp", "dp", "dp_cp", "efsdp", "ep", "etp")
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
@@ -812,7 +813,7 @@ def _rank_cases():
 def test_device_mesh_groups(kwargs, expected, rank):
     dims = ParallelDims(**kwargs)
     with fake_process_group(dims.world_size, rank) as dist:
-        views = dims.build_mesh("cpu")
+        views = build_mesh(dims, "cpu")
         for dim in ALL_DIMS:
             if dim not in expected:
                 with pytest.raises(ValueError, match=r"unknown mesh dim"):
@@ -879,12 +880,12 @@ def test_build_mesh_needs_matching_process_group():
     dims = ParallelDims(**LAYOUT_A)
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
-        dims.build_mesh("cpu")
+        build_mesh(dims, "cpu")
     with (
         fake_process_group(4, 0),
         pytest.raises(ValueError, match=r"the process group has 4 ranks but ParallelDims.world_size=8"),
     ):
-        dims.build_mesh("cpu")
+        build_mesh(dims, "cpu")
 
 
 # --------------------------------------------------------------------------------------------
@@ -948,7 +949,7 @@ def test_device_mesh_with_pp(rank):
     views["dp_replicate", "fsdp"] stays inside its stage."""
     dims = ParallelDims(world_size=8, pp=2, dp_shard=2, tp=2)
     with fake_process_group(8, rank) as dist:
-        views = dims.build_mesh("cpu")
+        views = build_mesh(dims, "cpu")
         assert views.dense.mesh_dim_names == ("pp", "dp_replicate", "dp_shard", "cp", "tp")
         assert views.all_group_ranks("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
         assert dist.get_process_group_ranks(views["pp"].get_group()) == [rank % 4, rank % 4 + 4]

@@ -43,7 +43,8 @@ from hyper_parallel.benchmark.measure import (
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_views import MeshViews
+from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_views import MeshViews, build_mesh
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.rank_lifetime import run_rank
@@ -92,8 +93,8 @@ def build_model(impl: str, base: Transformer, dims: ParallelDims, views: MeshVie
     mesh otherwise (a size-1 mesh dim would cost DTensor dispatch time on every optimizer op).
     """
     model = copy.deepcopy(base)
-    parallelize_transformer_tp(model, views["tp"], sequence_parallel=False)
-    mesh = views["dp_replicate", "fsdp"] if dims.dp_replicate > 1 else views["fsdp"]
+    parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=False)
+    mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP] if dims.dp_replicate > 1 else views[MeshDim.FSDP]
     shard = fully_shard if impl == "ours" else torch_fully_shard
     for layer in model.layers:
         shard(layer, mesh=mesh)
@@ -140,7 +141,7 @@ def run_config(
     overlap: bool = True,
 ) -> dict:
     dims = ParallelDims(**config.degrees)
-    views = dims.build_mesh(device.type)
+    views = build_mesh(dims, device.type)
     model_config = TransformerConfig(
         vocab_size=shape.vocab_size,
         d_model=shape.d_model,

@@ -27,6 +27,7 @@ from hyper_parallel.fsdp.param import ParamLayout, ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
 from hyper_parallel.fsdp.roles import MeshRoles, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
+from hyper_parallel.mesh_dims import MeshDim
 
 SHARDED_BY_ATTR = "_hp_sharded_by"
 """Set on the sharded DTensor parameter a unit registers: applying fully_shard to a module inside an
@@ -43,7 +44,7 @@ def _default_mesh() -> DeviceMesh:
     if not dist.is_initialized():
         raise RuntimeError("fully_shard needs torch.distributed initialised (init_process_group) first")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    return init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=(MeshDim.FSDP,))
 
 
 def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -> ParamLayout:

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh
 
-MODEL_PARALLEL_DIMS = ("tp", "ep", "etp")
-REPLICATE_DIM = "dp_replicate"
+from hyper_parallel.mesh_dims import MeshDim
+
+MODEL_PARALLEL_DIMS = (MeshDim.TP, MeshDim.EP, MeshDim.ETP)
+REPLICATE_DIM = MeshDim.DP_REPLICATE
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from hyper_parallel import trace
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.models.transformer import Transformer
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
@@ -106,7 +107,7 @@ class TracedPipelineStage(PipelineStage):
                 {
                     "kind": "collective",
                     "op": op,
-                    "group": "pp",
+                    "group": MeshDim.PP,
                     "ranks": sorted({recorder.rank, *peer_ranks}),
                     "bytes": _nbytes(ops),
                     "dtype": str(ops[0].tensor.dtype).removeprefix("torch."),

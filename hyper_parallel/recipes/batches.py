@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 
 
 def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor:
@@ -17,7 +18,7 @@ def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor
     if tensor.shape[0] % dims.dp:
         raise ValueError(f"global batch {tensor.shape[0]} is not divisible by dp={dims.dp}")
     rows = tensor.shape[0] // dims.dp
-    index = dims.coordinates(dist.get_rank())["dp"]
+    index = dims.coordinates(dist.get_rank())[MeshDim.DP]
     return tensor[index * rows : (index + 1) * rows]
 
 
@@ -27,4 +28,4 @@ def sequence_positions(seq_len: int, dims: ParallelDims) -> torch.Tensor:
         return torch.arange(seq_len)
     from hyper_parallel.parallel.cp import load_balanced_positions
 
-    return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())["cp"])
+    return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())[MeshDim.CP])

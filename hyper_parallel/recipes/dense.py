@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.mlp import MLP, MLPConfig, mlp_batch
 from hyper_parallel.recipes.batches import data_parallel_rows
@@ -22,7 +23,7 @@ def _mlp_workload(dims: ParallelDims, views: MeshViews, seed: int, enable_param_
     torch.manual_seed(seed)
     model = MLP(config)
     reference = copy.deepcopy(model)
-    mesh = views["dp_replicate", "fsdp"]
+    mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     for block in model.blocks:
         fully_shard(block, mesh=mesh, enable_param_shard=enable_param_shard)
     fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)

@@ -15,6 +15,7 @@ import torch
 
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.moe import MoE
 from hyper_parallel.models.transformer import Transformer, TransformerConfig
@@ -34,20 +35,24 @@ def _moe_layers(model: Transformer) -> list:
 def apply_expert_parallel(model: Transformer, dims: ParallelDims, views: MeshViews, dispatch: str) -> None:
     """EP (etp 1) or EP+ETP on every MoE feed-forward. Under SP with etp == 1 the router and shared
     expert see only this rank's sequence shard: their gradients are partial over tp (marked)."""
-    mesh = views["ep", "etp"] if dims.etp > 1 else views["ep"]
+    mesh = views[MeshDim.EP, MeshDim.ETP] if dims.etp > 1 else views[MeshDim.EP]
     for layer in _moe_layers(model):
         parallelize_moe(layer.feed_forward, mesh, dispatch=dispatch)
         if dims.tp > 1 and dims.etp == 1:
             replicated = [layer.feed_forward.router, layer.feed_forward.shared]
             for param in (p for module in replicated if module is not None for p in module.parameters()):
-                mark_partial(param, "tp")
+                mark_partial(param, MeshDim.TP)
 
 
 def apply_dual_stack_fully_shard(model: Transformer, dims: ParallelDims, views: MeshViews) -> None:
-    dense = views["dp_replicate", "fsdp", "tp"] if dims.tp > 1 else views["dp_replicate", "fsdp"]
+    dense = (
+        views[MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP]
+        if dims.tp > 1
+        else views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
+    )
     for layer in model.layers:
         if isinstance(layer.feed_forward, MoE):
-            experts = fully_shard(layer.feed_forward.experts, mesh=views["dp_replicate", "efsdp"])
+            experts = fully_shard(layer.feed_forward.experts, mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP])
             experts.set_gradient_divide_factor(dims.dp_cp)
         fully_shard(layer, mesh=dense)
     fully_shard(model, mesh=dense)
@@ -57,7 +62,7 @@ def moe_workload(dims: ParallelDims, views: MeshViews, seed: int, dispatch: str 
     torch.manual_seed(seed)
     model = Transformer(MOE_CONFIG)
     reference = copy.deepcopy(model)
-    parallelize_transformer_tp(model, views["tp"], sequence_parallel=True, moe_tokens_replicated=dims.etp > 1)
+    parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=True, moe_tokens_replicated=dims.etp > 1)
     apply_expert_parallel(model, dims, views, dispatch)
     if dims.cp > 1:
         apply_context_parallel(model, views)

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from hyper_parallel import trace
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel.pipeline import TracedPipelineStage, build_schedule, split_transformer
@@ -75,9 +76,9 @@ class PipelineStep(nn.Module):
         self.is_last = any(module.last for _, module in stages)
         self.is_first = any(module.first for _, module in stages)
         self.optimizer = torch.optim.SGD([p for p in self.parameters()], lr=lr)
-        self.pp_group = views["pp"].get_group()
-        self.pp_ranks = dims.group_of("pp", dist.get_rank())
-        self.rank0_partners = dims.group_of("pp", 0)  # rank 0 and the ranks of its data slice in later stages
+        self.pp_group = views[MeshDim.PP].get_group()
+        self.pp_ranks = dims.group_of(MeshDim.PP, dist.get_rank())
+        self.rank0_partners = dims.group_of(MeshDim.PP, 0)  # rank 0 and the ranks of its data slice in later stages
         if mirror_of is not None:  # rank 0: frozen copies of every parameter it does not hold
             for name, module in mirror_of.named_children():
                 if name == "layers":
@@ -131,7 +132,7 @@ def _owners(config: TransformerConfig, dims: ParallelDims, stages_per_rank: int)
     """Full parameter name -> the rank of rank 0's data slice whose stage holds it."""
     model = Transformer(config)
     owners = {}
-    partners = dims.group_of("pp", 0)
+    partners = dims.group_of(MeshDim.PP, 0)
     for pp_rank, rank in enumerate(partners):
         for _, stage in split_transformer(model, dims.pp, pp_rank, stages_per_rank):
             for name, _ in stage.named_parameters():
@@ -154,18 +155,18 @@ def pipeline_workload(
     model = Transformer(config)
     reference = copy.deepcopy(model)
     rank = dist.get_rank()
-    parallelize_transformer_tp(model, views["tp"], sequence_parallel=False)
+    parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=False)
     if dims.ep > 1:
         from hyper_parallel.recipes.moe import apply_expert_parallel
 
         apply_expert_parallel(model, dims, views, dispatch="all_to_all")
-    pp_rank = dims.coordinates(rank)["pp"]
+    pp_rank = dims.coordinates(rank)[MeshDim.PP]
     stages = split_transformer(model, dims.pp, pp_rank, stages_per_rank)
-    fsdp_mesh = views["dp_replicate", "fsdp"]
+    fsdp_mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     for _, stage in stages:
         for layer in stage.layers.values():
             if dims.ep > 1 and hasattr(layer.feed_forward, "experts"):
-                experts = fully_shard(layer.feed_forward.experts, mesh=views["dp_replicate", "efsdp"])
+                experts = fully_shard(layer.feed_forward.experts, mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP])
                 experts.set_gradient_divide_factor(dims.dp_cp)
             fully_shard(layer, mesh=fsdp_mesh)
         if stage.first or stage.last:
@@ -178,7 +179,7 @@ def pipeline_workload(
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
     rows = local_tokens.shape[0] // microbatches
     hidden = torch.zeros(rows, config.seq_len, config.d_model, requires_grad=True)  # its gradient goes back
-    pp_group = views["pp"].get_group()
+    pp_group = views[MeshDim.PP].get_group()
     pipeline_stages = [
         TracedPipelineStage(
             stage,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hyper_parallel.mesh import DEGREE_NAMES, ParallelDims
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import DEGREE_NAMES
 
 DEGREE_KEYS = ("world_size",) + DEGREE_NAMES
 

@@ -14,6 +14,7 @@ import torch
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
@@ -36,7 +37,7 @@ def apply_context_parallel(model: Transformer, views: MeshViews, scheme: str = "
 
     if scheme not in SEQUENCE_SCHEMES:
         raise ValueError(f"scheme must be one of {SEQUENCE_SCHEMES}, got {scheme!r}")
-    cp = GroupInfo.from_mesh(views["cp"], ("cp",))
+    cp = GroupInfo.from_mesh(views[MeshDim.CP], (MeshDim.CP,))
     attention = ulysses_attention if scheme == "ulysses" else functools.partial(context_parallel_attention, impl=scheme)
     for layer in model.layers:
         layer.attention.core = functools.partial(_cp_core, attention=attention, cp=cp)
@@ -48,7 +49,7 @@ def _cp_core(q, k, v, positions, *, attention, cp):
 
 def apply_fully_shard(model: Transformer, views: MeshViews, enable_param_shard: bool | None) -> None:
     """Bottom-up: each transformer block is one unit, the root (embeddings, final norm, head) another."""
-    mesh = views["dp_replicate", "fsdp"]
+    mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     for layer in model.layers:
         fully_shard(layer, mesh=mesh, enable_param_shard=enable_param_shard)
     fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)
@@ -67,7 +68,7 @@ def transformer_workload(
     torch.manual_seed(seed)
     model = Transformer(config)
     reference = copy.deepcopy(model)
-    parallelize_transformer_tp(model, views["tp"], sequence_parallel=sequence_parallel)
+    parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=sequence_parallel)
     if dims.cp > 1:
         apply_context_parallel(model, views, sequence_scheme)
     apply_fully_shard(model, views, enable_param_shard)

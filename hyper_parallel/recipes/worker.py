@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hyper_parallel import trace
 from hyper_parallel.fsdp import FullyShardModule
 from hyper_parallel.fsdp.summary import describe_units
+from hyper_parallel.mesh_views import build_mesh
 from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.training import train_and_compare
@@ -56,7 +57,7 @@ def run_one(spec: dict, device_type: str) -> None:
     rank = dist.get_rank()
     recipe = registry.get(spec["recipe"])
     dims = recipe.validate(world_size=dist.get_world_size(), **spec["degrees"])
-    views = dims.build_mesh(device_type)
+    views = build_mesh(dims, device_type)
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     build = _load(recipe.implementation)

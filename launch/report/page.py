@@ -16,10 +16,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import DEGREE_NAMES
 from launch.report.run_data import LogFile, RunData
 from launch.report.style import PRINT_SCRIPT, STYLESHEET
 
-DEGREE_ORDER = ("world_size", "dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
+DEGREE_ORDER = ("world_size", *DEGREE_NAMES)
 FIGURE_DPI = 110
 
 # name -> (title, what to notice); names are hyper_parallel.viz.FIGURES

@@ -19,6 +19,7 @@ from hyper_parallel.cost_model import estimate, get_model, recipe_model
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.review import CandidateReview, review_layouts, short_label
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from launch.report.run_data import RunData
 
 AT_SCALE_WORLD = 512
@@ -45,10 +46,10 @@ class AtScale:
 
 def scaled_degrees(dims: ParallelDims, world_size: int) -> dict[str, int]:
     """The module docstring's rule: model-parallel degrees kept, the data-parallel dims fill the world."""
-    degrees = {k: getattr(dims, k) for k in ("cp", "tp", "ep", "etp") if getattr(dims, k) > 1}
+    degrees = {k: getattr(dims, k) for k in (MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP) if getattr(dims, k) > 1}
     if dims.dp_replicate > 1 and dims.dp_shard > 1:
-        degrees["dp_shard"] = dims.dp_shard
-        degrees["dp_replicate"] = world_size // (dims.dp_shard * dims.cp * dims.tp)
+        degrees[MeshDim.DP_SHARD] = dims.dp_shard
+        degrees[MeshDim.DP_REPLICATE] = world_size // (dims.dp_shard * dims.cp * dims.tp)
     return degrees
 
 

@@ -14,21 +14,22 @@ import os
 import ipywidgets as widgets
 
 from hyper_parallel.mesh import ParallelDims, valid_choices
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from launch.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command, degrees_text, png_bytes
 
-DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
-PICKER_DEGREES = ("pp", *DEGREES)
+DEGREES = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
+PICKER_DEGREES = (MeshDim.PP, *DEGREES)
 """The picker's selectors: pp first (outermost); recipes that do not pipeline only offer pp=1."""
 HELP = {
     "world_size": "number of ranks (worker processes)",
-    "dp_replicate": "replica groups: gradients all-reduced across them (HSDP's outer dim)",
-    "dp_shard": "ranks that shard parameters (FSDP)",
-    "cp": "context parallel: the sequence is split over these ranks",
-    "tp": "tensor parallel: weights are split over these ranks (innermost, contiguous)",
-    "ep": "expert parallel: experts spread over these ranks (borrowed, not a factor of world_size)",
-    "etp": "expert tensor parallel: each expert's hidden dim split (1 or tp)",
-    "pp": "pipeline parallel: the layers split into stages (outermost: each stage is a block of ranks)",
+    MeshDim.DP_REPLICATE: "replica groups: gradients all-reduced across them (HSDP's outer dim)",
+    MeshDim.DP_SHARD: "ranks that shard parameters (FSDP)",
+    MeshDim.CP: "context parallel: the sequence is split over these ranks",
+    MeshDim.TP: "tensor parallel: weights are split over these ranks (innermost, contiguous)",
+    MeshDim.EP: "expert parallel: experts spread over these ranks (borrowed, not a factor of world_size)",
+    MeshDim.ETP: "expert tensor parallel: each expert's hidden dim split (1 or tp)",
+    MeshDim.PP: "pipeline parallel: the layers split into stages (outermost: each stage is a block of ranks)",
 }
 
 
@@ -36,7 +37,7 @@ def valid_meshes(recipe: str, world_size: int) -> list[ParallelDims]:
     """Every mesh of ``world_size`` ranks that ``recipe`` accepts (its constraints and shapes included)."""
     spec = registry.get(recipe)
     meshes = []
-    for dims in valid_choices(world_size, pipeline="pp" in spec.must_exceed_one):
+    for dims in valid_choices(world_size, pipeline=MeshDim.PP in spec.must_exceed_one):
         try:
             meshes.append(spec.validate(**dims.degrees()))
         except ValueError:
@@ -153,10 +154,10 @@ class DegreePicker(widgets.VBox):
     def degrees(self) -> dict[str, int]:
         """The current selection, ``world_size`` first: pass it to ``launch.run(recipe, **degrees)``
         (``pp`` only when a pipeline recipe selects pp > 1)."""
-        pp = self.selectors["pp"].value
+        pp = self.selectors[MeshDim.PP].value
         return {
             "world_size": self.world_size,
-            **({"pp": pp} if pp != 1 else {}),
+            **({MeshDim.PP: pp} if pp != 1 else {}),
             **{name: self.selectors[name].value for name in DEGREES},
         }
 
@@ -213,9 +214,9 @@ class DegreePicker(widgets.VBox):
             self.world_selector.options = sorted(set(worlds) | {world})
             self.world_selector.value = world
             values = {name: wanted.get(name, 1) for name in PICKER_DEGREES}
-            if values["dp_shard"] in (None, -1):  # "infer", as ParallelDims does
-                others = values["dp_replicate"] * values["cp"] * values["tp"] * values["pp"]
-                values["dp_shard"] = world // others if others and world % others == 0 else 1
+            if values[MeshDim.DP_SHARD] in (None, -1):  # "infer", as ParallelDims does
+                others = values[MeshDim.DP_REPLICATE] * values[MeshDim.CP] * values[MeshDim.TP] * values[MeshDim.PP]
+                values[MeshDim.DP_SHARD] = world // others if others and world % others == 0 else 1
             offered = self._offered(world)
             for name in PICKER_DEGREES:
                 selector = self.selectors[name]

@@ -22,6 +22,7 @@ from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.layouts import candidate_layouts, nearest_valid, nodes_spanned
 from hyper_parallel.cost_model.step_time import estimate_step
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.planning import plan_figure, short_degrees
 from launch.plan import MESH_DIMS, torchrun_command
 from launch.widgets.display import png_bytes, table
@@ -107,9 +108,9 @@ class PlanWidget(widgets.VBox):
             ]
         )
         wanted = {name: degrees.get(name, 1) for name in DEGREES}
-        if degrees.get("dp_shard", -1) == -1:  # "whatever is left", as ParallelDims infers it
-            others = wanted["dp_replicate"] * wanted["cp"] * wanted["tp"]
-            wanted["dp_shard"] = world_size // others if world_size % others == 0 else 1
+        if degrees.get(MeshDim.DP_SHARD, -1) == -1:  # "whatever is left", as ParallelDims infers it
+            others = wanted[MeshDim.DP_REPLICATE] * wanted[MeshDim.CP] * wanted[MeshDim.TP]
+            wanted[MeshDim.DP_SHARD] = world_size // others if world_size % others == 0 else 1
         self._load(wanted)
 
     # ------------------------------------------------------------------ public API

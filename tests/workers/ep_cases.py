@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from hyper_parallel import trace
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_views import build_mesh
 from hyper_parallel.models.moe import MoE, MoEConfig
 from hyper_parallel.parallel.ep import parallelize_moe
 
@@ -83,7 +84,7 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
     dims = ParallelDims(world_size=world, **spec["dims"])
     key = tuple(sorted(spec["dims"].items()))
     if key not in views_cache:
-        views_cache[key] = dims.build_mesh("cpu")
+        views_cache[key] = build_mesh(dims, "cpu")
     views = views_cache[key]
     etp = dims.etp > 1
     config = MoEConfig(

@@ -1,7 +1,7 @@
 """torchrun worker for tests/test_fully_shard.py: the test matrix of docs/design.md §3 (cases 1-10).
 
 One launch runs many cases in one gloo process group (a torchrun start costs 10-19 s here). Every
-case builds its own ``ParallelDims(world_size=W, ...).build_mesh("cpu")`` views, trains a tiny model
+case builds its own ``build_mesh(ParallelDims(world_size=W, ...), "cpu")`` views, trains a tiny model
 with our ``fully_shard`` for two SGD steps next to
 
 * an unparallelized deepcopy trained on the global batch (the reference), and where asked
@@ -49,6 +49,7 @@ from hyper_parallel import trace
 from hyper_parallel.fsdp import MixedPrecisionPolicy, fully_shard
 from hyper_parallel.fsdp.state_dict import get_full_state_dict, load_full_state_dict
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_views import build_mesh
 from hyper_parallel.models.mlp import MLP, MLPBlock, MLPConfig, mlp_batch
 from hyper_parallel.parallel.tp_local import parallelize_mlp_local
 
@@ -292,7 +293,7 @@ def fsdp_1d(res: Result) -> None:
     """Case 1, FSDP 1-D over 4 ranks (``mesh=views["fsdp"]``, the torch FSDP2 call unchanged): RS only,
     equal to the reference and to torch FSDP2."""
     dims = ParallelDims(world_size=4)
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(1)
     reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
     apply_ours(model, views["fsdp"])
@@ -314,7 +315,7 @@ def hsdp(res: Result) -> None:
     """Case 2, HSDP on (dp_replicate=2, fsdp=2): RS on fsdp + AR on dp_replicate; equal to the
     reference and to torch FSDP2 on the same 2-D mesh."""
     dims = ParallelDims(world_size=4, dp_replicate=2, dp_shard=2)
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(2)
     reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
     apply_ours(model, views["dp_replicate", "fsdp"])
@@ -333,7 +334,7 @@ def hsdp(res: Result) -> None:
 
 def _pure_tp(res: Result, mark_partial_grads: bool, seed: int) -> None:
     dims = ParallelDims(world_size=4, dp_shard=2, tp=2)
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(seed)
     reference = copy.deepcopy(model)
     model = parallelize_mlp_local(model, views["tp"], mark_partial_grads=mark_partial_grads)
@@ -366,7 +367,7 @@ def pure_tp_unfixed(res: Result) -> None:
 def _local_tp(res: Result, dims: ParallelDims, seed: int, mesh_dims: tuple[str, ...], **kwargs) -> None:
     """Local-tensor TP+SP over views["tp"] (partial grads marked), then fully_shard on views[mesh_dims]
     for every unit, the root included (its inp / head weights are plain tensors)."""
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(seed)
     reference = copy.deepcopy(model)
     model = parallelize_mlp_local(model, views["tp"], mark_partial_grads=True)
@@ -406,9 +407,9 @@ def rebuilt_mesh(res: Result) -> None:
     tp mesh object; fully_shard used to compare root meshes with ``is`` and raised "... do not share
     a root mesh". Must train like any other build."""
     dims = ParallelDims(world_size=4, dp_shard=2, tp=2)
-    first = dims.build_mesh("cpu")
+    first = build_mesh(dims, "cpu")
     parallelize_mlp_local(new_mlp(40), first["tp"], mark_partial_grads=True)  # DTensor ops on build 1
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(40)
     reference = copy.deepcopy(model)
     model = parallelize_mlp_local(model, views["tp"], mark_partial_grads=True)
@@ -423,7 +424,7 @@ def mixed_precision(res: Result) -> None:
     """Case 8, FSDP 1-D with param_dtype=bf16, reduce_dtype=fp32, ours next to torch FSDP2 with the
     same policy: AG in bf16, RS in fp32; ours == torch tightly, ours ~ fp32 reference (bf16 bound)."""
     dims = ParallelDims(world_size=4)
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(9)
     reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
     apply_ours(
@@ -460,7 +461,7 @@ def _accumulate(
 ) -> None:
     """Two optimizer steps, each of two micro-batches (this rank's rows split in half, loss / 2);
     ``skip(model, first_micro)`` switches synchronisation. Trace step label = 2*step + micro."""
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(seed)
     reference = copy.deepcopy(model)
     apply_ours(model, views[mesh_names])
@@ -535,7 +536,7 @@ def _accumulate_unused(
 ) -> None:
     """Micro-batch 0 trains head 0, micro-batch 1 head 1, synchronisation switched by ``skip``; the
     accumulated gradients must equal one process's gradient of the sum of both global losses."""
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     torch.manual_seed(23)
     model = TwoHeads()
     reference = copy.deepcopy(model)
@@ -590,7 +591,7 @@ def state_dict_round_trip(res: Result) -> None:
     -> identical local shards; (c) the DTensor state dict loaded in memory into fresh D; A, B, C, D
     take one more step: identical losses and parameters; (d) torch.save(A.state_dict()) itself."""
     dims = ParallelDims(world_size=4)
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     mesh = views["fsdp"]
     model_a = new_mlp(30)
     reference = copy.deepcopy(model_a)
@@ -679,7 +680,7 @@ def dp_tp(res: Result) -> None:
     fully_shard on (dp_replicate, fsdp). In forward the TP placement stays (w1 is a DTensor on tp with
     Shard(0)); backward: RS on fsdp + AR on dp_replicate. Equal to the reference and to torch FSDP2+TP."""
     dims = ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2)
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     model = new_mlp(3)
     reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
     for m in (model, theirs):
@@ -754,7 +755,7 @@ def dp_tp_ep(res: Result) -> None:
     gathers only the efsdp dim: ep / etp placements identical before and after. The ranks of one
     ep x etp group share data (efsdp index = data slice), so DTensor ops compute exact gradients."""
     dims = ParallelDims(world_size=8, dp_shard=4, tp=2, ep=2, etp=2)
-    views = dims.build_mesh("cpu")
+    views = build_mesh(dims, "cpu")
     torch.manual_seed(4)
     model = DenseAndExperts()
     reference = copy.deepcopy(model)

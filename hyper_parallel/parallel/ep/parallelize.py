@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch.distributed.device_mesh import DeviceMesh
 
 from hyper_parallel.comm import GroupInfo
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.models.moe import GroupedExperts, MoE
 from hyper_parallel.parallel.autograd_comm import GatherFromSequenceParallel, ScatterToSequenceParallel
 from hyper_parallel.parallel.ep.all_gather import AllGatherExpertParallelExperts
@@ -25,7 +26,7 @@ def _expert_mesh(mesh: DeviceMesh, etp_mesh: DeviceMesh | None) -> DeviceMesh:
             )
         mesh = DeviceMesh._concatenate([mesh, etp_mesh])
     names = tuple(mesh.mesh_dim_names or ())
-    if names not in (("ep",), ("ep", "etp")):
+    if names not in ((MeshDim.EP,), (MeshDim.EP, MeshDim.ETP)):
         raise ValueError(
             f"parallelize_moe needs a mesh with dims ('ep',) or ('ep', 'etp') (e.g. views['ep'] or "
             f"views['ep', 'etp']); got {names or 'an unnamed mesh'}"
@@ -60,8 +61,8 @@ def parallelize_moe(
     if dispatch not in EXPERTS_BY_DISPATCH:
         raise ValueError(f"unknown dispatch={dispatch!r}; choose one of {', '.join(map(repr, EXPERTS_BY_DISPATCH))}")
     mesh = _expert_mesh(mesh, etp_mesh)
-    ep = GroupInfo.from_mesh(mesh, ("ep",))
-    etp = GroupInfo.from_mesh(mesh, ("etp",)) if mesh.ndim == 2 else None
+    ep = GroupInfo.from_mesh(mesh, (MeshDim.EP,))
+    etp = GroupInfo.from_mesh(mesh, (MeshDim.ETP,)) if mesh.ndim == 2 else None
     config = moe.config
     if config.num_experts % ep.size:
         raise ValueError(
