@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 RUNS ?= runs
 
-.PHONY: install workbook test test-fast lab clean
+.PHONY: install workbook lint test test-fast lab clean
 
 install: $(VENV)/.installed
 
@@ -28,11 +28,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 workbook: install
 	$(VPY) -m launch workbook --out $(RUNS)
 
-test: install
+# ruff (lint + format check) and the import contracts of pyproject.toml: a layering breach or an
+# import circle fails here, before any test runs.
+lint: install
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(VPY) -m pytest
 
-# The tests that start no workers (about 3 minutes here): for quick loops while editing.
-test-fast: install
+# The tests that start no workers (under a minute here): for quick loops while editing.
+test-fast: lint
 	$(VPY) -m pytest -m "not distributed"
 
 lab: install

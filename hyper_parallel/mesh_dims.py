@@ -1,8 +1,8 @@
 """The names of the mesh dims, defined once (docs/design.md §2).
 
 Code that names a dim (a view lookup ``views[MeshDim.TP]``, a group, a mesh's ``mesh_dim_names``)
-takes it from here, so a typo is an ``AttributeError`` at import rather than a mesh that is not found
-at run time. The values are plain strings: a DeviceMesh, a trace file and an error message show
+takes it from here, so a typo is an ``AttributeError`` naming the typo where it runs (and an error in
+any type checker or editor) rather than a mesh that is not found. The values are plain strings: a DeviceMesh, a trace file and an error message show
 ``"tp"``, and ``ParallelDims(tp=2)`` keeps its keyword arguments.
 """
 

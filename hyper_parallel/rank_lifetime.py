@@ -16,6 +16,11 @@ destructors then run while those threads do, and on a loaded machine that ended 
 benchmark rank with "terminate called without an active exception" (SIGABRT).  So a rank
 destroys its process groups, runs the ``atexit`` handlers, flushes its output and leaves with
 ``os._exit``: no teardown runs, so none can abort.
+
+An uncaught exception is recorded first, as torch's ``@record`` does, in the JSON error file torchrun's
+agent names in ``TORCHELASTIC_ERROR_FILE`` (``<log dir>/<run id>/attempt_N/<rank>/error.json``:
+``{"message": {"message": "Type: text", "extraInfo": {"py_callstack": ..., "timestamp": ...}}}``),
+which the launcher reads to name the failing rank and its traceback (``launch.failure_report``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from typing import NoReturn
 AGENT_PID_ENV = "HYPER_PARALLEL_AGENT_PID"
 STATUS_DIR_ENV = "HYPER_PARALLEL_STATUS_DIR"
 FINISHED_FILE = "finished_rank{rank}"
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set per rank by torchrun's agent
+ERROR_FILE = "error.json"  # its name in the rank's log folder
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
@@ -96,18 +103,38 @@ def _exit_code(exit: SystemExit) -> int:
     return 1
 
 
+def record_error(error: BaseException) -> None:
+    """Write ``error`` (being handled) to this rank's error file, as torch's ``@record`` decorator does.
+
+    torch's ``ErrorHandler.record_exception`` writes it, in torch's format; torch is imported here, on
+    failure only, so a rank's own imports keep their order.  Without ``TORCHELASTIC_ERROR_FILE`` (not
+    under torchrun) nothing is written.  A failure to write is printed, never raised: the rank's
+    traceback still reaches its log, which the launcher reads when there is no error file.
+    """
+    if not os.environ.get(ERROR_FILE_ENV):
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        get_error_handler().record_exception(error)
+    except Exception as failure:  # the rank is failing already; its log still has the traceback
+        print(f"could not write the error file {os.environ[ERROR_FILE_ENV]}: {failure!r}", file=sys.stderr)
+
+
 def run_rank(main: Callable[[], int | None]) -> NoReturn:
     """Run a worker's ``main`` as a rank: tied to its agent, and ended by ``exit_rank``.
 
-    A return value or ``sys.exit`` code becomes the exit code; an exception is printed by
-    ``sys.excepthook`` (torch's, which names the rank) and exits with 1.
+    A return value or ``sys.exit`` code becomes the exit code; an exception is recorded in the rank's
+    error file (``record_error``, what torch's ``@record`` would do, before ``os._exit`` can skip it),
+    printed by ``sys.excepthook`` (torch's, which names the rank) and exits with 1.
     """
     tie_to_agent()
     try:
         code = main()
     except SystemExit as exit:
         code = _exit_code(exit)
-    except BaseException:  # reported, then the rank fails like an uncaught exception
+    except BaseException as error:  # recorded and reported, then the rank fails like an uncaught exception
+        record_error(error)
         sys.excepthook(*sys.exc_info())
         exit_rank(1, work_finished=False)
     exit_rank(code if isinstance(code, int) else 0)

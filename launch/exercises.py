@@ -257,7 +257,7 @@ def collective_count(
 ) -> int:
     """How many collectives (of ``op``, on ``group``, in ``phase``; None: any) rank ``rank`` issued in the
     run's last step, from its trace."""
-    from launch.workbook import collective_counts
+    from launch.notebook_tables import collective_counts
 
     return sum(
         n

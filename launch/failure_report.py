@@ -1,17 +1,22 @@
 """Why a launch failed, in words: which rank to blame, how it ended, and the lines that show it.
 
-Read from torchrun's own summary (its ``Failures:``/``Root Cause`` sections give each failed
-rank's exit code), each rank's output, and the files ranks write when their work has finished
-(``hyper_parallel.rank_lifetime``).
+First from the error files: a rank that raises records its exception (type, message, traceback,
+time) in the JSON file torchrun's agent gave it (``hyper_parallel.rank_lifetime.record_error``, torch's
+``@record`` format); the first one written names the rank.  Without one (a rank killed by a signal,
+exiting with a code, hanging) from torchrun's own summary (its ``Failures:``/``Root Cause`` sections
+give each failed rank's exit code), each rank's output, and the files ranks write when their work has
+finished (``hyper_parallel.rank_lifetime``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
-from hyper_parallel.rank_lifetime import FINISHED_FILE
+from hyper_parallel.rank_lifetime import ERROR_FILE, FINISHED_FILE
 
 MAX_ERROR_LINES = 60
 STDERR_TAIL_LINES = 15
@@ -22,6 +27,39 @@ ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
 FIELD_RE = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
 PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 """gloo's errors on a rank whose peer went away: a consequence of another rank's failure."""
+ERROR_FILE_GLOB = f"*/attempt_*/*/{ERROR_FILE}"  # in torchrun's --log-dir: <run id>/attempt_N/<rank>/
+
+
+@dataclass(frozen=True)
+class RankError:
+    """A rank's uncaught exception as its error file (torchrun's ``TORCHELASTIC_ERROR_FILE``) has it."""
+
+    rank: int
+    """The folder torchrun wrote the file in: the local rank, which is the global rank on our one node."""
+    exception: str
+    """The exception's type, e.g. ``RuntimeError`` (``<N/A>`` when the file gives no type)."""
+    message: str
+    """The exception's text (``str(error)``)."""
+    traceback: list[str]
+    """Its Python traceback, the lines ``traceback.format_exc()`` gave (empty when the file has none)."""
+    timestamp: int
+    """When it was written (seconds since the epoch: torch records whole seconds)."""
+    path: Path
+
+    @property
+    def lost_a_peer(self) -> bool:
+        """gloo's error on a rank whose peer went away first: a consequence, not the cause."""
+        return any(marker in line for line in (self.message, *self.traceback) for marker in PEER_LOSS)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The rank to blame (-1: none), the error text shown to the user, and the error file it came from."""
+
+    rank: int
+    error: str
+    rank_error: RankError | None = None
+    """The blamed rank's error file; None when the text came from torchrun's summary and the logs."""
 
 
 def error_lines(lines: list[str]) -> list[str]:
@@ -73,18 +111,107 @@ def _lost_a_peer(lines: list[str]) -> bool:
     return any(marker in line for line in error_lines(lines) for marker in PEER_LOSS)
 
 
-def failure(
-    logs: dict[int, list[str]], stderr: dict[int, list[str]], returncode: int, status_dir: Path
-) -> tuple[int, str]:
+def _read_error_file(path: Path) -> tuple[RankError, int] | None:
+    """The exception in one error file and the file's write time (ns); None if it is not torch's JSON."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        written = path.stat().st_mtime_ns
+        message = data["message"]
+        if isinstance(message, str):  # torch's other layout: {"message": "...", "timestamp": ...}
+            text, extra = message, {"timestamp": data.get("timestamp", 0)}
+        else:
+            text, extra = str(message.get("message", "")), message.get("extraInfo") or {}
+        timestamp = int(extra.get("timestamp", 0))
+        callstack = str(extra.get("py_callstack", ""))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # unreadable, half written (the rank was killed while writing it) or not torch's
+    exception, sep, text_only = text.partition(": ")
+    if not sep or " " in exception:
+        exception, text_only = "<N/A>", text
+    rank_error = RankError(
+        rank=int(path.parent.name),
+        exception=exception,
+        message=text_only,
+        traceback=callstack.splitlines() if callstack.strip() not in ("", "NoneType: None") else [],
+        timestamp=timestamp,
+        path=path,
+    )
+    return rank_error, written
+
+
+def rank_errors(log_dir: Path) -> list[RankError]:
+    """The error files of the latest attempt under torchrun's ``log_dir``, first written first.
+
+    Ordered by the timestamp in the file, then by the file's own write time (torch's timestamp has
+    one-second resolution; the peer of a failing rank often fails within the same second).
+    """
+    attempts = [
+        (int(folder.name.removeprefix("attempt_")), folder)
+        for folder in Path(log_dir).glob("*/attempt_*")
+        if folder.name.removeprefix("attempt_").isdigit()
+    ]
+    if not attempts:
+        return []
+    latest = max(attempts)[1]  # a restarted job's earlier files describe an attempt that is over
+    files = [path for path in latest.glob(f"*/{ERROR_FILE}") if path.parent.name.isdigit()]
+    read = [_read_error_file(path) for path in files]
+    ordered = sorted((entry for entry in read if entry is not None), key=lambda e: (e[0].timestamp, e[1], e[0].rank))
+    return [rank_error for rank_error, _ in ordered]
+
+
+def _blamed_error(
+    errors: list[RankError], codes: dict[int, int], root: int | None, logs: dict[int, list[str]]
+) -> RankError | None:
+    """The first recorded exception that is not a lost peer; None when a rank without an error file
+    (killed, exited with a code) is the likelier cause: then the logs decide. A rank killed by a signal
+    that torchrun names as its root cause wins over any file: it cannot write one, and a backend whose
+    follow-on errors are not in ``PEER_LOSS`` would otherwise blame the rank that only noticed it."""
+    recorded = {error.rank for error in errors}
+    if root is not None and root not in recorded and codes.get(root, 0) < 0:
+        return None
+    causes = [error for error in errors if not error.lost_a_peer]
+    if causes:
+        return causes[0]
+    silent = [rank for rank in codes if rank not in recorded and not _lost_a_peer(logs.get(rank, []))]
+    return None if silent or not errors else errors[0]
+
+
+def _from_error_file(rank_error: RankError, code: int) -> Failure:
+    """The failure message of a rank that recorded its exception: the traceback from its error file."""
+    detail = rank_error.traceback[-MAX_ERROR_LINES:] or [f"{rank_error.exception}: {rank_error.message}"]
+    header = f"rank {rank_error.rank} failed: {describe_exit(code)}"
+    if code < 0:
+        header += " while running (before its work finished)"
+    return Failure(rank_error.rank, "\n".join([header, *detail]), rank_error)
+
+
+def failure(logs: dict[int, list[str]], stderr: dict[int, list[str]], returncode: int, status_dir: Path) -> Failure:
     """The rank to blame and the error text.
 
-    The rank is torchrun's root cause, unless that rank only lost a peer (gloo's connection
-    errors) while another failed rank did not: torchrun's timestamps have one-second
-    resolution, so a rank failing because its peer died can be named first.  A rank killed by
-    a signal (the supervisor sends none before torchrun exits on its own) is told apart by
-    whether it had recorded the end of its work: then it crashed at exit.
+    A rank that recorded its exception in its error file (``rank_errors``) is blamed first: the
+    first one written, unless it only lost a peer (gloo's connection errors) while another rank
+    did not, then with the traceback from its file.  Without such a file, the rank is torchrun's
+    root cause, unless that rank only lost a peer while another failed rank did not: torchrun's
+    timestamps have one-second resolution, so a rank failing because its peer died can be named
+    first.  A rank killed by a signal (the supervisor sends none before torchrun exits on its own)
+    is told apart by whether it had recorded the end of its work: then it crashed at exit.
     """
     codes, root = _torchrun_failures(logs[-1])
+    rank_error = _blamed_error(rank_errors(status_dir), codes, root, logs)
+    if rank_error is not None:
+        return _from_error_file(rank_error, codes.get(rank_error.rank, returncode))
+    return Failure(*_from_logs(logs, stderr, returncode, status_dir, codes, root))
+
+
+def _from_logs(
+    logs: dict[int, list[str]],
+    stderr: dict[int, list[str]],
+    returncode: int,
+    status_dir: Path,
+    codes: dict[int, int],
+    root: int | None,
+) -> tuple[int, str]:
+    """The rank to blame and the error text from torchrun's summary and the ranks' output."""
     if root is None:
         with_traceback = [rank for rank in sorted(logs) if rank >= 0 and error_lines(logs[rank])]
         if not with_traceback:

@@ -20,42 +20,38 @@ json; ``--out X.html`` writes the self-contained page, another suffix the ``--fo
 knobs (``--micro-batch``, ``--grad-accum``, ``--ac``, ``--loss-parallel``, ``--reshard-after-forward``,
 ``--expert-shard-dim``) and the machine (``--hardware`` preset, ``--peak-tflops``, ``--intra-node-gbs``,
 ``--inter-node-gbs``, ``--memory-gib``, ``--memory-reserve-gib``) apply to every view.
+
+This module is the command line (flags, what runs for which of them); ``launch.plan_build`` builds a
+plan (mesh groups, cost, torchrun command) and ``launch.plan_render`` prints it.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from hyper_parallel.cost_model import CLI_MODELS, PRECISIONS, CostEstimate, ModelConfig, estimate, get_model
+from hyper_parallel.cost_model import CLI_MODELS, PRECISIONS, ModelConfig, get_model
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, HARDWARE, Hardware, get_hardware
-from hyper_parallel.cost_model.layouts import GIB, Bandwidth, TimedCollective, check_gpus_per_node
+from hyper_parallel.cost_model.layouts import check_gpus_per_node
 from hyper_parallel.cost_model.model_configs import AC_MODES
-from hyper_parallel.cost_model.ranking import RankedLayout, rank_layouts
-from hyper_parallel.cost_model.review import RESOLUTION, parse_layouts, review_layouts, warnings_of
-from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
+from hyper_parallel.cost_model.ranking import rank_layouts
+from hyper_parallel.cost_model.review import parse_layouts, review_layouts
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
-from hyper_parallel.recipes import registry
+from hyper_parallel.mesh_dims import DEGREE_NAMES
 
-MESH_DIMS = (
-    MeshDim.DP_REPLICATE,
-    MeshDim.DP_SHARD,
-    MeshDim.CP,
-    MeshDim.TP,
-    MeshDim.FSDP,
-    MeshDim.DP,
-    MeshDim.DP_CP,
-    MeshDim.EFSDP,
-    MeshDim.EP,
-    MeshDim.ETP,
-)
-RECIPE_OF_MODEL = {"small": "C", "small-moe": "C-MoE", "small-mlp": "M4"}
-"""The recipe whose worker trains a small preset on any mesh its shapes admit (for the torchrun command)."""
+# Building a plan and printing it live in their own modules; their names stay importable from here
+# (notebook 04 and tests/test_plan.py import make_plan and torchrun_command from launch.plan).
+from launch.plan_build import MESH_DIMS as MESH_DIMS
+from launch.plan_build import RECIPE_OF_MODEL as RECIPE_OF_MODEL
+from launch.plan_build import Plan as Plan
+from launch.plan_build import make_plan, torchrun_command
+from launch.plan_build import mesh_groups as mesh_groups
+from launch.plan_render import assumptions as assumptions
+from launch.plan_render import compare_json, plan_json, print_compare, print_plan
+from launch.plan_render import fmt_seconds as fmt_seconds
+from launch.plan_render import ranks_with_ties as ranks_with_ties
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,26 +108,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
 
 
-@dataclass(frozen=True)
-class Plan:
-    cost: CostEstimate
-    groups: dict[str, dict]  # mesh dim -> size, count, examples, the rank's group, nodes spanned
-    collectives: list[TimedCollective]
-    gpus_per_node: int
-    bandwidth: Bandwidth
-    rank: int
-    hardware: Hardware = DEFAULT_HARDWARE
-    step: StepEstimate | None = None
-
-    @property
-    def dims(self) -> ParallelDims:
-        return self.cost.dims
-
-    @property
-    def comm_seconds(self) -> float:
-        return sum(c.seconds for c in self.collectives)
-
-
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
     config = get_model(args.model)
     changes = {
@@ -157,293 +133,6 @@ def hardware_from_args(args: argparse.Namespace) -> Hardware:
         memory_gib=args.memory_gib,
         reserve_gib=args.memory_reserve_gib,
     )
-
-
-def mesh_groups(dims: ParallelDims, rank: int, gpus_per_node: int) -> dict[str, dict]:
-    """Every mesh dim of size > 1 as built by ``build_mesh`` on the fake process group."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from hyper_parallel.mesh_views import build_mesh  # torch: only when groups are asked for
-
-    if not 0 <= rank < dims.world_size:
-        raise ValueError(f"--rank {rank} is outside world_size={dims.world_size}")
-    if dist.is_initialized():
-        raise RuntimeError("a process group is already initialised in this process; plan needs its own fake one")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dims.world_size)
-    try:
-        views = build_mesh(dims, "cpu")
-        groups = {}
-        for dim in MESH_DIMS:
-            with contextlib.suppress(ValueError):  # efsdp / ep / etp exist only with experts
-                size = views[dim].size()
-                if size > 1:
-                    every = views.all_group_ranks(dim)
-                    groups[dim] = {
-                        "size": size,
-                        "count": len(every),
-                        "first_groups": every[:2],
-                        "rank_group": dist.get_process_group_ranks(views[dim].get_group()),
-                        "nodes_spanned": max(len({r // gpus_per_node for r in ranks}) for ranks in every),
-                    }
-        return groups
-    finally:
-        dist.destroy_process_group()
-
-
-def make_plan(
-    config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rank: int = 0, hardware: Hardware = DEFAULT_HARDWARE
-) -> Plan:
-    check_gpus_per_node(dims.world_size, gpus_per_node)
-    cost = estimate(config, dims)
-    step = estimate_step(cost, gpus_per_node, hardware)
-    return Plan(
-        cost,
-        mesh_groups(dims, rank, gpus_per_node),
-        step.timed,
-        gpus_per_node,
-        hardware.bandwidth,
-        rank,
-        hardware,
-        step,
-    )
-
-
-def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rdzv_endpoint: str) -> str:
-    """The multi-node command of ``launch command`` for this layout: the recipe worker when a recipe trains
-    this model on these degrees, otherwise the same torchrun line in front of your own training module."""
-    from launch.text_table import multinode_command
-
-    nnodes, per_node = max(1, dims.world_size // gpus_per_node), min(gpus_per_node, dims.world_size)
-    explicit = json.dumps({k: v for k, v in dims.degrees().items() if k != "world_size"})
-    recipe = _recipe_training(config, dims)
-    if recipe is not None:
-        worker = [
-            "-m",
-            "hyper_parallel.recipes.worker",
-            "--recipe",
-            recipe,
-            "--degrees",
-            explicit,
-            "--steps",
-            str(registry.get(recipe).steps),
-        ]
-        return multinode_command(nnodes, per_node, rdzv_endpoint, worker)
-    return (
-        "# no workbook recipe trains this model on these degrees: the same launch for your own trainer, which\n"
-        "# builds its meshes with build_mesh(ParallelDims(**degrees))\n"
-        + multinode_command(nnodes, per_node, rdzv_endpoint, ["-m", "your_training_module", "--degrees", explicit])
-    )
-
-
-def _recipe_training(config: ModelConfig, dims: ParallelDims) -> str | None:
-    """The recipe whose worker trains exactly this model (an unmodified small preset) on these degrees."""
-    recipe = RECIPE_OF_MODEL.get(config.name)
-    if recipe is None or config != get_model(config.name):
-        return None
-    try:
-        registry.get(recipe).validate(**dims.degrees())
-    except ValueError:
-        return None
-    return recipe
-
-
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) <= 8:
-        return str(ranks)
-    stride = ranks[1] - ranks[0]
-    regular = all(b - a == stride for a, b in zip(ranks, ranks[1:]))
-    shape = f"stride {stride}" if regular else "irregular"
-    return f"[{ranks[0]}, {ranks[1]}, {ranks[2]}, ..., {ranks[-1]}] ({len(ranks)} ranks, {shape})"
-
-
-def plan_json(plan: Plan, command: str) -> dict:
-    cost = plan.cost
-    return {
-        "degrees": plan.dims.degrees(),
-        "model": cost.config.name,
-        "parameters": cost.parameter_count,
-        "seq_len": cost.config.seq_len,
-        "global_batch": cost.config.global_batch,
-        "precision": cost.config.precision.name,
-        "gpus_per_node": plan.gpus_per_node,
-        "rank": plan.rank,
-        "groups": plan.groups,
-        "memory": cost.memory.as_dict(),
-        "communication": [c.__dict__ for c in plan.collectives],
-        "comm_seconds": plan.comm_seconds,
-        "step": _step_json(plan.step),
-        "hardware": plan.hardware.name,
-        "memory_budget_bytes": plan.hardware.budget_bytes,
-        "fits": cost.memory.total <= plan.hardware.budget_bytes,
-        "warnings": warnings_of(cost, plan.hardware, plan.gpus_per_node),
-        "assumptions": assumptions(plan.cost.config, plan.bandwidth, plan.hardware),
-        "command": command,
-    }
-
-
-def _step_json(step: StepEstimate) -> dict:
-    return {
-        "flops_per_rank": step.flops.total,
-        "model_flops_per_rank": step.flops.model,
-        "recompute_flops_per_rank": step.flops.recompute,
-        "seconds": step.seconds,
-        "seconds_range": [step.fast.total, step.slow.total],
-        "mfu": step.middle.mfu,
-        "compute_seconds": step.middle.compute,
-        "critical_seconds": step.middle.critical,
-        "exposed_seconds": step.middle.exposed,
-        "hidden_seconds": step.middle.hidden,
-        "inter_node_bytes": step.inter_node_bytes,
-    }
-
-
-def assumptions(config: ModelConfig, bandwidth: Bandwidth, hardware: Hardware = DEFAULT_HARDWARE) -> list[str]:
-    p = config.precision
-    return [
-        f"precision {p.name}: sharded parameters and gradients {p.storage} B/element, all-gathers and "
-        f"activations {p.compute} B, gradient reduction {p.reduce} B, optimizer state {p.optimizer_state} B "
-        f"per parameter element",
-        f"memory: sharded state exact (padding included); activations estimated (activation checkpointing "
-        f"{config.activation_checkpointing}, fused attention, one micro-batch resident); see "
-        f"hyper_parallel.cost_model.memory",
-        "communication: bytes per collective as traced (full buffers); EP rows assume balanced routing",
-        "time per collective: " + bandwidth.describe(),
-        "step: FLOPs per matmul (6 N + 12 L s d per token, recomputation added; cost_model.compute) at the "
-        "efficiency range of " + hardware.describe() + "; FSDP/HSDP collectives overlap compute (prefetch, "
-        "async reduce-scatter), TP/CP/EP ones are on the critical path (cost_model.step_time)",
-    ]
-
-
-def print_plan(plan: Plan, command: str) -> None:
-    from hyper_parallel.viz.style import fmt_bytes
-
-    cost, dims = plan.cost, plan.dims
-    nodes, per_node = max(1, dims.world_size // plan.gpus_per_node), min(plan.gpus_per_node, dims.world_size)
-    print(f"plan: {cost.config.name} on {dims.world_size} ranks ({nodes} node(s) x {per_node})")
-    print(f"  {cost.config.describe()}; {cost.parameter_count:.3g} parameters")
-    print("valid: " + dims.describe())
-    print(f"\ngroups (read from DeviceMeshes on a fake process group; rank {plan.rank}'s group and the first group):")
-    rows = [
-        (
-            dim,
-            str(g["size"]),
-            str(g["count"]),
-            f"{g['nodes_spanned']}" + (" (crosses)" if g["nodes_spanned"] > 1 else ""),
-            _ranks(g["rank_group"]),
-            _ranks(g["first_groups"][0]),
-        )
-        for dim, g in plan.groups.items()
-    ]
-    _table(("dim", "size", "groups", "nodes/group", f"rank {plan.rank}'s group", "first group"), rows)
-    crossing = [dim for dim, g in plan.groups.items() if g["nodes_spanned"] > 1]
-    print(f"groups crossing node boundaries with {plan.gpus_per_node} GPUs per node: {', '.join(crossing) or 'none'}")
-    budget = plan.hardware.budget_bytes
-    print(
-        "\nmemory per rank: "
-        + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in cost.memory.as_dict().items())
-        + f" ({'within' if cost.memory.total <= budget else 'OVER'} the {budget / GIB:.1f} GiB budget)"
-    )
-    print("\ncommunication of one step on every rank:")
-    rows = [
-        (
-            c.op,
-            c.group,
-            c.phase,
-            str(c.count),
-            fmt_bytes(c.bytes),
-            fmt_bytes(c.wire_bytes),
-            "yes" if c.crosses_nodes else "no",
-            f"{c.seconds * 1e3:.2f}",
-        )
-        for c in plan.collectives
-    ]
-    _table(("op", "group", "phase", "calls", "bytes", "wire bytes", "crosses", "ms"), rows)
-    print(f"total: {plan.comm_seconds * 1e3:.1f} ms per step if nothing overlapped")
-    step = plan.step
-    print(
-        f"\nstep: {step.flops.total / 1e12:.0f} TFLOP per rank ({step.flops.recompute / 1e12:.0f} recomputed), "
-        f"{step.seconds:.2f} s ({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%}: compute "
-        f"{step.middle.compute:.2f} s, critical comm {step.middle.critical:.2f} s, exposed FSDP/HSDP "
-        f"{step.middle.exposed:.2f} s, hidden {step.middle.hidden:.2f} s; {step.inter_node_bytes / GIB:.1f} GiB "
-        f"per rank cross nodes"
-    )
-    if dims.pp > 1:
-        from hyper_parallel.cost_model.pipeline import plan_lines
-
-        print("\n" + "\n".join(plan_lines(cost.config, dims)))
-    for warning in warnings_of(cost, plan.hardware, plan.gpus_per_node):
-        print(f"WARNING: {warning}")
-    print(
-        "\nassumptions:\n"
-        + "\n".join(f"  - {line}" for line in assumptions(cost.config, plan.bandwidth, plan.hardware))
-    )
-    print(f"\nmulti-node command (run on every node):\n{command}")
-
-
-def ranks_with_ties(values: list[float]) -> list[str]:
-    """Places of values sorted best first: a value within RESOLUTION of its group's first shares its place
-    ("2=")."""
-    places, leader, tied = [], 0, set()
-    for index, value in enumerate(values):
-        if index and value <= values[leader] * (1 + RESOLUTION):
-            tied.update((leader, index))
-        else:
-            leader = index
-        places.append(leader)
-    return [f"{p + 1}=" if p in tied else str(p + 1) for p in places]
-
-
-def fmt_seconds(seconds: float) -> str:
-    """'1.41 s', '12.3 ms', '45.6 us': the recipes' tiny models step in microseconds, llama-8b in seconds."""
-    if seconds >= 0.1:
-        return f"{seconds:.2f} s"
-    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
-
-
-def print_compare(ranked: list[RankedLayout], dims: ParallelDims, top: int, budget_bytes: float, sort: str) -> None:
-    from hyper_parallel.viz.style import fmt_bytes
-
-    mine = next((i for i, r in enumerate(ranked) if r.dims == dims), None)
-    print(
-        f"\n{len(ranked)} valid layouts of {dims.world_size} ranks, best first (within {budget_bytes / GIB:.1f} GiB "
-        f"per rank first, then by {'step time' if sort == 'time' else 'memory'}; step times within "
-        f"{RESOLUTION:.0%} share a place, '='):"
-    )
-    fitting = [r.step_seconds for r in ranked if r.fits] if sort == "time" else []
-    places = (
-        ranks_with_ties(fitting) + [str(i + 1) for i in range(len(fitting), len(ranked))]
-        if fitting
-        else [str(i + 1) for i in range(len(ranked))]
-    )
-    rows = []
-    for index, layout in enumerate(ranked[:top]):
-        shown = ", ".join(f"{k}={v}" for k, v in layout.dims.degrees().items() if k != "world_size" and v != 1)
-        low, high = layout.step_range
-        rows.append(
-            (
-                places[index],
-                shown or "-",
-                fmt_bytes(layout.memory_bytes),
-                f"{fmt_seconds(layout.step_seconds)} ({fmt_seconds(low)}-{fmt_seconds(high)})",
-                f"{layout.mfu:.0%}",
-                f"{layout.exposed_seconds * 1e3:.0f}",
-                f"{layout.comm_seconds * 1e3:.1f}",
-                "yes" if layout.fits else "no",
-                "<- this plan" if index == mine else "",
-            )
-        )
-    _table(
-        ("#", "degrees", "memory/rank", "step (range)", "MFU", "exposed comm ms", "comm ms if serial", "fits", ""), rows
-    )
-    if mine is not None and mine >= top:
-        print(f"this plan's layout is #{mine + 1}")
-
-
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    from launch.text_table import print_table
-
-    print_table(header, rows)
 
 
 def cmd_review(args: argparse.Namespace, config: ModelConfig, hardware: Hardware) -> int:
@@ -492,19 +181,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json or args.format == "json":
         payload = {"plan": plan_json(plan, command)}
         if ranked is not None:
-            payload["compare"] = [
-                {
-                    "degrees": r.dims.degrees(),
-                    "memory_bytes": r.memory_bytes,
-                    "comm_seconds": r.comm_seconds,
-                    "step_seconds": r.step_seconds,
-                    "step_range": list(r.step_range),
-                    "mfu": r.mfu,
-                    "exposed_seconds": r.exposed_seconds,
-                    "fits": r.fits,
-                }
-                for r in ranked[: args.top]
-            ]
+            payload["compare"] = compare_json(ranked, args.top)
             payload["compare_total"] = len(ranked)
         print(json.dumps(payload, indent=1))
         return 0

@@ -29,7 +29,7 @@ from typing import Any
 
 from launch.failure_report import timeout_error
 from launch.run_dirs import new_scratch_dir
-from launch.supervisor import LOOPBACK, LineCallback, _Output, _ProcessTree, start_agent, without_rank_prefix
+from launch.supervisor import LOOPBACK, AgentOutput, LineCallback, ProcessTree, start_agent, without_rank_prefix
 
 WORKER_MODULE = "launch.pool_worker"
 ADDRESS_ENV, KEY_ENV = "HYPER_PARALLEL_POOL_ADDRESS", "HYPER_PARALLEL_POOL_KEY"  # read by launch.pool_worker
@@ -51,8 +51,8 @@ class Pool:
         self.runs = 0
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._tree: _ProcessTree | None = None
-        self._output: _Output | None = None
+        self._tree: ProcessTree | None = None
+        self._output: AgentOutput | None = None
         self._conns: dict[int, Connection] = {}
         self._listener: Listener | None = None
         self._on_line: LineCallback | None = None

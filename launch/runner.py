@@ -105,7 +105,10 @@ class RunResult:
             ("degrees", ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k == "world_size" or v != 1)),
             ("losses", ", ".join(f"{x:.6f}" for x in summary["losses"])),
             ("reference", ", ".join(f"{x:.6f}" for x in summary["reference_losses"])),
-            ("max |loss - ref| / |param - ref|", f"{summary['max_abs_diff']} / {summary['max_param_diff']}"),
+            (
+                "max |loss - ref| / |param - ref|",
+                f"{_short(summary['max_abs_diff'])} / {_short(summary['max_param_diff'])}",
+            ),
             ("wall time", f"{summary['duration']:.1f} s"),
             ("run directory", str(self.run_dir)),
         ]
@@ -120,6 +123,11 @@ class RunResult:
             f"<div><b style='color:{color}'>{'PASSED' if self.ok else 'FAILED'}</b> "
             f"<b>{html.escape(self.recipe)}</b><table>{body}</table></div>"
         )
+
+
+def _short(value: float | None) -> str:
+    """A difference as 3 significant digits (the full float repr hides its magnitude); '-' when absent."""
+    return "-" if value is None else f"{value:.3g}"
 
 
 def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> dict[str, int]:

@@ -17,6 +17,10 @@ Why it works the way it does (measured with torch 2.13):
   ``launch.local_agent`` and ``hyper_parallel.rank_lifetime``).
 * Exits: every rank runs through ``hyper_parallel.rank_lifetime``, which records when its work
   has finished; a rank killed by a signal after that is reported as a crash at exit.
+* Errors: a rank that raises records its exception in the error file torchrun's agent gives it
+  (``TORCHELASTIC_ERROR_FILE``, torch's ``@record`` format); the first one written names the failed
+  rank and gives its traceback (``launch.failure_report``).  Without one (killed, exit code, hang),
+  torchrun's summary and the rank's output do.
 * Hangs: at the deadline workers first get SIGABRT; with ``PYTHONFAULTHANDLER=1`` each writes
   its Python stack to its log before dying, which shows where it was stuck.
 """
@@ -39,8 +43,8 @@ from typing import BinaryIO
 
 import psutil
 
-from hyper_parallel.rank_lifetime import STATUS_DIR_ENV
-from launch.failure_report import failure, timeout_error
+from hyper_parallel.rank_lifetime import ERROR_FILE_ENV, STATUS_DIR_ENV
+from launch.failure_report import RankError, failure, timeout_error
 from launch.run_dirs import claimed, new_scratch_dir
 
 POLL_SECONDS = 0.1
@@ -61,7 +65,9 @@ LineCallback = Callable[[int, str], None]
 @dataclass
 class TorchrunResult:
     """Outcome of one launch.  ``logs[-1]`` holds torchrun's own output; ``failed_rank`` -1
-    means torchrun failed (or timed out) without any rank to blame."""
+    means torchrun failed (or timed out) without any rank to blame; ``rank_error`` is the failed
+    rank's exception as its error file recorded it (None: ``error`` came from torchrun's summary and
+    the logs, as for a rank killed by a signal, or nothing failed)."""
 
     ok: bool
     returncode: int
@@ -72,6 +78,7 @@ class TorchrunResult:
     timed_out: bool
     duration: float
     command: list[str]
+    rank_error: RankError | None = None
 
     def __repr__(self) -> str:
         """Status, duration, run directory and the error's last line; ``logs`` hold the rest."""
@@ -97,8 +104,12 @@ class _LineSplitter:
         return self.feed(b"\n") if self._pending else []
 
 
-class _Output:
-    """Forwards torchrun's merged stdout/stderr pipe (rank -1) and the per-rank log files."""
+class AgentOutput:
+    """Forwards the agent's merged stdout/stderr pipe (rank -1) and the per-rank log files to ``emit``.
+
+    ``pump`` forwards what arrives, ``drain`` the rest once the processes are gone, ``close`` releases
+    the pipe and files; ``stderr`` holds each rank's stderr lines alone.  Made by ``start_agent``.
+    """
 
     def __init__(self, pipe: BinaryIO, log_dir: Path, nproc: int, emit: LineCallback) -> None:
         self._pipe, self._log_dir, self._nproc, self._emit = pipe, log_dir, nproc, emit
@@ -173,8 +184,12 @@ def _signal_and_wait(procs: Sequence[psutil.Process], signum: int, timeout: floa
     return alive
 
 
-class _ProcessTree:
-    """torchrun's Popen plus every descendant seen while it ran, so none can be orphaned."""
+class ProcessTree:
+    """torchrun's Popen plus every descendant seen while it ran, so none can be orphaned.
+
+    Call ``refresh`` while it runs (it remembers new descendants), ``dump_worker_stacks`` at a
+    deadline, and ``end`` always: it ends torchrun and every descendant seen.  Made by ``start_agent``.
+    """
 
     def __init__(self, root: subprocess.Popen) -> None:
         self._root = root
@@ -251,6 +266,7 @@ def _child_env(run_dir: Path, log_dir: Path, overrides: Mapping[str, str] | None
     env["HYPER_PARALLEL_RUN_DIR"] = str(run_dir)
     env[LAUNCHER_PID_ENV] = str(os.getpid())  # the agent dies with this process
     env[STATUS_DIR_ENV] = str(log_dir)  # where each rank records that its work finished
+    env.pop(ERROR_FILE_ENV, None)  # a launch from inside a rank: the agent must not copy its failures into ours
     loopback = [name for name, addrs in psutil.net_if_addrs().items() if any(a.address == "127.0.0.1" for a in addrs)]
     if loopback and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = loopback[0]
@@ -259,7 +275,7 @@ def _child_env(run_dir: Path, log_dir: Path, overrides: Mapping[str, str] | None
 
 
 def _watch(
-    proc: subprocess.Popen, tree: _ProcessTree, output: _Output, start: float, timeout: float
+    proc: subprocess.Popen, tree: ProcessTree, output: AgentOutput, start: float, timeout: float
 ) -> list[int] | None:
     """Stream output until torchrun exits (None) or the deadline passes (the ranks still running)."""
     last_refresh, exited_at = 0.0, None
@@ -324,7 +340,7 @@ def start_agent(
     run_dir: Path,
     emit: LineCallback,
     env: Mapping[str, str] | None = None,
-) -> tuple[subprocess.Popen, _ProcessTree, _Output, Path]:
+) -> tuple[subprocess.Popen, ProcessTree, AgentOutput, Path]:
     """Start the loopback agent running ``entry`` on ``nproc`` ranks in its own session (Ctrl-C reaches us,
     not torchrun); its process tree and output follower, and its fresh log directory (never an old run's)."""
     log_dir = Path(tempfile.mkdtemp(prefix="torchrun_logs_", dir=run_dir))
@@ -332,7 +348,7 @@ def start_agent(
         _build_command(entry, nproc, args, log_dir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, env=_child_env(run_dir, log_dir, env), start_new_session=True,
     )  # fmt: skip
-    return proc, _ProcessTree(proc), _Output(proc.stdout, log_dir, nproc, emit), log_dir
+    return proc, ProcessTree(proc), AgentOutput(proc.stdout, log_dir, nproc, emit), log_dir
 
 
 def _launch(
@@ -365,14 +381,15 @@ def _launch(
 
     timed_out = running_ranks is not None
     returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-    failed_rank, error = None, None
+    failed_rank, error, rank_error = None, None, None
     if timed_out:
         failed_rank = running_ranks[0] if running_ranks else -1
         error = timeout_error(logs, running_ranks, timeout)
     elif returncode != 0:
-        failed_rank, error = failure(logs, output.stderr, returncode, log_dir)
+        failed = failure(logs, output.stderr, returncode, log_dir)
+        failed_rank, error, rank_error = failed.rank, failed.error, failed.rank_error
     return TorchrunResult(
         ok=returncode == 0 and not timed_out, returncode=returncode, logs=logs, run_dir=run_dir,
         failed_rank=failed_rank, error=error, timed_out=timed_out,
-        duration=time.monotonic() - start, command=list(proc.args),
+        duration=time.monotonic() - start, command=list(proc.args), rank_error=rank_error,
     )  # fmt: skip

@@ -1,10 +1,12 @@
-"""The workbook: run the notebooks headless (``make workbook``), and the helpers those notebooks call.
+"""The workbook: run the notebooks headless (``make workbook``) in reading order.
 
     python -m launch workbook --out runs      every notebook in notebooks/ through papermill into
                                               runs/<timestamp>/: executed .ipynb, figures/, run data,
                                               a report.html in every run directory
 
-Helpers for the notebooks (so their cells stay one call each):
+The helpers the notebooks call (so their cells stay one call each) live in ``launch.notebook_runs``
+(running recipes, figures, invalid meshes, the CLI) and ``launch.notebook_tables`` (result tables);
+the notebooks import them from here:
 
     run_recipes({"M4": m4, "M7": m7}, steps=2, out=runs_dir)   one torchrun launch per world size
     figures(result, figures_dir)          every figure of a run (saved as PNG + SVG when figures_dir is set)
@@ -19,19 +21,29 @@ Helpers for the notebooks (so their cells stay one call each):
 from __future__ import annotations
 
 import datetime
-import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+# The notebooks' helpers, importable from here as before (``from launch.workbook import run_recipes``).
+from launch.notebook_runs import cli as cli
+from launch.notebook_runs import expect_invalid as expect_invalid
+from launch.notebook_runs import figures as figures
+from launch.notebook_runs import run_recipes as run_recipes
+from launch.notebook_runs import show_figures as show_figures
+from launch.notebook_runs import status_line as status_line
+from launch.notebook_tables import collective_counts as collective_counts
+from launch.notebook_tables import collective_table as collective_table
+from launch.notebook_tables import exposure_table as exposure_table
+from launch.notebook_tables import gradient_reduction as gradient_reduction
+from launch.notebook_tables import groupinfo_table as groupinfo_table
+from launch.notebook_tables import numbers_table as numbers_table
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 
-
-# ====================================================================== running the workbook
 
 READING_ORDER = (
     "00_start_here",
@@ -158,252 +170,3 @@ def run_workbook(
     if failed:
         print("failed: " + ", ".join(failed) + " (open the executed notebook to see the failing cell)")
     return 1 if failed else 0
-
-
-# ====================================================================== helpers for the notebooks
-
-
-def run_recipes(
-    runs: Mapping[str, Mapping[str, int]],
-    *,
-    steps: int | None = None,
-    out: str | Path | None = None,
-    timeout: float = 600.0,
-    seed: int = 0,
-    verbose: bool = True,
-) -> dict[str, Any]:
-    """Run recipes against their single-process references, one torchrun launch per world size.
-
-    ``runs`` maps a label to degrees (``{"M4": {"world_size": 2, "dp_shard": 2}}``); the label is the
-    recipe unless the degrees hold ``"recipe"``; ``"overlap": False`` runs it with every collective
-    synchronous. Every run is validated before anything starts (a bad
-    mesh raises ``ValueError`` at once). Prints a line per step and per run; returns label -> RunResult.
-    Run directories: ``out/<label>`` (default: a temporary folder), each with a Chrome trace
-    ``chrome_trace.json`` (open it in Perfetto).
-    """
-    from hyper_parallel.run_files import CHROME_TRACE_FILE, to_chrome_trace
-    from launch.run_dirs import new_scratch_dir
-    from launch.runner import run_many, validate
-    from launch.widgets.display import step_text
-
-    prepared: dict[int, list[tuple[str, dict]]] = {}
-    for label, given in runs.items():
-        given = dict(given)
-        recipe, overlap = given.pop("recipe", label), given.pop("overlap", None)
-        _, dims = validate(recipe, **given)
-        spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **dims.degrees()}
-        prepared.setdefault(dims.world_size, []).append((label, spec))
-    root = Path(out) if out is not None else new_scratch_dir("hp-notebook-")
-    results: dict[str, Any] = {}
-
-    def progress(update: dict) -> None:
-        if verbose:
-            print(f"  {update.get('recipe', '')} {step_text(update)}", flush=True)
-
-    for world, group in prepared.items():
-        labels = [label for label, _ in group]
-        if verbose:
-            print(
-                f"launching {world} ranks for {', '.join(labels)} (one torchrun, runs one after another) ...",
-                flush=True,
-            )
-        outcome = run_many(
-            [spec for _, spec in group],
-            timeout=timeout,
-            out=root,
-            run_dirs=[root / label for label in labels],
-            on_progress=progress,
-        )
-        for label, result in zip(labels, outcome):
-            results[label] = result
-            if result.traces:
-                to_chrome_trace(result.traces, Path(result.run_dir) / CHROME_TRACE_FILE)
-            if verbose:
-                print(status_line(label, result), flush=True)
-    return {label: results[label] for label in runs}
-
-
-def status_line(label: str, result) -> str:
-    summary = result.summary()
-    degrees = ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k != "world_size" and v != 1)
-    head = f"{'OK    ' if result.ok else 'FAILED'} {label} (world_size={summary['degrees']['world_size']}: {degrees})"
-    if result.ok:
-        return (
-            f"{head}: max |loss - reference| = {summary['max_abs_diff']:.3g}, "
-            f"max |param - reference| = {summary['max_param_diff']:.3g}"
-        )
-    return f"{head}:\n{result.error}"
-
-
-def figures(result, figures_dir: str | Path | None = None, label: str | None = None, **options) -> dict[str, Any]:
-    """Every figure of a run (``hyper_parallel.viz.run_figures``), saved under ``figures_dir/<label>``."""
-    from hyper_parallel.viz import run_figures
-
-    out_dir = Path(figures_dir) / (label or Path(result.run_dir).name) if figures_dir is not None else None
-    return run_figures(result.run_dir, out_dir=out_dir, label=label, **options)
-
-
-def show_figures(
-    result,
-    figures_dir: str | Path | None = None,
-    label: str | None = None,
-    names: Iterable[str] | None = None,
-    **options,
-) -> dict[str, Any]:
-    """``figures`` and display them (all, or ``names``) each under a small heading."""
-    from IPython.display import Markdown, display
-
-    label = label or Path(result.run_dir).name
-    drawn = figures(result, figures_dir, label, **options)
-    for name in names or drawn:
-        if name in drawn:
-            display(Markdown(f"**{label} · {name.replace('_', ' ')}**"))
-            display(drawn[name])
-    return drawn
-
-
-def _decision(unit: Mapping[str, Any]) -> str:
-    return gradient_reduction(unit["shard_size"], unit["dp_size"])
-
-
-def gradient_reduction(shard: int, dp: int) -> str:
-    """How a unit's gradients are reduced, from its GroupInfo sizes (the decision table of 02):
-    ``RS(shard) + AR(dp)``, ``RS(shard)``, ``AR(dp)`` or ``no communication``."""
-    if shard > 1:
-        return f"RS({shard})" + (f" + AR({dp})" if dp > 1 else "")
-    return f"AR({dp})" if dp > 1 else "no communication"
-
-
-def groupinfo_table(results: Mapping[str, Any]):
-    """One row per fully_shard unit of each run: GroupInfo sizes, groups and the RS/AR decision."""
-    from launch.html_table import table
-
-    rows = []
-    for label, result in results.items():
-        for unit in result.metrics.get("units", []):
-            rows.append(
-                [
-                    label,
-                    unit["unit"],
-                    unit["rank_size"],
-                    unit["shard_size"],
-                    unit["dp_size"],
-                    f"{unit['sharded_group']['name'] or '-'} {unit['sharded_group']['ranks']}",
-                    f"{unit['unsharded_group']['name'] or '-'} {unit['unsharded_group']['ranks']}",
-                    _decision(unit),
-                ]
-            )
-    return table(
-        [
-            "run",
-            "unit",
-            "rank_size",
-            "shard_size",
-            "dp_size",
-            "sharded group (RS), rank 0's",
-            "unsharded group (AR), rank 0's",
-            "gradient reduction",
-        ],
-        rows,
-        caption="GroupInfo per fully_shard unit (rank 0's view): rank_size = shard_size x dp_size",
-    )
-
-
-def collective_counts(result, step: int | None = None, rank: int = 0) -> Counter:
-    """(phase, op, group) -> number of collectives rank ``rank`` issued in ``step`` (default: the last);
-    ``result``: a RunResult or its traces ({rank: events})."""
-    traces = result if isinstance(result, Mapping) else result.traces
-    events = [e for e in traces.get(rank, []) if e.get("kind") == "collective" and e.get("phase") != "init"]
-    if not events:
-        return Counter()
-    step = max(e["step"] for e in events) if step is None else step
-    return Counter((e["phase"], e["op"], e["group"]) for e in events if e["step"] == step)
-
-
-def collective_table(results: Mapping[str, Any], step: int | None = None):
-    """Collectives of rank 0 in one step (default: the last) per run, phase, op and group."""
-    from launch.html_table import table
-
-    rows = []
-    for label, result in results.items():
-        counts = collective_counts(result, step)
-        for (phase, op, group), count in sorted(counts.items()):
-            rows.append([label, phase, op, group, count])
-        if not counts:
-            rows.append([label, "-", "no collectives", "-", 0])
-    return table(["run", "phase", "op", "group", "count"], rows, caption="collectives of rank 0 in the last step")
-
-
-def exposure_table(results: Mapping[str, Any], step: int | None = None):
-    """Per run and rank: ms of the step with a collective in flight, of those with no compute running
-    (exposed), and hidden behind compute (``hyper_parallel.viz.overlap``)."""
-    from hyper_parallel.viz.overlap import exposure
-    from hyper_parallel.viz.timeline import steps_of
-    from launch.html_table import table
-
-    rows = []
-    for label, result in results.items():
-        chosen = steps_of(result.traces)[-1] if step is None else step
-        for rank, numbers in exposure(result.traces, chosen).items():
-            rows.append(
-                [
-                    label,
-                    rank,
-                    f"{numbers['compute'] * 1e3:.1f}",
-                    f"{numbers['in_flight'] * 1e3:.1f}",
-                    f"{numbers['exposed'] * 1e3:.1f}",
-                    f"{numbers['hidden'] * 1e3:.1f}",
-                ]
-            )
-    return table(["run", "rank", "compute ms", "communication in flight ms", "exposed ms", "hidden ms"], rows)
-
-
-def numbers_table(results: Mapping[str, Any]):
-    """Loss per step of each run next to its single-process reference."""
-    from launch.html_table import table
-
-    rows = []
-    for label, result in results.items():
-        losses, reference = result.metrics.get("losses", []), result.metrics.get("reference_losses", [])
-        for step, (loss, ref) in enumerate(zip(losses, reference)):
-            rows.append([label, step, f"{loss:.8f}", f"{ref:.8f}", f"{abs(loss - ref):.2e}"])
-        rows.append(
-            [
-                label,
-                "params",
-                "",
-                "",
-                f"{result.metrics.get('max_param_diff', float('nan')):.2e}"
-                + ("" if result.ok else "  ✘ " + ", ".join(result.metrics.get("mismatched_params", []))),
-            ]
-        )
-    return table(
-        ["run", "step", "loss", "single-process reference", "|difference|"],
-        rows,
-        caption="every step against the reference; 'params': max |param - reference| after the last step",
-    )
-
-
-def expect_invalid(recipe: str, **degrees: int) -> str:
-    """The rule's message for an invalid run (``launch.validate``); AssertionError if it is valid."""
-    from launch.runner import validate
-
-    try:
-        _, dims = validate(recipe, **degrees)
-    except ValueError as error:
-        return str(error)
-    raise AssertionError(f"{recipe} {degrees} is valid ({dims.describe().splitlines()[0]}); expected an error")
-
-
-def cli(*args: str, timeout: float = 120.0, show: bool = True) -> subprocess.CompletedProcess:
-    """``python -m launch ARGS`` in a subprocess (the notebook's Python); prints command, exit code, output."""
-    command = [sys.executable, "-m", "launch", *map(str, args)]
-    start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    done.seconds = time.monotonic() - start
-    if show:
-        print(f"$ python -m launch {' '.join(map(str, args))}\nexit code {done.returncode} after {done.seconds:.2f}s")
-        for text in (done.stdout, done.stderr):
-            if text.strip():
-                print(text.rstrip())
-    return done

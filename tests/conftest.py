@@ -2,16 +2,24 @@
 
 A launch costs 20-60 s here, so the runs are grouped into one torchrun launch per world
 size and shared: tests/test_recipes.py checks them against the references and hand-derived counts,
-tests/test_cost_model.py against the cost model's bytes and memory.
+tests/test_cost_model.py against the cost model's bytes and memory. Likewise every case of the
+fully_shard test matrix runs in one launch per world size (``fully_shard_run4``, ``fully_shard_run8``),
+shared by the tests/test_fully_shard_*.py files.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
+from fully_shard_expectations import TOLERANCES
 
 import launch
 from hyper_parallel import ParallelDims
 from hyper_parallel.recipes import RECIPES
+from launch.supervisor import torchrun
 
 OVERLAP_OFF = ("M4", "M7", "M6", "S2")
 
@@ -79,3 +87,66 @@ def process_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# ------------------------------------------------------------------ the fully_shard test matrix
+
+FULLY_SHARD_WORKER = Path(__file__).parent / "workers" / "fully_shard_worker.py"
+FULLY_SHARD_LAUNCH_TIMEOUT = {4: 300.0, 8: 360.0}  # the whole matrix took 86-135 s on the 2-core machine
+
+
+class FullyShardRun:
+    """Per-rank results of one launch: ``cases[rank][case name]``."""
+
+    def __init__(self, world_size: int, cases: dict[int, dict], duration: float) -> None:
+        self.world_size, self.cases, self.duration = world_size, cases, duration
+
+    def case(self, name: str) -> dict[int, dict]:
+        """Every rank's result of ``name``; fails the test with the traceback if the case raised."""
+        results = {rank: cases[name] for rank, cases in self.cases.items()}
+        assert sorted(results) == list(range(self.world_size))
+        for rank, result in sorted(results.items()):
+            if not result["ok"]:
+                pytest.fail(f"case {name} raised on rank {rank}:\n{result['error']}", pytrace=False)
+        return results
+
+
+def launch_fully_shard_cases(world_size: int, tmp_path_factory) -> FullyShardRun:
+    """One torchrun of every case for ``world_size``. With ``FULLY_SHARD_RESULTS=<dir>`` the results go
+    to ``<dir>/<world_size>`` and are reused by later sessions (re-check assertions without relaunching;
+    delete the directory to run again)."""
+    keep = os.environ.get("FULLY_SHARD_RESULTS")
+    run_dir = Path(keep) / str(world_size) if keep else tmp_path_factory.mktemp(f"fully_shard_{world_size}")
+    if keep and all((run_dir / f"fully_shard_rank{r}.json").exists() for r in range(world_size)):
+        return FullyShardRun(
+            world_size,
+            {r: json.loads((run_dir / f"fully_shard_rank{r}.json").read_text())["cases"] for r in range(world_size)},
+            0.0,
+        )
+    result = torchrun(
+        str(FULLY_SHARD_WORKER),
+        world_size,
+        args=["--cases", "all", "--tolerances", json.dumps(TOLERANCES)],
+        timeout=FULLY_SHARD_LAUNCH_TIMEOUT[world_size],
+        run_dir=run_dir,
+    )
+    if not result.ok:
+        pytest.fail(f"{world_size}-rank launch failed:\n{result.error}", pytrace=False)
+    cases = {}
+    for rank in range(world_size):
+        path = run_dir / f"fully_shard_rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote no results; its log:\n" + "\n".join(result.logs.get(rank, [])[-30:])
+        cases[rank] = json.loads(path.read_text())["cases"]
+    return FullyShardRun(world_size, cases, result.duration)
+
+
+@pytest.fixture(scope="session")
+def fully_shard_run4(tmp_path_factory) -> FullyShardRun:
+    """Every 4-rank case of tests/workers/fully_shard_worker.py, one launch per session."""
+    return launch_fully_shard_cases(4, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def fully_shard_run8(tmp_path_factory) -> FullyShardRun:
+    """Every 8-rank case (3, 4 and 7) of tests/workers/fully_shard_worker.py, one launch per session."""
+    return launch_fully_shard_cases(8, tmp_path_factory)

@@ -21,6 +21,7 @@ from test_recipes import expected_collectives
 from hyper_parallel import ParallelDims
 from hyper_parallel.cost_model import Param, build_units, estimate, get_model, recipe_model
 from hyper_parallel.cost_model.layouts import group_ranks
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import RECIPES
 from hyper_parallel.viz.volume import theoretical_bytes
 
@@ -235,7 +236,7 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
             if event["kind"] == "collective" and event["group"] == "pp" and event["step"] == 1:
                 traced[(event["op"], event["phase"])] += event["bytes"]
         expected = p2p_bytes(
-            dims.pp, dims.coordinates(rank)["pp"], notes["microbatches"], message, notes["stages_per_rank"]
+            dims.pp, dims.coordinates(rank)[MeshDim.PP], notes["microbatches"], message, notes["stages_per_rank"]
         )
         assert traced == expected, (rank, traced, expected)
 

@@ -1,7 +1,8 @@
 """Our fully_shard as a drop-in for torch FSDP2, on models we did not write (issue: "fully_shard on other
 people's models").
 
-``tests/workers/drop_in_cases.py`` trains torch's own test ``Transformer`` (``common_dtensor``, tied
+``tests/workers/drop_in_worker.py`` (cases in ``drop_in_parameter_cases.py``, ``drop_in_unit_cases.py`` and
+``drop_in_mesh_cases.py``) trains torch's own test ``Transformer`` (``common_dtensor``, tied
 embeddings, activation checkpointing, torch's TP plan) and ``common_fsdp.MLP`` three times side by
 side in one 4-rank launch: one process on the global batch (the reference), torch's
 ``torch.distributed.fsdp.fully_shard``, and ours, with the loop of torch's FSDP2 tests (per-block
@@ -36,7 +37,7 @@ from launch.supervisor import torchrun
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).parent / "workers" / "drop_in_cases.py"
+WORKER = Path(__file__).parent / "workers" / "drop_in_worker.py"
 LOSS_RTOL = 1e-5
 REF_GRAD_ATOL = 1e-6
 REF_PARAM_ATOL = 5e-5

@@ -21,6 +21,7 @@ from hyper_parallel import ParallelDims, fully_shard
 from hyper_parallel.fsdp import FullyShardModule, UnshardHandle
 from hyper_parallel.fsdp.module import UNSUPPORTED_FSDP2_METHODS
 from hyper_parallel.fsdp.roles import resolve_roles
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 
 
@@ -28,7 +29,7 @@ from hyper_parallel.mesh_views import build_mesh
 def world():
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
     try:
-        yield init_device_mesh("cpu", (8,), mesh_dim_names=("fsdp",))
+        yield init_device_mesh("cpu", (8,), mesh_dim_names=(MeshDim.FSDP,))
     finally:
         dist.destroy_process_group()
 
@@ -134,7 +135,7 @@ def test_explicit_dp_mesh_dims_win_over_names(world):
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("batch", "shard", "model"))
     roles = resolve_roles(mesh, None, DataParallelMeshDims(shard="shard", replicate="batch"))
     assert (roles.replicate_dims, roles.shard_dim, roles.model_parallel_dims) == (("batch",), "shard", ("model",))
-    named = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp_replicate", "fsdp", "tp"))
+    named = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=(MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP))
     roles = resolve_roles(named, None, DataParallelMeshDims(shard="fsdp"))  # dp_replicate becomes model-parallel
     assert (roles.replicate_dims, roles.shard_dim) == ((), "fsdp")
     with pytest.raises(ValueError, match="does not have"):
@@ -146,7 +147,7 @@ def test_explicit_dp_mesh_dims_win_over_names(world):
 def test_spmd_parameter_on_the_whole_mesh(world):
     """A DTensor on the full mesh, Replicate over the dp dims and Shard(0) over tp: fully_shard shards its
     free axis 1 over fsdp, the layout FSDP2's SPMD mode gives it on the same mesh."""
-    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp_replicate", "fsdp", "tp"))
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=(MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP))
     layer = nn.Linear(8, 8, bias=False)
     layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Replicate(), Replicate(), Shard(0)]))
     fully_shard(layer, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp", replicate="dp_replicate"))
@@ -162,10 +163,10 @@ def test_slices_of_one_mesh_combine_whatever_else_exists(world, shape):
     """TP on mesh["tp"], fully_shard on mesh["dp_replicate", "fsdp"], after other meshes of the same
     shape (ParallelDims views and another init_device_mesh) were built in this process."""
     build_mesh(ParallelDims(world_size=8, dp_shard=4, tp=2), "cpu")
-    init_device_mesh("cpu", shape, mesh_dim_names=("dp_replicate", "fsdp", "tp"))
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp_replicate", "fsdp", "tp"))
+    init_device_mesh("cpu", shape, mesh_dim_names=(MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=(MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP))
     layer = nn.Linear(8, 8)
-    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh["tp"], [Shard(0)]))
-    fully_shard(layer, mesh=mesh["dp_replicate", "fsdp"])
+    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh[MeshDim.TP], [Shard(0)]))
+    fully_shard(layer, mesh=mesh[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     assert layer.weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
     assert layer.weight.placements[2] == Shard(0)

@@ -17,6 +17,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from hyper_parallel import ParallelDims, fully_shard
 from hyper_parallel.fsdp.roles import resolve_roles
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 
 
@@ -64,43 +65,43 @@ def test_group_sizes_follow_rfc_examples(views):
 
 def test_enable_true_without_shard_dim(views):
     with pytest.raises(ValueError, match="enable_param_shard=True but the mesh .* has no dim to shard"):
-        resolve_roles(views["tp"], True)
+        resolve_roles(views[MeshDim.TP], True)
 
 
 def test_ambiguous_meshes_are_rejected(views):
     with pytest.raises(ValueError, match="ambiguous fully_shard mesh"):
-        resolve_roles(views["dp_replicate", "dp_shard", "cp"], None)
+        resolve_roles(views[MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP], None)
     with pytest.raises(ValueError, match="must be True, False or None"):
-        resolve_roles(views["fsdp"], "yes")
+        resolve_roles(views[MeshDim.FSDP], "yes")
 
 
 def test_bad_use_errors(views):
     with pytest.raises(ValueError, match="already applied"):
-        module = fully_shard(nn.Linear(4, 4), mesh=views["dp_replicate", "fsdp"])
-        fully_shard(module, mesh=views["dp_replicate", "fsdp"])
+        module = fully_shard(nn.Linear(4, 4), mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
+        fully_shard(module, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     mixed = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).to(torch.float64))
     with pytest.raises(ValueError, match="must share a dtype"):
-        fully_shard(mixed, mesh=views["dp_replicate", "fsdp"])
+        fully_shard(mixed, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     # tp groups {0, 4}, {1, 5}, ... where the views group {0, 1}, {2, 3}, ...: inconsistent ranks.
-    other_root = init_device_mesh("cpu", (2, 4), mesh_dim_names=("tp", "dp"))
+    other_root = init_device_mesh("cpu", (2, 4), mesh_dim_names=(MeshDim.TP, MeshDim.DP))
     layer = nn.Linear(4, 4)
     layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), other_root["tp"], [Shard(0)]))
     with pytest.raises(ValueError, match=r"cannot be combined into one mesh \(Cannot concatenate overlapping"):
-        fully_shard(layer, mesh=views["dp_replicate", "fsdp"])
+        fully_shard(layer, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     clash = nn.Linear(4, 4)
-    clash.weight = nn.Parameter(distribute_tensor(clash.weight.detach(), views["fsdp"], [Replicate()]))
+    clash.weight = nn.Parameter(distribute_tensor(clash.weight.detach(), views[MeshDim.FSDP], [Replicate()]))
     with pytest.raises(ValueError, match="uses as a data-parallel dim"):
-        fully_shard(clash, mesh=views["dp_replicate", "fsdp"])
+        fully_shard(clash, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     with pytest.raises(ValueError, match="expects an nn.Module"):
-        fully_shard(torch.zeros(3), mesh=views["fsdp"])
+        fully_shard(torch.zeros(3), mesh=views[MeshDim.FSDP])
 
 
 def test_layout_of_a_colwise_weight(views):
     """A colwise TP weight [out, in] is Shard(0) on tp: FSDP shards the other axis (1)."""
     layer = nn.Linear(6, 4)
-    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), views["tp"], [Shard(0)]))
-    layer.bias = nn.Parameter(distribute_tensor(layer.bias.detach(), views["tp"], [Shard(0)]))
-    fully_shard(layer, mesh=views["dp_replicate", "fsdp"])
+    layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), views[MeshDim.TP], [Shard(0)]))
+    layer.bias = nn.Parameter(distribute_tensor(layer.bias.detach(), views[MeshDim.TP], [Shard(0)]))
+    fully_shard(layer, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     weight, bias = layer.weight, layer.bias
     assert weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
     assert weight.placements == (Replicate(), Shard(1), Shard(0))

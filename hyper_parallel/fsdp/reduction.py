@@ -16,14 +16,23 @@ the same order, so the gradients are bit for bit the same.
 from __future__ import annotations
 
 from enum import Enum, auto
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from hyper_parallel import comm
 
-if TYPE_CHECKING:
-    from hyper_parallel.fsdp.param_group import ParamGroup
+
+class ReducingGroup(Protocol):
+    """What a reduction needs of its unit (a ``ParamGroup``), so this module does not import it back."""
+
+    name: str
+    dp_size: int
+    unsharded_group: comm.GroupInfo
+
+    def accumulate_partial(self, reduced: torch.Tensor, reduced_params: list, offsets: dict[int, int]) -> tuple: ...
+
+    def write_grads(self, reduced: torch.Tensor, reduced_params: list, offsets: dict[int, int]) -> None: ...
 
 
 class ReductionStage(Enum):
@@ -34,7 +43,7 @@ class ReductionStage(Enum):
 class GradientReduction:
     def __init__(
         self,
-        group: ParamGroup,
+        group: ReducingGroup,
         reduced: torch.Tensor,
         reduced_params: list,
         offsets: dict[int, int],

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launch.report.build import _volume_rows
-from launch.report.page import degrees_text, esc, num_cell
+from launch.report.markup import degrees_text, esc, num_cell
 from launch.report.predicted import at_scale, at_scale_sentence
 from launch.report.run_data import RunData, read_run
 from launch.report.style import STYLESHEET

@@ -261,7 +261,7 @@ def to_html(
 ) -> str:
     """One page: headline, the comparison figure, the summary table, the paragraph, a table per candidate."""
     from hyper_parallel.viz.planning import review_figure
-    from launch.report.page import esc, png_data_uri
+    from launch.report.markup import esc, png_data_uri
     from launch.report.style import STYLESHEET
 
     def table(header, rows, numeric_from=2):

@@ -4,81 +4,29 @@ Every piece of text from a run (logs, errors, recipe text, paths) goes through `
 hold anything, including markup. Figures are the ``hyper_parallel.viz`` ones, inlined as base64
 PNG, so the page needs no other file and no network. Numbers carry their exact value in a
 ``data-value`` attribute next to the rounded text a reader sees (tests and scripts read those).
+
+This module lays the page out and writes the run's own sections (header, error, run, numerics,
+communication table); the shared markup is ``markup``, the figures ``figure_blocks``, the logs
+``log_section``.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime
-import html
-import io
-from collections.abc import Iterable
 from typing import Any
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import DEGREE_NAMES
-from launch.report.run_data import LogFile, RunData
+from launch.report.figure_blocks import CAPTIONS as CAPTIONS
+from launch.report.figure_blocks import MISSING as MISSING
+from launch.report.figure_blocks import figure_blocks, other_figures_section
+from launch.report.log_section import logs_section
+from launch.report.markup import DEGREE_ORDER, esc, facts_table, num_cell
+from launch.report.markup import FIGURE_DPI as FIGURE_DPI  # the moved names stay importable from here
+from launch.report.markup import degrees_text as degrees_text
+from launch.report.markup import png_data_uri as png_data_uri
+from launch.report.run_data import RunData
 from launch.report.style import PRINT_SCRIPT, STYLESHEET
 
-DEGREE_ORDER = ("world_size", *DEGREE_NAMES)
-FIGURE_DPI = 110
-
-# name -> (title, what to notice); names are hyper_parallel.viz.FIGURES
-CAPTIONS = {
-    "mesh": (
-        "Mesh map",
-        (
-            "Every rank on each parallel dim, coloured by process group: ranks of one colour "
-            "communicate on that dim; TP is innermost, so its groups are contiguous ranks."
-        ),
-    ),
-    "placements": (
-        "Placement transitions",
-        (
-            "One parameter through a step: only the FSDP entry changes "
-            "(sharded → gathered for compute → resharded); TP/EP entries stay."
-        ),
-    ),
-    "placement_overview": (
-        "Placements of every parameter",
-        (
-            "Each parameter's placements before and after the "
-            "all-gather: the FSDP axis differs from the axis "
-            "TP/EP shard, where the tensor has one."
-        ),
-    ),
-    "timeline": (
-        "Timeline",
-        (
-            "One step, a row per rank and group: all-gathers in forward, reduce-scatters (then "
-            "HSDP's all-reduces) in backward; the gaps between bars are compute."
-        ),
-    ),
-    "comm_volume": (
-        "Communication volume against theory",
-        (
-            "Bytes per op and group against fully_shard's minimum: "
-            "×1.00 is optimal, more means padding or an unexpected "
-            "collective."
-        ),
-    ),
-    "numerics": (
-        "Loss against the reference",
-        (
-            "The parallel run's loss on top of the single-process "
-            "reference: the curves must coincide (differences at fp32 "
-            "rounding level)."
-        ),
-    ),
-}
-MISSING = {
-    "mesh": "the run has no valid degrees",
-    "placements": "the traces hold no placement events",
-    "placement_overview": "the traces hold no placement events",
-    "timeline": "the traces hold no collectives",
-    "comm_volume": "the traces hold no collectives",
-    "numerics": "no losses were recorded",
-}
 SECTIONS = (
     ("summary", "Summary"),
     ("run", "Run"),
@@ -89,29 +37,6 @@ SECTIONS = (
     ("volume", "Communication"),
     ("logs", "Logs"),
 )
-
-
-def esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def png_data_uri(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=FIGURE_DPI)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def num_cell(value: Any, spec: str, key: str, step: int | None = None) -> str:
-    """A right-aligned number: rounded text, exact ``repr`` in ``data-value``; "–" when missing."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return f"<td class='num' data-key='{esc(key)}'>–</td>"
-    step_attr = f" data-step='{step}'" if step is not None else ""
-    return f"<td class='num' data-key='{esc(key)}'{step_attr} data-value='{value!r}'>{value:{spec}}</td>"
-
-
-def degrees_text(degrees: dict[str, int]) -> str:
-    active = [f"{name}={degrees[name]}" for name in DEGREE_ORDER[1:] if degrees.get(name, 1) != 1]
-    return f"world_size={degrees.get('world_size', '?')}" + (": " + ", ".join(active) if active else "")
 
 
 def rerun_command(run: RunData) -> str:
@@ -171,11 +96,6 @@ def _error(run: RunData) -> str:
     )
 
 
-def _facts_table(rows: Iterable[tuple[str, str]]) -> str:
-    """Rows of (label, already-escaped HTML)."""
-    return "<table class='facts'>" + "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
-
-
 def _run_section(run: RunData) -> str:
     recipe, degrees = run.recipe, run.degrees
     rows = []
@@ -218,7 +138,7 @@ def _run_section(run: RunData) -> str:
                 + "</code> from the run directory in Perfetto (ui.perfetto.dev) or chrome://tracing",
             )
         )
-    return f"<section id='run'><h2>Run</h2>{_facts_table(rows)}</section>"
+    return f"<section id='run'><h2>Run</h2>{facts_table(rows)}</section>"
 
 
 def _numerics_section(run: RunData, figures: dict[str, Any], missing: dict[str, str], download: str = "") -> str:
@@ -268,41 +188,10 @@ def _numerics_section(run: RunData, figures: dict[str, Any], missing: dict[str, 
     )
     notes = run.value("notes") or {}
     if notes:
-        parts.append(_facts_table((str(k), esc(v)) for k, v in notes.items()))
+        parts.append(facts_table((str(k), esc(v)) for k, v in notes.items()))
     parts.append(download)
-    parts.append(_figures(["numerics"], figures, missing))
+    parts.append(figure_blocks(["numerics"], figures, missing))
     return "".join(parts) + "</section>"
-
-
-def _figure(name: str, fig) -> str:
-    title, notice = CAPTIONS.get(name, (name.replace("_", " "), ""))
-    return (
-        f"<figure id='figure-{esc(name)}' data-figure='{esc(name)}'>"
-        f"<img src='{png_data_uri(fig)}' alt='{esc(title)}'>"
-        f"<figcaption><b>{esc(title)}.</b> {esc(notice)}</figcaption></figure>"
-    )
-
-
-def _figures(names: list[str], figures: dict[str, Any], missing: dict[str, str]) -> str:
-    return "".join(
-        _figure(name, figures[name])
-        if name in figures
-        else f"<p class='note' data-missing-figure='{esc(name)}'>{esc(CAPTIONS[name][0])}: not drawn, "
-        f"{esc(missing.get(name, MISSING[name]))}.</p>"
-        for name in names
-    )
-
-
-def _other_figures(figures: dict[str, Any]) -> str:
-    """Figures ``run_figures`` draws that this page has no place for yet: shown rather than dropped."""
-    others = [name for name in figures if name not in CAPTIONS]
-    if not others:
-        return ""
-    return (
-        "<section id='other-figures'><h2>Other figures</h2>"
-        + "".join(_figure(name, figures[name]) for name in others)
-        + "</section>"
-    )
 
 
 def _volume_table(volume: list[dict] | None) -> str:
@@ -331,51 +220,6 @@ def _volume_table(volume: list[dict] | None) -> str:
     )
 
 
-def _log_block(log: LogFile) -> str:
-    name = "torchrun's output" if log.rank < 0 else log.stream + (".log" if log.path else "")
-    cut = (
-        (
-            f"<p class='note'>the first {log.omitted} lines are not shown"
-            + (f"; the whole file: <code>{esc(log.path)}</code>" if log.path else "")
-            + "</p>"
-        )
-        if log.omitted
-        else ""
-    )
-    body = f"<pre>{esc(chr(10).join(log.lines))}</pre>" if log.lines else "<p class='note'>(empty)</p>"
-    return f"<h3>{esc(name)}</h3>{cut}{body}"
-
-
-def _logs_section(run: RunData) -> str:
-    parts = ["<section id='logs'><h2>Logs</h2>"]
-    if not run.logs:
-        parts.append(
-            "<p class='note'>No per-rank log files were found (torchrun_logs_* in the run directory, or next "
-            "to batch.json in its parent for runs that shared a launch).</p></section>"
-        )
-        return "".join(parts)
-    source = run.logs[0].path.parents[3] if run.logs[0].path else None
-    shared = source is not None and source.parent != run.run_dir
-    parts.append(
-        "<p class='lead'>Every rank's output, folded; click a rank to open it"
-        + (f". Files under <code>{esc(source)}</code>" if source else "")
-        + ("; this launch ran several runs one after another, and its logs hold all of them" if shared else "")
-        + ".</p>"
-    )
-    by_rank: dict[int, list[LogFile]] = {}
-    for log in run.logs:
-        by_rank.setdefault(log.rank, []).append(log)
-    for rank, logs in by_rank.items():
-        failed = rank == run.failed_rank
-        counts = ", ".join(f"{log.stream} {len(log.lines) + log.omitted} lines" for log in logs)
-        label = ("torchrun" if rank < 0 else f"rank {rank}") + f" · {counts}" + (" · FAILED" if failed else "")
-        parts.append(
-            f"<details class='log{' failed' if failed else ''}' data-rank='{rank}'><summary>{esc(label)}"
-            f"</summary><div>{''.join(_log_block(log) for log in logs)}</div></details>"
-        )
-    return "".join(parts) + "</section>"
-
-
 def render_page(
     run: RunData,
     figures: dict[str, Any],
@@ -400,21 +244,21 @@ def render_page(
         _run_section(run),
         _numerics_section(run, figures, missing, downloads.get("numerics", "")),
         "<section id='mesh'><h2>Mesh</h2>",
-        _figures(["mesh"], figures, missing),
+        figure_blocks(["mesh"], figures, missing),
         "</section>",
         "<section id='placements'><h2>Placement transitions</h2>",
-        _figures(["placements", "placement_overview"], figures, missing),
+        figure_blocks(["placements", "placement_overview"], figures, missing),
         "</section>",
         "<section id='timeline'><h2>Timeline of collectives</h2>",
-        _figures(["timeline"], figures, missing),
+        figure_blocks(["timeline"], figures, missing),
         "</section>",
         "<section id='volume'><h2>Communication volume against theory</h2>",
-        _figures(["comm_volume"], figures, missing),
+        figure_blocks(["comm_volume"], figures, missing),
         _volume_table(volume),
         downloads.get("volume", ""),
         "</section>",
-        _other_figures(figures),
-        _logs_section(run),
+        other_figures_section(figures),
+        logs_section(run),
         "</main>",
         (
             f"<footer>Written by <code>python -m launch report</code> on {datetime.datetime.now():%Y-%m-%d %H:%M:%S}. "

@@ -12,7 +12,7 @@ import csv
 import io
 from collections.abc import Iterable
 
-from launch.report.page import degrees_text, esc
+from launch.report.markup import degrees_text, esc
 from launch.report.predicted import AtScale, at_scale_sentence
 from launch.report.run_data import RunData
 

@@ -24,7 +24,7 @@ from hyper_parallel.cost_model.step_time import estimate_step
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.planning import plan_figure, short_degrees
-from launch.plan import MESH_DIMS, torchrun_command
+from launch.plan_build import MESH_DIMS, torchrun_command
 from launch.widgets.display import png_bytes, table
 from launch.widgets.picker import DEGREES, HELP
 

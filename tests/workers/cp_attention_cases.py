@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel import ulysses
@@ -178,7 +179,7 @@ def main() -> None:
     result = {"rank": rank, "world_size": world, "layouts": {}}
     for name, dims in layouts(world):
         views = build_mesh(dims, "cpu")
-        cp = GroupInfo.from_mesh(views.dense, ("cp",))
+        cp = GroupInfo.from_mesh(views.dense, (MeshDim.CP,))
         entry = {
             "cp_ranks": list(cp.ranks),
             "cp_index": cp_index(cp),

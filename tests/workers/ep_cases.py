@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from hyper_parallel import trace
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 from hyper_parallel.models.moe import MoE, MoEConfig
 from hyper_parallel.parallel.ep import parallelize_moe
@@ -109,13 +110,16 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
             reference.router.gate.weight[dead] = 0.0
             reference.router.gate.weight[dead, 0] = -50.0
     copies = {dispatch: copy.deepcopy(reference) for dispatch in DISPATCHES}  # before any backward
-    split = views["tp"] if spec.get("split") else None
+    split = views[MeshDim.TP] if spec.get("split") else None
     for dispatch, parallel in copies.items():
         if spec.get("separate_etp_mesh"):
-            parallelize_moe(parallel, views["ep"], views["etp"], token_split_mesh=split, dispatch=dispatch)
+            parallelize_moe(parallel, views[MeshDim.EP], views[MeshDim.ETP], token_split_mesh=split, dispatch=dispatch)
         else:
             parallelize_moe(
-                parallel, views["ep", "etp"] if etp else views["ep"], token_split_mesh=split, dispatch=dispatch
+                parallel,
+                views[MeshDim.EP, MeshDim.ETP] if etp else views[MeshDim.EP],
+                token_split_mesh=split,
+                dispatch=dispatch,
             )
 
     # reference: all distinct tokens in one process (the MoE is token-wise: one [1, T, d] sequence)
@@ -132,7 +136,7 @@ def run_case(name: str, spec: dict, views_cache: dict, seed: int) -> dict:
     ref_x_grads = [g.reshape(BATCH, n, D_MODEL) for g, n in zip(x_all.grad[0].split(sizes), seq_lens)]
     ref_grads = dict(reference.named_parameters())
 
-    index = dims.coordinates(rank)["dp"]  # ranks with the same data index hold the same tokens
+    index = dims.coordinates(rank)[MeshDim.DP]  # ranks with the same data index hold the same tokens
     results, seen = {}, {}
     for dispatch, parallel in copies.items():
         x = data[index][:, : seq_lens[index]].clone().requires_grad_(True)
@@ -212,24 +216,26 @@ def check_errors(views_cache: dict) -> dict:
     if world == 2:
         views = views_cache[(("dp_shard", 2), ("ep", 2))]
         messages["experts_not_divisible"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, num_experts=3))), views["ep"])
+            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, num_experts=3))), views[MeshDim.EP])
         )
-        messages["wrong_mesh"] = _raises(lambda: parallelize_moe(MoE(MoEConfig(**small)), views["dp_shard"]))
+        messages["wrong_mesh"] = _raises(lambda: parallelize_moe(MoE(MoEConfig(**small)), views[MeshDim.DP_SHARD]))
         messages["unknown_dispatch"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**small)), views["ep"], dispatch="alltoall")
+            lambda: parallelize_moe(MoE(MoEConfig(**small)), views[MeshDim.EP], dispatch="alltoall")
         )
-        twice = parallelize_moe(MoE(MoEConfig(**small)), views["ep"])
-        messages["twice"] = _raises(lambda: parallelize_moe(twice, views["ep"]))
+        twice = parallelize_moe(MoE(MoEConfig(**small)), views[MeshDim.EP])
+        messages["twice"] = _raises(lambda: parallelize_moe(twice, views[MeshDim.EP]))
         views = views_cache[(("dp_shard", 1), ("ep", 2), ("tp", 2))]
-        odd_seq = parallelize_moe(MoE(MoEConfig(**small)), views["ep"], token_split_mesh=views["tp"])
+        odd_seq = parallelize_moe(MoE(MoEConfig(**small)), views[MeshDim.EP], token_split_mesh=views[MeshDim.TP])
         messages["seq_not_divisible"] = _raises(lambda: odd_seq(torch.randn(1, 3, D_MODEL)))
     else:
         views = views_cache[(("dp_shard", 2), ("ep", 2), ("etp", 2), ("tp", 2))]
         messages["hidden_not_divisible"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, hidden=15))), views["ep", "etp"])
+            lambda: parallelize_moe(MoE(MoEConfig(**dict(small, hidden=15))), views[MeshDim.EP, MeshDim.ETP])
         )
         messages["split_with_etp"] = _raises(
-            lambda: parallelize_moe(MoE(MoEConfig(**small)), views["ep", "etp"], token_split_mesh=views["tp"])
+            lambda: parallelize_moe(
+                MoE(MoEConfig(**small)), views[MeshDim.EP, MeshDim.ETP], token_split_mesh=views[MeshDim.TP]
+            )
         )
     return messages
 

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hyper_parallel import trace
 from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.mesh_dims import MeshDim
 
 D, ROWS = 16, 4  # ROWS per rank; the reference sees ROWS * world rows
 CASES: dict[str, Callable] = {}
@@ -252,7 +253,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=(MeshDim.FSDP,))
     results = {}
     for name, fn in CASES.items():
         try:

@@ -1,0 +1,164 @@
+"""The dense rows of the recipe matrix (M1-M7): DDP, FSDP, TP, SP, CP (all-gather, ring, Ulysses), HSDP.
+
+Each row is the keyword arguments of ``registry.Recipe``; ``hyper_parallel.recipes.registry`` gathers
+the tables in the matrix's order (dense, pipeline, MoE, then the tiers). Rows are plain data so the
+tables need not import the registry that gathers them. Torch-free.
+"""
+
+from hyper_parallel.recipes.matrix_shapes import (
+    MLP_SHAPES,
+    SP_SHAPES,
+    SP_ULYSSES_SHAPES,
+    TRANSFORMER_SHAPES,
+    ULYSSES_SHAPES,
+)
+
+DENSE_ROWS: list[dict] = [
+    dict(
+        name="M1",
+        title="DDP through fully_shard(enable_param_shard=False)",
+        description="Plain data parallelism: every rank keeps whole parameters and sees a slice of the "
+        "global batch; fully_shard with enable_param_shard=False only all-reduces gradients "
+        "over the data-parallel group.",
+        matrix_row="M1 | dense | TP 1 | SP 0 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | pure DDP | 2-layer MLP",
+        tier="l0",
+        default={"world_size": 2, "dp_shard": 2},
+        alternatives=({"world_size": 4, "dp_replicate": 2, "dp_shard": 2},),
+        implementation="hyper_parallel.recipes.dense:ddp_mlp",
+        shapes=MLP_SHAPES,
+        must_be_one=("cp", "tp", "ep"),
+        at_least_one_of=("dp_replicate", "dp_shard"),
+    ),
+    dict(
+        name="M4",
+        title="FSDP only",
+        description="Parameters, gradients and optimizer state sharded over dp_shard: all-gather before "
+        "forward and backward, reduce-scatter of gradients.",
+        matrix_row="M4 | dense | TP 1 | SP 0 | CP 1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | FSDP2 only | MLP",
+        tier="l0",
+        default={"world_size": 2, "dp_shard": 2},
+        alternatives=({"world_size": 4, "dp_shard": 4},),
+        implementation="hyper_parallel.recipes.dense:fsdp_mlp",
+        shapes=MLP_SHAPES,
+        must_be_one=("dp_replicate", "cp", "tp", "ep"),
+        must_exceed_one=("dp_shard",),
+    ),
+    dict(
+        name="M2",
+        title="pure tensor parallelism",
+        description="Attention and feed-forward split over tp (wq/wk/wv/w1 colwise, wo/w2 rowwise) on "
+        "torch's DTensor parallel styles: each rowwise layer all-reduces its output. Data-parallel "
+        "replicas, if any, only all-reduce gradients (fully_shard enable_param_shard=False).",
+        matrix_row="M2 | dense | TP >1 | SP 0 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | pure TP | mini transformer",
+        tier="l0",
+        default={"world_size": 2, "tp": 2},
+        alternatives=({"world_size": 4, "tp": 4}, {"world_size": 4, "dp_shard": 2, "tp": 2}),
+        implementation="hyper_parallel.recipes.transformer:tensor_parallel",
+        shapes=TRANSFORMER_SHAPES,
+        must_be_one=("cp", "ep"),
+        must_exceed_one=("tp",),
+    ),
+    dict(
+        name="M3",
+        title="tensor + sequence parallelism",
+        description="TP with the residual stream sharded along the sequence between blocks: norms run on "
+        "sequence shards, each block's input is all-gathered and its output reduce-scattered. "
+        "Norm weights get Partial gradients over tp, which fully_shard sums (notebook 03_pure_tp_fix).",
+        matrix_row="M3 | dense | TP >1 | SP 1 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | TP+SP | mini transformer",
+        tier="l1",
+        default={"world_size": 2, "tp": 2},
+        alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:tensor_sequence_parallel",
+        shapes=SP_SHAPES,
+        must_be_one=("cp", "ep"),
+        must_exceed_one=("tp",),
+    ),
+    dict(
+        name="M5",
+        title="context parallelism + FSDP",
+        description="The sequence split into 2*cp load-balanced chunks; attention all-gathers K/V over cp. "
+        "CP ranks also shard parameters: fsdp = dp_shard * cp.",
+        matrix_row="M5 | dense | TP 1 | SP 0 | CP >1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | cp in fsdp, seq_len % 2cp | mini transformer",
+        tier="l1",
+        default={"world_size": 2, "cp": 2, "dp_shard": 1},
+        alternatives=({"world_size": 4, "dp_shard": 2, "cp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer",
+        shapes=TRANSFORMER_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"),
+        must_exceed_one=("cp",),
+    ),
+    dict(
+        name="M6",
+        title="TP + SP + CP + FSDP",
+        description="Four dense dims at once (TorchTitan llama3): TP+SP inside each block, CP attention, "
+        "parameters sharded over fsdp = dp_shard * cp with the TP placement kept.",
+        matrix_row="M6 | dense | TP >1 | SP 1 | CP >1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | seq_len % (tp*2*cp) | mini transformer",
+        tier="l1",
+        default={"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2},
+        alternatives=({"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer",
+        shapes=SP_SHAPES,
+        must_be_one=("ep", "dp_replicate"),
+        must_exceed_one=("tp", "cp"),
+    ),
+    dict(
+        name="M5-R",
+        title="ring context parallelism + FSDP",
+        description="M5 with K/V passed around the cp ring instead of all-gathered: cp-1 shifts per attention "
+        "(an online softmax folds each block in), the same shifts backwards for the gradients. Same "
+        "tokens per rank and the same losses as M5.",
+        matrix_row="M5-R | dense | TP 1 | SP 0 | CP >1 (ring) | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | M5's dims, ring K/V | mini transformer",
+        tier="",
+        default={"world_size": 2, "cp": 2, "dp_shard": 1},
+        alternatives=({"world_size": 4, "cp": 4},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ring",
+        shapes=TRANSFORMER_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"),
+        must_exceed_one=("cp",),
+    ),
+    dict(
+        name="M5-U",
+        title="Ulysses sequence parallelism + FSDP",
+        description="The sequence sharded over cp as in M5, but attention reshards by heads: one all-to-all "
+        "turns q/k/v sequence shards into head shards (each rank attends over the whole sequence "
+        "with n_heads/cp heads), one more turns the output back; backward mirrors both. Needs "
+        "n_heads % cp == 0. Same losses as M5.",
+        matrix_row="M5-U | dense | TP 1 | SP 0 | CP >1 (Ulysses) | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | n_heads % cp, seq_len % 2cp | mini transformer",
+        tier="",
+        default={"world_size": 2, "cp": 2, "dp_shard": 1},
+        alternatives=({"world_size": 4, "cp": 4},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ulysses",
+        shapes=ULYSSES_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"),
+        must_exceed_one=("cp",),
+    ),
+    dict(
+        name="M6-U",
+        title="TP + SP + Ulysses + FSDP",
+        description="M6 with Ulysses attention on the cp ranks: TP splits the heads by tp, Ulysses splits "
+        "each tp rank's heads again by cp (n_heads % (tp*cp) == 0).",
+        matrix_row="M6-U | dense | TP >1 | SP 1 | CP >1 (Ulysses) | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | n_heads % (tp*cp), seq_len % (tp*2*cp) | mini transformer",
+        tier="",
+        default={"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2},
+        alternatives=({"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ulysses",
+        shapes=SP_ULYSSES_SHAPES,
+        must_be_one=("ep", "dp_replicate"),
+        must_exceed_one=("tp", "cp"),
+    ),
+    dict(
+        name="M7",
+        title="HSDP (dp_replicate x fsdp), TP/CP optional",
+        description="Parameters sharded within each replica group and replicated across groups: gradients "
+        "reduce-scatter over fsdp, then all-reduce over dp_replicate.",
+        matrix_row="M7 | dense | TP >1 | SP 0..1 | CP 1..>1 | FSDP2 >0 | dp_rep 1 | EP 0 | ETP 0 | HSDP | mini transformer",
+        tier="l1",
+        default={"world_size": 4, "dp_replicate": 2, "dp_shard": 2},
+        alternatives=({"world_size": 8, "dp_replicate": 2, "dp_shard": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer",
+        shapes=SP_SHAPES,
+        must_be_one=("ep",),
+        must_exceed_one=("dp_replicate",),
+        at_least_one_of=("dp_shard", "cp"),
+    ),
+]

@@ -1,0 +1,20 @@
+"""The model shapes and workload modules the rows of the recipe matrix share (``matrix_*.py``).
+
+A row's ``shapes`` are the keyword arguments of ``ParallelDims.check_model``: the sizes of the model
+its workload builds, so a run is checked against them before any worker starts. Torch-free.
+"""
+
+MLP_SHAPES = {"global_batch": 16, "hidden_sizes": (32, 64)}
+# TransformerConfig defaults: d_model 32, 4 heads, hidden 64, vocab 64, seq_len 16; global batch 8.
+TRANSFORMER_SHAPES = {"global_batch": 8, "seq_len": 16, "num_heads": 4, "hidden_sizes": (32, 64, 64)}
+SP_SHAPES = {**TRANSFORMER_SHAPES, "sequence_parallel": True}
+ULYSSES_SHAPES = {**TRANSFORMER_SHAPES, "ulysses": True}  # n_heads % (tp * cp) == 0
+SP_ULYSSES_SHAPES = {**SP_SHAPES, "ulysses": True}
+# MOE_CONFIG: layer 1 is a MoE with 4 experts of hidden 32, top-2, a shared expert.
+MOE_SHAPES = {**SP_SHAPES, "num_experts": 4, "expert_hidden_sizes": (32,)}
+# PIPELINE_CONFIG: 4 layers (2 stages of 2, or 4 of 1 interleaved), 4 microbatches per data-parallel rank.
+PIPELINE_SHAPES = {**TRANSFORMER_SHAPES, "n_layers": 4, "microbatches": 4}
+
+DENSE_WORKLOAD = "hyper_parallel.recipes.transformer"
+PIPELINE_WORKLOAD = "hyper_parallel.recipes.pipeline"
+MOE_WORKLOAD = "hyper_parallel.recipes.moe"

@@ -1,0 +1,50 @@
+"""The markup every page of the report shares: escaping, a figure as a data URI, number cells, degrees.
+
+``page`` (one run), ``summary`` (its first screen), ``compare`` (two runs) and ``design_review`` (the
+planner's candidates) all build their HTML from these, so a number or a piece of run text looks and
+escapes the same on each. Torch is never imported.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Iterable
+from typing import Any
+
+from hyper_parallel.mesh_dims import DEGREE_NAMES
+
+DEGREE_ORDER = ("world_size", *DEGREE_NAMES)
+FIGURE_DPI = 110
+
+
+def esc(value: Any) -> str:
+    """Any value as text safe inside HTML and inside quoted attributes (log lines hold <, > and quotes)."""
+    return html.escape(str(value), quote=True)
+
+
+def png_data_uri(fig) -> str:
+    """A figure as an inline PNG, so the page stays one file that opens offline."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def num_cell(value: Any, spec: str, key: str, step: int | None = None) -> str:
+    """A right-aligned number: rounded text, exact ``repr`` in ``data-value``; "–" when missing."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"<td class='num' data-key='{esc(key)}'>–</td>"
+    step_attr = f" data-step='{step}'" if step is not None else ""
+    return f"<td class='num' data-key='{esc(key)}'{step_attr} data-value='{value!r}'>{value:{spec}}</td>"
+
+
+def degrees_text(degrees: dict[str, int]) -> str:
+    """``world_size=4: dp_replicate=2, dp_shard=2``: the degrees that are not 1, in the usual order."""
+    active = [f"{name}={degrees[name]}" for name in DEGREE_ORDER[1:] if degrees.get(name, 1) != 1]
+    return f"world_size={degrees.get('world_size', '?')}" + (": " + ", ".join(active) if active else "")
+
+
+def facts_table(rows: Iterable[tuple[str, str]]) -> str:
+    """Rows of (label, already-escaped HTML)."""
+    return "<table class='facts'>" + "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"

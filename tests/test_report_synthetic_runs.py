@@ -1,0 +1,103 @@
+"""Reports of run directories written by hand into ``tmp_path`` (no launch): a failed run shows its error
+and its logs escaped, folded and trimmed, and only the figures its files allow; runs that shared one launch
+each get their own launch's logs; and a synthetic TP run's communication rows carry the cost model's bytes
+(``estimate`` of the recipe's model, computed here) for every TP collective. Expected text is what the
+synthetic files contain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from report_page import INJECTED, Page, assert_self_contained, failed_run, write_log
+
+from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.run_files import SUMMARY_FILE
+from hyper_parallel.viz import run_figures
+from launch.report import REPORT_FILE, find_run_dirs, write_report, write_reports
+
+
+def test_report_of_a_failed_run_shows_the_error_and_escaped_logs(tmp_path):
+    run_dir = failed_run(tmp_path / "failed")
+    path = write_report(run_dir, tmp_path / "out")
+    assert path == (tmp_path / "out" / REPORT_FILE).resolve()  # a folder as --out gets report.html inside
+    text = path.read_text(encoding="utf-8")
+    page = Page(text)
+    assert_self_contained(page)
+    assert '<script>alert("pwned")' not in text and "&lt;script&gt;alert(&quot;pwned&quot;)" in text
+    injected = [tags for data, tags, _ in page.texts if INJECTED in data]
+    assert len(injected) == 1 and "details" in injected[0] and "pre" in injected[0]  # literal text, folded
+    assert page.find("span", id="verdict", data_ok="false")
+    assert "RuntimeError: boom <b>" in page.text_in("error") and "boom &lt;b&gt;" in text
+    assert "FAILED · rank 1" in page.text_in("verdict")
+    assert [a["data-rank"] for a in page.find("details", **{"class": "log failed"})] == ["1"]
+    assert "the first 50 lines are not shown" in page.text_in("logs")
+    assert "rank 0 line 2049" in text and "rank 0 line 49\n" not in text
+    assert set(page.figures()) == set(run_figures(run_dir)) == {"mesh"}  # no traces, no losses
+    assert {a["data-missing-figure"] for a in page.find("p") if "data-missing-figure" in a} == {
+        "numerics",
+        "placements",
+        "placement_overview",
+        "timeline",
+        "comm_volume",
+    }
+    assert "Timeline: not drawn, the workers wrote no trace files" in page.text_in("timeline")
+    assert page.cells[("max_abs_diff", None)] == (None, "–")
+
+
+def test_runs_sharing_a_launch_get_their_own_launch_logs(tmp_path):
+    """run_many: logs sit next to batch.json in the parent; a notebook may start one launch per world size."""
+    root = tmp_path / "notebook"
+    root.mkdir()
+    (root / "batch.json").write_text("[]")
+    for index, (label, line) in enumerate((("M4", "first launch says hi"), ("M7", "second launch says hi"))):
+        logs = root / f"torchrun_logs_{index}"
+        write_log(logs, 0, "stdout", [line])
+        run_dir = failed_run(root / label, with_logs=False)
+        os.utime(logs, (1000 + 10 * index, 1000 + 10 * index))
+        os.utime(run_dir / SUMMARY_FILE, (1005 + 10 * index, 1005 + 10 * index))
+    written, problems = write_reports(root)
+    assert problems == [] and written == [root / "M4" / REPORT_FILE, root / "M7" / REPORT_FILE]
+    assert find_run_dirs(root) == [root / "M4", root / "M7"]
+    first, second = (path.read_text() for path in written)
+    assert "first launch says hi" in first and "second launch says hi" not in first
+    assert "this launch ran several runs one after another" in first
+    assert "second launch says hi" in second and "first launch says hi" not in second
+
+
+def test_volume_rows_carry_the_cost_model_for_tp_collectives_too(tmp_path):
+    """A synthetic M3 run (TP+SP on 2 ranks): rank 0's traced totals per (op, group), written by hand as the
+    cost model's own bytes, get the model's prediction for every TP collective (estimate(recipe_model("M3"))
+    computed here) and no fully_shard minimum (not an FSDP collective)."""
+    from hyper_parallel import ParallelDims
+    from hyper_parallel.cost_model import estimate, recipe_model
+    from launch.report.build import _volume_rows
+    from launch.report.run_data import read_run
+
+    run_dir = failed_run(tmp_path / "m3", with_logs=False)
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    summary.update(recipe="M3", ok=True, degrees={"world_size": 2, "tp": 2})
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary))
+    model = estimate(recipe_model("M3"), ParallelDims(world_size=2, tp=2))
+    events = [
+        {
+            "kind": "collective",
+            "op": c.op,
+            "group": c.group,
+            "phase": c.phase,
+            "step": 1,
+            "ranks": [0, 1],
+            "bytes": c.bytes / c.count,
+        }
+        for c in model.collectives
+        for _ in range(c.count)
+    ]
+    for rank in (0, 1):
+        (run_dir / f"trace_rank{rank}.json").write_text(json.dumps({"rank": rank, "events": events}))
+    rows = _volume_rows(read_run(run_dir))
+    expected = model.by_op_group()
+    assert {(r["op"], r["group"]): r["predicted"] for r in rows} == expected
+    assert {(r["op"], r["group"]): r["measured"] for r in rows} == pytest.approx(expected)
+    assert {r["group"] for r in rows} == {MeshDim.TP} and all(r["minimum"] is None for r in rows)

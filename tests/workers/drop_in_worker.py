@@ -1,0 +1,57 @@
+"""torchrun worker for tests/test_drop_in.py: our fully_shard as a drop-in for torch FSDP2 on models we did
+not write. Every case (registered by the ``drop_in_*_cases.py`` modules imported below) runs in this one
+4-rank launch and trains one model three times side by side (drop_in_training.run_three: the
+single-process reference on the global batch, torch's ``fully_shard``, ours) for ``STEPS`` AdamW steps,
+recording per rank the losses and the largest difference of ours against torch and against the reference
+for every gradient and parameter, plus ``facts`` a case needs beyond numbers (traced collective bytes); a
+case that raises records its traceback and the ranks meet at a barrier before the next. Output:
+``OUT/drop_in_rank{r}.json``; run as ``torchrun --nproc-per-node 4 tests/workers/drop_in_worker.py --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import traceback
+from pathlib import Path
+
+import drop_in_mesh_cases
+import drop_in_parameter_cases
+import drop_in_unit_cases
+import torch
+import torch.distributed as dist
+from drop_in_training import CASES
+
+CASE_MODULES = (drop_in_parameter_cases, drop_in_unit_cases, drop_in_mesh_cases)
+"""The features whose cases a launch runs: importing a module registers its cases in ``CASES`` (each case
+builds its own seeded model and mesh, so their order does not matter)."""
+
+# --------------------------------------------------------------------------- driver
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default="all")
+    args = parser.parse_args()
+    os.environ["DROP_IN_OUT"] = args.out
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    torch.set_num_threads(1)
+    names = list(CASES) if args.cases == "all" else args.cases.split(",")
+    results = {}
+    for name in names:
+        try:
+            results[name] = CASES[name]()
+        except Exception:  # recorded: the test reports the traceback of the failing case
+            results[name] = {"error": traceback.format_exc()}
+        dist.barrier()
+    out = Path(args.out) / f"drop_in_rank{dist.get_rank()}.json"
+    out.write_text(json.dumps(results, indent=1, default=str))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
