@@ -27,7 +27,8 @@ ROOT_CAUSE_MARKER = "Root Cause (first observed failure)"
 FIELD_RE = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
 PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 """gloo's errors on a rank whose peer went away: a consequence of another rank's failure."""
-ERROR_FILE_GLOB = f"*/attempt_*/*/{ERROR_FILE}"  # in torchrun's --log-dir: <run id>/attempt_N/<rank>/
+ATTEMPT_GLOB = "*/attempt_*"  # in torchrun's --log-dir: <run id>/attempt_N/, one folder per rank inside
+ERROR_FILE_GLOB = f"{ATTEMPT_GLOB}/*/{ERROR_FILE}"
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class RankError:
     @property
     def lost_a_peer(self) -> bool:
         """gloo's error on a rank whose peer went away first: a consequence, not the cause."""
-        return any(marker in line for line in (self.message, *self.traceback) for marker in PEER_LOSS)
+        return _names_a_lost_peer((self.message, *self.traceback))
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,13 @@ def _torchrun_failures(torchrun_lines: list[str]) -> tuple[dict[int, int], int |
     return codes, root
 
 
+def _names_a_lost_peer(lines) -> bool:
+    return any(marker in line for line in lines for marker in PEER_LOSS)
+
+
 def _lost_a_peer(lines: list[str]) -> bool:
-    return any(marker in line for line in error_lines(lines) for marker in PEER_LOSS)
+    """Whether a rank's output ends in gloo's error for a peer that went away (``PEER_LOSS``)."""
+    return _names_a_lost_peer(error_lines(lines))
 
 
 def _read_error_file(path: Path) -> tuple[RankError, int] | None:
@@ -147,7 +153,7 @@ def rank_errors(log_dir: Path) -> list[RankError]:
     """
     attempts = [
         (int(folder.name.removeprefix("attempt_")), folder)
-        for folder in Path(log_dir).glob("*/attempt_*")
+        for folder in Path(log_dir).glob(ATTEMPT_GLOB)
         if folder.name.removeprefix("attempt_").isdigit()
     ]
     if not attempts:

@@ -28,8 +28,6 @@ CASE_MODULES = (drop_in_parameter_cases, drop_in_unit_cases, drop_in_mesh_cases)
 """The features whose cases a launch runs: importing a module registers its cases in ``CASES`` (each case
 builds its own seeded model and mesh, so their order does not matter)."""
 
-# --------------------------------------------------------------------------- driver
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
