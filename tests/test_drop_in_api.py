@@ -10,17 +10,19 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, DataParallelMeshDims, OffloadPolicy
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.fsdp import CPUOffloadPolicy, DataParallelMeshDims, FSDPModule, OffloadPolicy
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from hyper_parallel import ParallelDims, fully_shard
 from hyper_parallel.fsdp import FullyShardModule, UnshardHandle
 from hyper_parallel.fsdp.module import UNSUPPORTED_FSDP2_METHODS
 from hyper_parallel.fsdp.roles import resolve_roles
+from hyper_parallel.fsdp.step import TrainingState
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 
@@ -46,7 +48,25 @@ class Tied(nn.Module):
 def test_wrapper_class_is_cached_and_first_in_mro(world):
     a, b = fully_shard(nn.Linear(8, 8), mesh=world), fully_shard(nn.Linear(8, 8), mesh=world)
     assert type(a) is type(b)
-    assert type(a).__mro__[1:3] == (FullyShardModule, nn.Linear)
+    assert type(a).__mro__[1:4] == (FullyShardModule, FSDPModule, nn.Linear)
+
+
+def test_torch_sees_an_fsdp_module(world):
+    """torch's pipelining schedules and torchtitan's helpers test isinstance(m, FSDPModule): ours passes, and
+    every method FSDPModule defines is ours (implemented or refused by name), so none of torch's reaches
+    into FSDP2 state that our module does not have."""
+    module = fully_shard(nn.Linear(8, 8), mesh=world)
+    assert isinstance(module, FSDPModule)
+    torch_methods = {name for name, value in vars(FSDPModule).items() if callable(value) and name != "__new__"}
+    assert torch_methods, "FSDPModule defines no methods: this check reads the wrong class"
+    missing = sorted(name for name in torch_methods if name not in vars(FullyShardModule))
+    assert not missing, f"inherited from torch FSDP2, not defined by ours: {missing}"
+
+
+def test_indexing_a_sharded_container_gives_the_plain_class(world):
+    """FSDPModule.__new__ builds the user's class when a container slices itself (nn.Sequential[1:])."""
+    model = fully_shard(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), mesh=world)
+    assert type(model[1:]) is nn.Sequential
 
 
 def test_deepcopy_is_refused_clearly(world):
@@ -58,7 +78,7 @@ def test_deepcopy_is_refused_clearly(world):
 def test_unsupported_fsdp2_methods_name_themselves(world, method):
     module = fully_shard(nn.Linear(8, 8), mesh=world)
     with pytest.raises(NotImplementedError, match=f"{method} .* not supported"):
-        getattr(module, method)
+        getattr(module, method)(None)
 
 
 def test_unsupported_arguments_are_refused(world):
@@ -77,8 +97,8 @@ def test_unsupported_arguments_are_refused(world):
 def test_reshard_after_forward_int(world, k, resolved, group):
     """As FSDP2: 1 is False, the shard size is True, otherwise the group of k consecutive shard ranks."""
     state = fully_shard(nn.Linear(8, 8), mesh=world, reshard_after_forward=k)._hp_state
-    assert state.reshard_after_forward is resolved
-    post = state.group.post_forward_group
+    assert state.settings.reshard_after_forward is resolved
+    post = state.groups[0].post_forward_group
     assert (list(post.ranks) if post else None) == group
 
 
@@ -91,8 +111,8 @@ def test_supported_setters(world):
     module.set_reshard_after_backward(False)
     module.set_is_last_backward(True)
     module.set_reduce_scatter_divide_factor(4.0)
-    assert module._hp_state.reshard_after_backward is False
-    assert module._hp_state.group.gradient_divide_factor == 4.0
+    assert module._hp_state.settings.reshard_after_backward is False
+    assert module._hp_state.groups[0].gradient_divide_factor == 4.0
 
 
 def test_tied_weight_is_one_sharded_parameter(world):
@@ -119,7 +139,7 @@ def test_a_list_of_modules_is_one_unit(world):
     first, second = nn.Linear(8, 8), nn.Linear(8, 4)
     fully_shard([first, second], mesh=world)
     assert first._hp_state is second._hp_state
-    assert len(first._hp_state.group.params) == 4
+    assert len(first.sharded_params()) == 4
 
 
 def test_ignored_params_stay_plain(world):
@@ -127,7 +147,7 @@ def test_ignored_params_stay_plain(world):
     keep = model[1].weight
     fully_shard(model, mesh=world, ignored_params={keep})
     assert model[1].weight is keep
-    assert len(model._hp_state.group.params) == 3
+    assert len(model.sharded_params()) == 3
 
 
 def test_explicit_dp_mesh_dims_win_over_names(world):
@@ -170,3 +190,55 @@ def test_slices_of_one_mesh_combine_whatever_else_exists(world, shape):
     fully_shard(layer, mesh=mesh[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     assert layer.weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
     assert layer.weight.placements[2] == Shard(0)
+
+
+def test_meta_parameters_become_meta_shards_and_to_empty_relinks_them(world):
+    """torchtitan's order: build on meta, fully_shard, to_empty, initialise. The shards are meta until to_empty;
+    after it each sharded parameter (the same object) is a view into its group's new flat shard, so what
+    reset_parameters writes is what the all-gather reads."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+    fully_shard(model, mesh=world)
+    before = list(model.parameters())
+    assert all(isinstance(p, DTensor) and p.is_meta for p in before)
+    with pytest.raises(RuntimeError, match="meta device.*to_empty"):
+        model(torch.zeros(2, 8))
+    model.to_empty(device="cpu")
+    for module in model:
+        module.reset_parameters()
+    (group,) = model._hp_state.groups
+    flat = group.flat_shard
+    assert not flat.is_meta and [p is q for p, q in zip(model.parameters(), before)] == [True] * 4
+    for param, offset in zip(model.parameters(), group.offsets):
+        local = param.to_local()
+        assert local.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+        assert torch.equal(flat[offset : offset + local.numel()], local.flatten())
+    assert flat.abs().sum() > 0
+
+
+def test_a_frozen_bf16_base_and_trainable_fp32_adapter_share_a_unit(world):
+    """QLoRA: one unit, one flat buffer per dtype; before, 'must share a dtype'."""
+    base = nn.Linear(8, 8).to(torch.bfloat16).requires_grad_(False)
+    model = fully_shard(nn.Sequential(base, nn.Linear(8, 8)), mesh=world)
+    assert [g.orig_dtype for g in model._hp_state.groups] == [torch.bfloat16, torch.float32]
+    assert [len(g.params) for g in model._hp_state.groups] == [2, 2]
+
+
+def test_reduce_scatter_unused_params_reaches_every_unit(world):
+    """FSDP2's setter, recursive by default (its effect on gradients: tests/test_drop_in_stacks.py)."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    fully_shard(model[0], mesh=world)
+    fully_shard(model, mesh=world)
+    assert [g.reduce_unused_params for g in model[0]._hp_state.groups + model._hp_state.groups] == [False, False]
+    model.set_reduce_scatter_unused_params(True)
+    assert [g.reduce_unused_params for g in model[0]._hp_state.groups + model._hp_state.groups] == [True, True]
+
+
+def test_the_lifecycle_is_data_and_checked(world):
+    """A unit's state is a handful of named records (not loose flags), and a change of training state that the
+    lifecycle does not allow raises (torch FSDP2 asserts its states the same way)."""
+    state = fully_shard(nn.Linear(8, 8), mesh=world)._hp_state
+    assert len(vars(state)) <= 12, sorted(vars(state))
+    state._transition(TrainingState.FORWARD, TrainingState.IDLE)
+    with pytest.raises(RuntimeError, match="cannot go from FORWARD to POST_BACKWARD .*reset_iter_state"):
+        state._transition(TrainingState.POST_BACKWARD, TrainingState.PRE_BACKWARD)

@@ -79,9 +79,10 @@ def test_bad_use_errors(views):
     with pytest.raises(ValueError, match="already applied"):
         module = fully_shard(nn.Linear(4, 4), mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
         fully_shard(module, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
-    mixed = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).to(torch.float64))
-    with pytest.raises(ValueError, match="must share a dtype"):
-        fully_shard(mixed, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
+    integer = nn.Linear(4, 4)
+    integer.weight = nn.Parameter(torch.zeros(4, 4, dtype=torch.int64), requires_grad=False)
+    with pytest.raises(ValueError, match="floating-point parameters only.*ignored_params"):
+        fully_shard(integer, mesh=views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     # tp groups {0, 4}, {1, 5}, ... where the views group {0, 1}, {2, 3}, ...: inconsistent ranks.
     other_root = init_device_mesh("cpu", (2, 4), mesh_dim_names=(MeshDim.TP, MeshDim.DP))
     layer = nn.Linear(4, 4)

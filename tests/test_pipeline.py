@@ -55,8 +55,9 @@ def test_p2p_bytes_by_hand():
 
 def test_plan_lines_at_8192_ranks_by_hand():
     """llama-8b-like (32 layers, d_model 4096, seq 8192, global batch 512, bf16 activations) on 8192 ranks,
-    tp=8, pp=4: dp = 8192 / 32 = 256, 2 rows per rank. One microbatch of 2 rows: the boundary tensor is
-    2 x 8192 x 4096 x 2 B = 128 MiB; a middle stage sends and receives it once each way: 512 MiB; the
+    tp=8, pp=4: dp = 8192 / 32 = 256, 2 rows per rank. One microbatch of 2 rows: the boundary tensor, sharded
+    by tp under sequence parallelism, is 2 x 8192 / 8 x 4096 x 2 B = 16 MiB; a middle stage sends and
+    receives it once each way: 64 MiB; the
     bubble (4-1)/(1+4-1) = 75% and a warning. --micro-batch 1: m=2, bubble 3/5 = 60%, stage 0 of 1F1B
     holds min(2, 4) = 2 microbatches, and still fewer microbatches than stages: the warning stays."""
     from hyper_parallel import ParallelDims
@@ -67,7 +68,7 @@ def test_plan_lines_at_8192_ranks_by_hand():
     text = "\n".join(plan_lines(get_model("llama-8b-like"), dims))
     assert "pp=4 stages of 8 layers, 1 microbatch(es) of 2 rows" in text
     assert "WARNING: 1 microbatch(es) < pp=4" in text and "bubble (p-1)/(m+p-1) = 75%" in text
-    assert "512.0 MiB sent + received (128.00 MiB per microbatch each way)" in text
+    assert "64.0 MiB sent + received (16.00 MiB per microbatch each way)" in text
     text = "\n".join(plan_lines(get_model("llama-8b-like").replace(micro_batch=1), dims))
     assert (
         "WARNING: 2 microbatch(es) < pp=4" in text
@@ -116,6 +117,7 @@ def test_measured_bubble_of_an_ideal_schedule_is_the_formula():
     assert len(ax.patches) == 8  # one bar per action
     assert sorted(t.get_text() for t in ax.texts if t.get_text().isdigit()) == ["0", "0", "0", "0", "1", "1", "1", "1"]
     assert "measured bubble 33%" in ax.get_title() and "1/3 = 33%" in ax.get_title()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["stage 0 · rank 0", "stage 1 · rank 1"]
     with pytest.raises(ValueError, match="no pipeline actions in step 2"):
         viz.pipeline_schedule(traces, step=2)
 
@@ -173,3 +175,19 @@ def test_the_three_schedules_give_the_same_losses(recipe_results):
     assert [r.metrics["notes"]["schedule"] for r in results] == ["1f1b", "gpipe", "interleaved_1f1b"]
     for other in results[1:]:
         assert other.metrics["losses"] == pytest.approx(results[0].metrics["losses"], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_fsdp_reduces_once_per_step_not_per_microbatch(recipe_results):
+    """torch's schedules turn gradient sync off for every microbatch's backward and reduce once at the end of
+    the step, for any FSDPModule (ours is one). P1: 4 layers on pp=2 stages, each stage's 2 layers and the
+    stage root are fully_shard units over dp_shard=2, so every rank reduce-scatters 3 times per step, not
+    3 x 4 microbatches = 12 (what ours did while torch did not recognise it)."""
+    result = result_of("P1", RECIPES["P1"].default, recipe_results)
+    assert result.ok, result.error
+    for rank, events in result.traces.items():
+        per_step = {}
+        for event in events:
+            if event.get("kind") == "collective" and event["op"] == "reduce_scatter":
+                per_step[event["step"]] = per_step.get(event["step"], 0) + 1
+        assert per_step and set(per_step.values()) == {3}, (rank, per_step)

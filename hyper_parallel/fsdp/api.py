@@ -11,6 +11,10 @@ the model-parallel dims the parameter already had from TP/EP) and exposes its ``
 A parameter registered on several modules of the unit (tied embeddings) is managed once: one
 sharded DTensor set on every module that holds it, whose gradient sums all its uses. Shared between
 two units it is refused, since each unit would reduce its own copy of the gradient.
+
+Parameters built on the meta device stay meta shards until ``to_empty`` (then initialise them, or load a
+state dict). A unit's parameters of different dtypes (a frozen bf16 base beside trainable fp32
+adapters) are gathered in one flat buffer per dtype.
 """
 
 from __future__ import annotations
@@ -19,22 +23,17 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 from hyper_parallel.comm import GroupInfo
+from hyper_parallel.fsdp.layouts import MANAGED_BY_ATTR, SHARDED_BY_ATTR, layout_of, unmanaged_params
 from hyper_parallel.fsdp.module import FullyShardModule
-from hyper_parallel.fsdp.param import ParamLayout, ShardedParam
+from hyper_parallel.fsdp.param import ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
 from hyper_parallel.fsdp.roles import MeshRoles, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
+from hyper_parallel.fsdp.torch_interop import register_with_torch
 from hyper_parallel.mesh_dims import MeshDim
-
-SHARDED_BY_ATTR = "_hp_sharded_by"
-"""Set on the sharded DTensor parameter a unit registers: applying fully_shard to a module inside an
-already sharded one (top-down) finds it and says to go bottom-up."""
-MANAGED_BY_ATTR = "_hp_managed_by"
-"""Set on a user's original parameter once a unit manages it: the unit's module, for the error when a
-second unit finds the same parameter (shared across units)."""
 
 _WRAPPER_CLASSES: dict[type, type] = {}
 """One ``FullyShard<Class>`` per user class, as torch FSDP2 caches its ``FSDP<Class>``."""
@@ -45,77 +44,6 @@ def _default_mesh() -> DeviceMesh:
         raise RuntimeError("fully_shard needs torch.distributed initialised (init_process_group) first")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=(MeshDim.FSDP,))
-
-
-def _layout(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str) -> ParamLayout:
-    """The parameter's single mesh: the data-parallel dims of ``mesh`` + its own model-parallel dims.
-
-    Model-parallel dims named in ``mesh`` but not in the parameter's DTensor are Replicate; a plain
-    parameter keeps computing as a plain tensor, a DTensor one on its own mesh and placements.
-
-    Meshes are matched by the ranks they group, never by object identity or DeviceMesh's caches: any
-    slices of one ``init_device_mesh`` (or of ParallelDims views) combine, in any order of creation.
-    """
-    names = tuple(mesh.mesh_dim_names)
-    if not isinstance(param, DTensor):
-        mp_dims = roles.model_parallel_dims
-        return ParamLayout(mesh, mp_dims, tuple(Replicate() for _ in mp_dims), None, ())
-    own_mesh, own_placements = param.device_mesh, tuple(param.placements)
-    own_names = tuple(own_mesh.mesh_dim_names or ())
-    data_dims = tuple(d for d in names if d not in roles.model_parallel_dims)
-    if own_names == names and _same_ranks(own_mesh, mesh):
-        return _spmd_layout(mesh, roles, own_mesh, own_placements, fqn)
-    clash = set(own_names) & set(data_dims)
-    if clash:
-        raise ValueError(
-            f"parameter {fqn!r} is already a DTensor over {sorted(clash)}, which fully_shard's mesh "
-            "uses as a data-parallel dim; apply TP/EP on model-parallel dims (tp, ep, etp) only, or "
-            "pass the full mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)"
-        )
-    if set(own_names) <= set(roles.model_parallel_dims):
-        if not _same_ranks(own_mesh, mesh[own_names]):
-            raise ValueError(
-                f"parameter {fqn!r} is a DTensor over {own_names} with ranks "
-                f"{own_mesh.mesh.tolist()}, but fully_shard's mesh groups ranks "
-                f"{mesh[own_names].mesh.tolist()} over those dims: slice both from one mesh"
-            )
-        mp_dims = roles.model_parallel_dims
-        placements = tuple(own_placements[own_names.index(d)] if d in own_names else Replicate() for d in mp_dims)
-        return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
-    if not data_dims:
-        return ParamLayout(own_mesh, own_names, own_placements, own_mesh, own_placements)
-    try:
-        combined = DeviceMesh._concatenate([mesh[data_dims], own_mesh])
-    except RuntimeError as error:
-        raise ValueError(
-            f"the fully_shard mesh {names} and the mesh {own_names} of parameter {fqn!r} cannot be combined into "
-            f"one mesh ({error}); build both as slices of one init_device_mesh (or ParallelDims views), with "
-            "the data-parallel and model-parallel dims on separate axes"
-        ) from None
-    return ParamLayout(combined, own_names, own_placements, own_mesh, own_placements)
-
-
-def _same_ranks(a: DeviceMesh, b: DeviceMesh) -> bool:
-    """The same ranks in the same arrangement (this rank's sub-mesh of each)."""
-    return a.mesh.shape == b.mesh.shape and bool((a.mesh == b.mesh).all())
-
-
-def _spmd_layout(
-    mesh: DeviceMesh, roles: MeshRoles, own_mesh: DeviceMesh, own_placements: tuple, fqn: str
-) -> ParamLayout:
-    """A parameter already a DTensor on fully_shard's whole mesh (FSDP2's ``dp_mesh_dims`` mode): it must be
-    Replicate on the data-parallel dims; its other dims are model-parallel."""
-    names = tuple(mesh.mesh_dim_names)
-    data = set(roles.replicate_dims) | ({roles.shard_dim} if roles.shard_dim else set())
-    wrong = [d for d, p in zip(names, own_placements) if d in data and not isinstance(p, Replicate)]
-    if wrong:
-        raise ValueError(
-            f"parameter {fqn!r} is a DTensor on the whole mesh but not Replicate over the "
-            f"data-parallel dim(s) {wrong}; fully_shard shards those itself"
-        )
-    mp_dims = roles.model_parallel_dims
-    placements = tuple(own_placements[names.index(d)] for d in mp_dims)
-    return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
 
 
 def fully_shard(
@@ -151,14 +79,14 @@ def fully_shard(
     unsharded_group = GroupInfo.from_mesh(mesh, roles.replicate_dims)
     ignored = {id(p) for p in (ignored_params or ())}
     prefix = type(modules[0]).__name__
-    params = _unmanaged_params(modules, ignored)
+    params = unmanaged_params(modules, ignored)
     managed = []
     groups: dict[tuple[str, tuple[int, ...]], GroupInfo] = {}
     for fqn, owners, param in params:
         original = param
         if param.device != device and param.device.type != "meta":
             param = _moved(param, device)
-        layout = _layout(mesh, roles, param, fqn)
+        layout = layout_of(mesh, roles, param, fqn)
         mp_groups = {}
         for dim in layout.mp_dims:
             ranks = tuple(int(r) for r in layout.combined[dim].mesh.flatten().tolist())
@@ -167,32 +95,30 @@ def fully_shard(
             mp_groups[dim] = groups[(dim, ranks)]
         managed.append(ShardedParam(fqn, owners, param, roles, sharded_group, unsharded_group, layout, mp_groups))
         setattr(original, MANAGED_BY_ATTR, f"{fqn} of the fully_shard unit {prefix}")
-    dtypes = {p.orig_dtype for p in managed}
-    if len(dtypes) > 1:
+    if any(not p.orig_dtype.is_floating_point for p in managed):
         raise ValueError(
-            f"parameters of one fully_shard unit are gathered and reduced in one flat buffer and "
-            f"must share a dtype; {prefix} has {sorted(str(d) for d in dtypes)}: cast the module "
-            "to one dtype (use MixedPrecisionPolicy for low-precision compute) or apply fully_shard "
-            "to the submodules separately"
+            f"fully_shard manages floating-point parameters only; {prefix} has "
+            f"{sorted({str(p.orig_dtype) for p in managed})}: pass the others as ignored_params"
         )
-    if any(not d.is_floating_point for d in dtypes):
-        raise ValueError(f"fully_shard manages floating-point parameters only; {prefix} has {dtypes}")
-    group = ParamGroup(prefix, managed, mp_policy, device) if managed else None
-    if group is not None:
-        for param in managed:
+    by_kind: dict[tuple[torch.dtype, bool], list[ShardedParam]] = {}
+    for param in managed:  # one flat buffer per dtype (and meta or not): what one all-gather can carry
+        by_kind.setdefault((param.orig_dtype, param.is_meta), []).append(param)
+    groups = [ParamGroup(prefix, members, mp_policy, device) for members in by_kind.values()]
+    reshard_after_forward, post_forward_group = _post_forward(mesh, roles, reshard_after_forward)
+    for group in groups:
+        group.post_forward_group = post_forward_group
+        for param in group.params:
             exposed = param.sharded_param
             exposed.sharded_group_info = param.sharded_group_info
             exposed.unsharded_group_info = param.unsharded_group_info
             exposed.shard_size, exposed.dp_size, exposed.rank_size = param.shard_size, param.dp_size, param.rank_size
             setattr(exposed, SHARDED_BY_ATTR, prefix)
-    reshard_after_forward, post_forward_group = _post_forward(mesh, roles, reshard_after_forward)
-    if group is not None:
-        group.post_forward_group = post_forward_group
-    state = FullyShardState(modules, group, reshard_after_forward, mp_policy)
+    state = FullyShardState(modules, groups, reshard_after_forward, mp_policy)
     for each in modules:
         each.register_state_dict_post_hook(_detach_from_flat_buffer)
         each.__class__ = _wrapper_class(each.__class__)
         each._hp_state = state
+        register_with_torch(each, state)
     return module
 
 
@@ -271,43 +197,3 @@ def _detach_from_flat_buffer(module: nn.Module, state_dict: dict, prefix: str, l
 
 def _moved(param: nn.Parameter, device: torch.device) -> nn.Parameter:
     return nn.Parameter(param.detach().to(device), requires_grad=param.requires_grad)
-
-
-def _unmanaged_params(
-    modules: list[nn.Module], ignored: set[int]
-) -> list[tuple[str, list[tuple[nn.Module, str]], nn.Parameter]]:
-    """(fqn, every (module, attribute) holding it, parameter) for the parameters of ``modules`` that no
-    nested fully_shard unit manages. A parameter held by several modules (tied weights) appears once,
-    with all its owners; one already managed by another unit is an error naming both places."""
-    found: dict[int, tuple[str, list[tuple[nn.Module, str]], nn.Parameter]] = {}
-    several = len(modules) > 1
-
-    def visit(mod: nn.Module, prefix: str) -> None:
-        for name, param in mod._parameters.items():
-            if param is None or id(param) in ignored:
-                continue
-            if id(param) in found:
-                found[id(param)][1].append((mod, name))
-                continue
-            owner_unit = getattr(param, SHARDED_BY_ATTR, None)
-            if owner_unit is not None:
-                raise ValueError(
-                    f"parameter {prefix}{name} is already sharded by the fully_shard unit {owner_unit}, which "
-                    "encloses this module: apply fully_shard bottom-up (each block first, then the root)"
-                )
-            elsewhere = getattr(param, MANAGED_BY_ATTR, None)
-            if elsewhere is not None:
-                raise ValueError(
-                    f"parameter {prefix}{name} is shared with {elsewhere}: a parameter held by two fully_shard "
-                    "units would have its gradient reduced twice. Apply fully_shard so that one unit holds "
-                    "every module using it (e.g. leave both in the root, or fully_shard([module_a, module_b]))"
-                )
-            found[id(param)] = (f"{prefix}{name}", [(mod, name)], param)
-        for child_name, child in mod._modules.items():
-            if child is None or isinstance(child, FullyShardModule):
-                continue
-            visit(child, f"{prefix}{child_name}.")
-
-    for index, mod in enumerate(modules):
-        visit(mod, f"{index}." if several else "")
-    return list(found.values())

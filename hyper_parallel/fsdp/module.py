@@ -1,6 +1,8 @@
 """The methods ``fully_shard`` adds to a module: torch FSDP2's ``FSDPModule`` surface, plus ``sync_weights``.
 
-What FSDP2 offers and this implementation does not is refused by name (``NotImplementedError``), so a
+``FullyShardModule`` subclasses torch's ``FSDPModule``, so torch's consumers treat ours as FSDP2
+(pipelining's schedules, torchtitan's helpers): every method of ``FSDPModule`` is defined here, and what
+FSDP2 offers and this implementation does not is refused by name (``NotImplementedError``), so a
 training loop written for FSDP2 never silently does something else.
 """
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 
 from hyper_parallel import comm
 from hyper_parallel.fsdp.param import ShardedParam
@@ -19,7 +22,6 @@ UNSUPPORTED_FSDP2_METHODS = {
     "set_all_reduce_hook": "all-reduce hooks",
     "set_post_optim_event": "CUDA post-optimizer events",
     "set_force_sum_reduction_for_comms": "forced SUM reductions",
-    "set_reduce_scatter_unused_params": "reduce-scatter of unused parameters",
     "set_reduce_scatter_max_input_buffers": "several reduce-scatter input buffers",
     "set_separate_reduce_scatter_group": "a separate reduce-scatter process group",
     "set_unshard_in_backward": "skipping the backward all-gather",
@@ -39,10 +41,20 @@ class UnshardHandle:
         self.waited = True
 
 
-class FullyShardModule:
+def _refusal(name: str, what: str):
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError(f"{name} (torch FSDP2: {what}) is not supported by hyper_parallel's fully_shard")
+
+    refuse.__name__ = name
+    refuse.__doc__ = f"Refused: {what} are not offered by this implementation."
+    return refuse
+
+
+class FullyShardModule(FSDPModule):
     """Methods added to a module by ``fully_shard`` (its class becomes a subclass of this and its own)."""
 
     _hp_state: FullyShardState
+    _orig_cls_mro_index = 3  # [FullyShard<Orig>, FullyShardModule, FSDPModule, Orig, ...]: FSDPModule.__new__
 
     def _states(self, recurse: bool) -> list[FullyShardState]:
         if not recurse:
@@ -60,13 +72,21 @@ class FullyShardModule:
             "FSDP2 refuses it too): deepcopy the model before fully_shard, or save and load a state dict"
         )
 
-    def __getattr__(self, name: str):
-        if name in UNSUPPORTED_FSDP2_METHODS:
-            raise NotImplementedError(
-                f"{name} (torch FSDP2: {UNSUPPORTED_FSDP2_METHODS[name]}) is not supported "
-                "by hyper_parallel's fully_shard"
-            )
-        return super().__getattr__(name)
+    def _get_fsdp_state(self):
+        raise RuntimeError(
+            f"{type(self).__name__} is sharded by hyper_parallel's fully_shard, which torch FSDP2's internals "
+            "cannot drive: apply one fully_shard (ours or torch's) to the whole model"
+        )
+
+    def _apply(self, *args, **kwargs):
+        """``to_empty`` / ``to`` / ``cuda``: move the sharded parameters, then relink each group's flat shard
+        and compute parameters to them (FSDP2's ``_apply`` + ``reset_sharded_param``)."""
+        self._hp_state.reshard()
+        result = super(FSDPModule, self)._apply(*args, **kwargs)  # nn.Module's: FSDPModule's reads FSDP2 state
+        with torch.no_grad():
+            for group in self._hp_state.groups:
+                group.relink()
+        return result
 
     def unshard(self, async_op: bool = False) -> UnshardHandle | None:
         """All-gather this unit's parameters now (only the FSDP dim; TP/EP placements stay)."""
@@ -81,35 +101,46 @@ class FullyShardModule:
         """On the root, after a forward or backward that raised: discard the failed step's gradients and
         collectives in flight and make every unit ready for the next step (FSDP2's method of that name).
         The next forward does this by itself when a backward did not finish."""
-        (self._hp_state.root or self._hp_state).reset_iteration()
+        state = self._hp_state
+        (state.context.root if state.context is not None else state).reset_iteration()
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
-        """False: skip reduce-scatter and all-reduce, accumulate unsharded gradients locally (gradient
-        accumulation); the next backward with True reduces the accumulated sum."""
+        """False: skip reduce-scatter and all-reduce, accumulate unsharded gradients locally in the reduce
+        dtype (gradient accumulation); the next backward with True reduces the accumulated sum."""
         for state in self._states(recurse):
-            if state.group is not None:
-                state.group.requires_gradient_sync = bool(requires_gradient_sync)
+            for group in state.groups:
+                group.requires_gradient_sync = bool(requires_gradient_sync)
 
     def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
         """False (HSDP): reduce-scatter but keep the result partial over the replicate group; the next
         backward with True all-reduces the sum."""
         for state in self._states(recurse):
-            if state.group is not None:
-                state.group.requires_all_reduce = bool(requires_all_reduce)
+            for group in state.groups:
+                group.requires_all_reduce = bool(requires_all_reduce)
+
+    def set_reduce_scatter_unused_params(self, reduce_scatter_unused_params: bool, *, recurse: bool = True) -> None:
+        """True (MoE, branches taken on some ranks): every trainable parameter gets the reduced gradient, the
+        others' sum where this rank computed none, zeros where no rank did (as FSDP2). False (the default): a
+        parameter gets a gradient where this rank computed one, ``None`` where no rank did (one process's
+        answer); one used on other ranks only is refused with this fix. Every rank reduces the same buffer
+        either way (see ``hyper_parallel.fsdp.reduction``)."""
+        for state in self._states(recurse):
+            for group in state.groups:
+                group.reduce_unused_params = bool(reduce_scatter_unused_params)
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
         if not isinstance(reshard_after_forward, bool):
             raise ValueError(f"set_reshard_after_forward takes a bool, got {reshard_after_forward!r}")
         for state in self._states(recurse):
-            state.reshard_after_forward = reshard_after_forward
-            if state.group is not None:  # a bool replaces an int given to fully_shard: no smaller group any more
-                state.group.post_forward_group, state.group.post_forward_shard = None, None
+            state.settings.reshard_after_forward = reshard_after_forward
+            for group in state.groups:  # a bool replaces an int given to fully_shard: no smaller group any more
+                group.post_forward_group, group.post_forward_shard = None, None
 
     def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
         """False: keep the unsharded parameters after backward, so the next forward gathers nothing
         (gradient accumulation; as in FSDP2, an optimizer step in between is not seen by them)."""
         for state in self._states(recurse):
-            state.reshard_after_backward = bool(reshard_after_backward)
+            state.settings.reshard_after_backward = bool(reshard_after_backward)
 
     def set_is_last_backward(self, is_last_backward: bool) -> None:
         """Accepted for FSDP2 compatibility, and nothing to do: every reduction in flight is finished at the
@@ -120,8 +151,8 @@ class FullyShardModule:
         if factor <= 0:
             raise ValueError(f"gradient divide factor must be > 0, got {factor}")
         for state in self._states(recurse):
-            if state.group is not None:
-                state.group.gradient_divide_factor = float(factor)
+            for group in state.groups:
+                group.gradient_divide_factor = float(factor)
 
     def set_reduce_scatter_divide_factor(self, factor: float) -> None:
         """FSDP2's older name of ``set_gradient_divide_factor``."""
@@ -129,43 +160,47 @@ class FullyShardModule:
 
     def set_modules_to_forward_prefetch(self, modules: list[nn.Module]) -> None:
         """All-gather these units' parameters at the start of this unit's forward."""
-        self._hp_state.forward_prefetch = [state_of(m) for m in modules]
+        self._hp_state.settings.forward_prefetch = [state_of(m) for m in modules]
 
     def set_modules_to_backward_prefetch(self, modules: list[nn.Module]) -> None:
         """All-gather these units' parameters when backward reaches this unit."""
-        self._hp_state.backward_prefetch = [state_of(m) for m in modules]
+        self._hp_state.settings.backward_prefetch = [state_of(m) for m in modules]
 
     def set_overlap(self, overlap: bool, *, recurse: bool = True) -> None:
         """True (the default, unless ``HYPER_PARALLEL_OVERLAP=0``): prefetch the next unit's all-gather in
         backward and leave reduce-scatters / all-reduces in flight until their result is needed. False:
         every collective is issued and waited for on the spot. The numbers are the same either way."""
         for state in self._states(recurse):
-            state.overlap = bool(overlap)
+            state.settings.overlap = bool(overlap)
 
     def set_implicit_forward_prefetch(self, enabled: bool) -> None:
         """On the root: from the second step on, issue the next unit's all-gather when a unit's forward
         begins (order of the first step), so it travels while this unit computes (one unit ahead)."""
-        self._hp_state.implicit_forward_prefetch = bool(enabled)
+        self._hp_state.settings.implicit_forward_prefetch = bool(enabled)
+
+    def _set_unshard_async_op(self, async_op: bool) -> None:
+        """Accepted for FSDP2 compatibility: prefetches are asynchronous with overlap on, the rest is not."""
 
     def sharded_params(self) -> list[ShardedParam]:
         """This unit's managed parameters (not those of nested fully_shard units)."""
-        group = self._hp_state.group
-        return list(group.params) if group is not None else []
+        return [param for group in self._hp_state.groups for param in group.params]
 
     def sync_weights(self) -> None:
         """Compat mode: make every replica's weights equal, on explicit request only.
 
         Broadcasts each unit's sharded parameters from the first rank of the unsharded dp group, and
         parameters with partial gradients from the first rank of their model-parallel group."""
-        for state in self._states(recurse=True):
-            group = state.group
-            if group is None:
-                continue
+        for group in (group for state in self._states(recurse=True) for group in state.groups):
+            group.relink()
             with torch.no_grad():
                 comm.broadcast(group.flat_shard, group.unsharded_group, module=group.name)
                 for param in group.params:
                     for mp_group in param.partial_groups():
                         comm.broadcast(param.sharded_param.to_local(), mp_group, module=group.name)
+
+
+for _name, _what in UNSUPPORTED_FSDP2_METHODS.items():
+    setattr(FullyShardModule, _name, _refusal(_name, _what))
 
 
 def state_of(module: nn.Module) -> FullyShardState:

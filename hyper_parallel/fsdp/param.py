@@ -97,8 +97,8 @@ class ShardedParam:
         self.sharded_param: nn.Parameter | None = None
         self.unsharded_param: nn.Parameter | None = None
         self.unsharded_padded: torch.Tensor | None = None
-        self.accumulated_grad: torch.Tensor | None = None  # parked while gradient sync is off
-        self.accumulated_partial: tuple[str, ...] = ()  # the model-parallel dims it is Partial on
+        self.parked = None  # a reduction.ParkedGradient while gradient sync is off
+        self.is_meta = local.is_meta
         self._initial_local = local
 
     # ----- layout -----
@@ -188,15 +188,17 @@ class ShardedParam:
 
     # ----- storage -----
     def init_sharded(self, padded_storage: torch.Tensor) -> None:
-        """Copy this rank's chunk into ``padded_storage`` (a view of the group's flat shard buffer)."""
+        """Copy this rank's chunk into ``padded_storage`` (a view of the group's flat shard buffer).
+
+        A parameter on the meta device (built under ``torch.device("meta")``) has no data to copy: its
+        shard stays meta until ``to_empty`` moves the module and ``ShardedParam.adopt`` relinks it."""
         padded = padded_storage.view(self.padded_shape)
-        padded.zero_()
-        start = self.shard_index * self.chunk
-        if self.local_len > 0:
-            padded.narrow(self.fsdp_axis, 0, self.local_len).copy_(
-                self._initial_local.narrow(self.fsdp_axis, start, self.local_len)
-            )
         local = padded.narrow(self.fsdp_axis, 0, self.local_len)
+        if not padded.is_meta:
+            padded.zero_()
+            if self.local_len > 0:
+                start = self.shard_index * self.chunk
+                local.copy_(self._initial_local.narrow(self.fsdp_axis, start, self.local_len))
         dtensor = DTensor.from_local(
             local,
             self.combined_mesh,
@@ -213,6 +215,35 @@ class ShardedParam:
         )
         self._initial_local = None
         self._set_on_owner(self.sharded_param)
+
+    def registered(self) -> nn.Parameter:
+        """The parameter the module holds now: ours, or one that ``to_empty`` / ``load_state_dict(assign=True)``
+        put in its place."""
+        owner, leaf = self.owners[0]
+        return owner._parameters[leaf]
+
+    def adopt(self, registered: nn.Parameter, padded_storage: torch.Tensor) -> None:
+        """Make ``registered`` (a sharded DTensor of this parameter's layout) this parameter's shard again, its
+        data copied into ``padded_storage`` (a view of the new flat shard buffer), the same object kept, so an
+        optimizer built on it still steps the shard that the all-gather reads (as FSDP2's
+        ``reset_sharded_param``)."""
+        if not isinstance(registered, DTensor) or tuple(registered.shape) != self.global_shape:
+            raise RuntimeError(
+                f"{self.fqn}: the module now holds a {type(registered).__name__} of shape "
+                f"{tuple(registered.shape)} where fully_shard put its sharded DTensor of shape {self.global_shape}; "
+                "load sharded state dicts of the same layout (or full ones with set_model_state_dict)"
+            )
+        source = registered._local_tensor
+        padded = padded_storage.view(self.padded_shape)
+        local = padded.narrow(self.fsdp_axis, 0, self.local_len)
+        if not padded.is_meta:
+            with torch.no_grad():
+                padded.zero_()
+                if not source.is_meta:
+                    local.copy_(source.view(local.shape))
+        registered._local_tensor = local
+        self.sharded_param = registered
+        self._set_on_owner(registered)
 
     def _global_stride(self) -> tuple[int, ...]:
         stride, acc = [], 1
@@ -243,16 +274,6 @@ class ShardedParam:
         if alias is None:
             self.free_unsharded()
 
-    @property
-    def aliased(self) -> bool:
-        return (
-            self.unsharded_padded.untyped_storage().data_ptr()
-            == self.sharded_param.to_local().untyped_storage().data_ptr()
-        )
-
-    def is_unsharded_allocated(self) -> bool:
-        return self.unsharded_padded.untyped_storage().size() > 0
-
     def alloc_unsharded(self) -> None:
         storage = self.unsharded_padded.untyped_storage()
         needed = self.unsharded_padded.numel() * self.unsharded_padded.element_size()
@@ -260,7 +281,8 @@ class ShardedParam:
             storage.resize_(needed)
 
     def free_unsharded(self) -> None:
-        self.unsharded_padded.untyped_storage().resize_(0)
+        if not self.unsharded_padded.is_meta:
+            self.unsharded_padded.untyped_storage().resize_(0)
 
     def copy_out(self, gathered: torch.Tensor) -> None:
         """Fill the unsharded tensor from ``gathered`` ([shard_size, padded_numel] for this parameter)."""

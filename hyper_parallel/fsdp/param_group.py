@@ -10,20 +10,30 @@ whole unit, never one per parameter. Gradient routing follows GroupInfo (docs/de
 
 Gradients a model-parallel style left partial (pure-TP fix) are then summed over their TP/EP group,
 and everything is divided by the data-parallel world so results equal one process on the global batch.
+
+A unit holds one group per parameter dtype (a frozen bf16 base beside trainable fp32 adapters, as in
+QLoRA): each group gathers in its own flat buffer, and only groups with trainable parameters reduce.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, auto
+from typing import NamedTuple
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from hyper_parallel import comm, trace
-from hyper_parallel.comm import GroupInfo
+from hyper_parallel.comm import GroupInfo, PendingCollective
 from hyper_parallel.fsdp.param import ShardedParam, placements_str, union_dims
-from hyper_parallel.fsdp.reduction import GradientReduction
+from hyper_parallel.fsdp.reduction import (
+    Contribution,
+    GradientReduction,
+    ParkedGradient,
+    ReduceScatterInFlight,
+    ReductionTarget,
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,15 @@ class MixedPrecisionPolicy:
     reduce_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
     cast_forward_inputs: bool = True
+
+
+class AllGatherInFlight(NamedTuple):
+    """An all-gather issued and not yet copied out: its pending work (None when done at once), the buffer
+    it fills, and the cast copy of the shard it reads (None when it reads the flat shard itself)."""
+
+    work: PendingCollective | None
+    gathered: torch.Tensor | None
+    cast_input: torch.Tensor | None
 
 
 class ShardedState(Enum):
@@ -51,40 +70,91 @@ class ParamGroup:
     def __init__(
         self, name: str, params: list[ShardedParam], mp_policy: MixedPrecisionPolicy, device: torch.device
     ) -> None:
-        self.name, self.params, self.mp_policy, self.device = name, params, mp_policy, device
+        self.name, self.params, self.mp_policy = name, params, mp_policy
         first = params[0]
         self.sharded_group: GroupInfo = first.sharded_group_info
         self.unsharded_group: GroupInfo = first.unsharded_group_info
         self.shard_size, self.dp_size, self.rank_size = first.shard_size, first.dp_size, first.rank_size
-        self.orig_dtype = first.orig_dtype
-        self.param_dtype = mp_policy.param_dtype or self.orig_dtype
-        self.reduce_dtype = mp_policy.reduce_dtype or self.param_dtype
         self.gradient_divide_factor = float(self.rank_size)
         self.requires_gradient_sync = True
         self.requires_all_reduce = True
-        self.partial_reduce: torch.Tensor | None = None  # reduce-scattered, not yet all-reduced (HSDP accumulation)
-        self.partial_reduce_layout: dict[int, int] | None = None  # its offsets (trainable parameters then)
-        self.partial_reduce_params: list[tuple[ShardedParam, tuple[str, ...]]] = []  # who contributed to it
+        self.reduce_unused_params = False  # set_reduce_scatter_unused_params(True): zeros where no rank used one
+        self.held: list[Contribution | None] = [None]  # HSDP: reduce-scattered, not yet all-reduced
+        self.parked_since_sync = False  # a backward ran with gradient sync off: the next sync reduces it
         self.offsets = []
         total = 0
         for param in params:
             self.offsets.append(total)
             total += param.padded_numel
         self.total = total
-        self.flat_shard = torch.empty(total, dtype=self.orig_dtype, device=device)
+        self.needs_all_gather = self.shard_size > 1
+        self.device = torch.device("meta") if first.is_meta else device
+        self._set_dtypes(first.orig_dtype)
+        self.flat_shard = torch.empty(total, dtype=self.orig_dtype, device=self.device)
         for param, offset in zip(params, self.offsets):
             param.init_sharded(self.flat_shard[offset : offset + param.padded_numel])
-        self.needs_all_gather = self.shard_size > 1
-        alias = not self.needs_all_gather and self.param_dtype == self.orig_dtype
-        for param, offset in zip(params, self.offsets):
-            storage = self.flat_shard[offset : offset + param.padded_numel] if alias else None
-            param.init_unsharded(self.param_dtype, device, storage)
-        self.owns_unsharded_storage = not alias
+        self._init_unsharded()
         self.sharded_state = ShardedState.SHARDED
-        self._gathering: tuple | None = None  # (pending all-gather, gathered buffer, cast shard) while GATHERING
+        self._gathering: AllGatherInFlight | None = None
         self.reduction: GradientReduction | None = None  # this unit's gradient reduction still in flight
         self.post_forward_group: GroupInfo | None = None  # reshard_after_forward=k: the k ranks kept between
         self.post_forward_shard: torch.Tensor | None = None  # this rank's rows of the gathered buffer, then
+
+    def _set_dtypes(self, orig_dtype: torch.dtype) -> None:
+        self.orig_dtype = orig_dtype
+        self.param_dtype = self.mp_policy.param_dtype or orig_dtype
+        self.reduce_dtype = self.mp_policy.reduce_dtype or self.param_dtype
+
+    def _init_unsharded(self) -> None:
+        """The compute parameters: views of the flat shard when nothing is gathered or cast, else their own
+        storage, allocated on unshard and freed on reshard."""
+        alias = not self.needs_all_gather and self.param_dtype == self.orig_dtype
+        for param, offset in zip(self.params, self.offsets):
+            storage = self.flat_shard[offset : offset + param.padded_numel] if alias else None
+            param.init_unsharded(self.param_dtype, self.device, storage)
+        self.owns_unsharded_storage = not alias
+
+    # ----- the parameters the module holds -----
+    def relink(self) -> None:
+        """Take back the parameters the modules hold now, when something replaced or moved them: FSDP2's
+        ``reset_sharded_param``, for ``to_empty`` / ``to`` (``nn.Module._apply``) and
+        ``load_state_dict(assign=True)`` (meta-device initialisation, torchtune's state-dict broadcast).
+
+        The registered parameters' data are copied into a new flat shard on their device and each keeps its
+        identity, now a view into that buffer; the compute parameters are rebuilt there. Cheap when nothing
+        changed (one identity and storage check per parameter), so every unshard calls it."""
+        if self.sharded_state is not ShardedState.SHARDED:
+            return
+        current = [param.registered() for param in self.params]
+        flat_storage = self.flat_shard.untyped_storage()
+        if all(
+            now is param.sharded_param
+            and now._local_tensor.device == self.flat_shard.device
+            and now._local_tensor.untyped_storage().data_ptr() == flat_storage.data_ptr()
+            and now._local_tensor.dtype == self.orig_dtype
+            for param, now in zip(self.params, current)
+        ):
+            return
+        devices = {now._local_tensor.device for now in current}
+        dtypes = {now._local_tensor.dtype for now in current}
+        if len(devices) > 1 or len(dtypes) > 1:
+            raise RuntimeError(
+                f"{self.name}: the parameters of one fully_shard group are now on {sorted(map(str, devices))} "
+                f"with dtypes {sorted(map(str, dtypes))}; move or cast the whole module at once "
+                "(model.to_empty(device=...), model.to(dtype))"
+            )
+        self.device = devices.pop()
+        self._set_dtypes(dtypes.pop())
+        self.flat_shard = torch.empty(self.total, dtype=self.orig_dtype, device=self.device)
+        for param, now, offset in zip(self.params, current, self.offsets):
+            param.orig_dtype = self.orig_dtype
+            param.adopt(now, self.flat_shard[offset : offset + param.padded_numel])
+            param.parked = None
+        self._init_unsharded()
+
+    @property
+    def is_meta(self) -> bool:
+        return self.flat_shard.is_meta
 
     # ----- forward -----
     @property
@@ -99,12 +169,19 @@ class ParamGroup:
         if not for_backward:
             self.post_forward_shard = None
         if self.sharded_state is ShardedState.SHARDED:
+            self.relink()
+            if self.is_meta:
+                raise RuntimeError(
+                    f"{self.name}: its parameters are on the meta device (built under torch.device('meta')); "
+                    "materialise them before the first forward: model.to_empty(device=...), then "
+                    "reset_parameters() / init_weights() or load a state dict"
+                )
             self._issue_all_gather(async_op)
         if not async_op:
             self.wait_for_unshard()
 
     def _issue_all_gather(self, async_op: bool) -> None:
-        pending, gathered, cast = None, None, None
+        work, gathered, cast = None, None, None
         if self.needs_all_gather:
             gathered = torch.empty(self.shard_size, self.total, dtype=self.param_dtype, device=self.device)
             if self.post_forward_shard is not None:  # backward after reshard_after_forward=k: gather over k ranks
@@ -114,19 +191,19 @@ class ParamGroup:
                 shard = self.flat_shard if self.param_dtype == self.orig_dtype else self.flat_shard.to(self.param_dtype)
                 group = self.sharded_group
             cast = shard if shard is not self.flat_shard else None
-            pending = comm.all_gather_into_tensor(gathered.view(-1), shard, group, module=self.name, async_op=async_op)
-        self._gathering = (pending, gathered, cast)
+            work = comm.all_gather_into_tensor(gathered.view(-1), shard, group, module=self.name, async_op=async_op)
+        self._gathering = AllGatherInFlight(work, gathered, cast)
         self.sharded_state = ShardedState.GATHERING
 
     def wait_for_unshard(self) -> None:
         """Complete an issued all-gather: wait, copy into the unsharded parameters, swap them in."""
         if self.sharded_state is not ShardedState.GATHERING:
             return
-        pending, gathered, cast = self._gathering
+        work, gathered, cast = self._gathering
         self._gathering = None
         if self.needs_all_gather:
-            if pending is not None:
-                pending.wait()
+            if work is not None:
+                work.wait()
             for param, offset in zip(self.params, self.offsets):
                 param.alloc_unsharded()
                 param.copy_out(gathered[:, offset : offset + param.padded_numel])
@@ -183,18 +260,15 @@ class ParamGroup:
             trace.placement(param.fqn, param.mesh_dims(), before, after, local, param.global_shape)
 
     # ----- backward -----
-    def has_pending_grads(self) -> bool:
-        """A gradient from this backward, one parked by an earlier micro-step (accumulation), or an HSDP
-        partial reduction that is due now: a unit whose parameters were used only in earlier micro-steps
-        must still deliver their gradients."""
-        due = self.partial_reduce is not None and self.requires_all_reduce and self.requires_gradient_sync
-        return due or any(p.unsharded_param.grad is not None or p.accumulated_grad is not None for p in self.params)
+    @property
+    def has_trainable(self) -> bool:
+        return any(param.trainable for param in self.params)
 
-    def _collect_grads(self) -> list[tuple[ShardedParam, torch.Tensor, tuple[str, ...]]]:
-        """(parameter, local unsharded gradient, dims it is still Partial on) for every parameter with a
-        gradient from this backward or parked by an earlier micro-step without gradient sync: a parameter
-        used only in earlier micro-steps keeps its gradient."""
-        ready = []
+    def _collect_grads(self) -> dict[int, tuple[ShardedParam, torch.Tensor, tuple[str, ...]]]:
+        """id(param) -> (parameter, local unsharded gradient, dims it is still Partial on) for every parameter
+        with a gradient from this backward or parked by an earlier micro-step without gradient sync (in the
+        reduce dtype, as FSDP2 accumulates): a parameter used only in earlier micro-steps keeps its gradient."""
+        ready = {}
         for param in self.params:
             grad = param.unsharded_param.grad
             partial: tuple[str, ...] = ()
@@ -202,32 +276,58 @@ class ParamGroup:
                 param.unsharded_param.grad = None
                 if isinstance(grad, DTensor):
                     grad, partial = param.local_grad(grad)
-            if param.accumulated_grad is not None:
-                parked, parked_partial = param.accumulated_grad, param.accumulated_partial
-                grad = parked if grad is None else grad + parked
-                partial = union_dims(partial, parked_partial)
-                param.accumulated_grad, param.accumulated_partial = None, ()
+            if param.parked is not None:
+                parked = param.parked
+                grad = parked.grad if grad is None else parked.grad + grad
+                partial = union_dims(partial, parked.partial_dims)
+                param.parked = None
             if grad is not None:
-                ready.append((param, grad, partial))
+                ready[id(param)] = (param, grad, partial)
         return ready
 
-    def reduce_grads(self, async_op: bool = False) -> None:
-        """Reduce the unsharded gradients into the sharded parameters' ``.grad``. With ``async_op`` the
-        reduce-scatter is issued and left in flight (``self.reduction``); ``advance_reduction`` moves it on."""
+    def reduce_grads(self, async_op: bool = False, backward_ran: bool = True) -> None:
+        """Reduce the unit's gradients into the sharded parameters' ``.grad`` (every trainable parameter is
+        reduced, a zero contribution where this rank computed none: see ``hyper_parallel.fsdp.reduction``). With
+        ``async_op`` the reduce-scatter is issued and left in flight (``self.reduction``);
+        ``advance_reduction`` moves it on. Without gradient sync the gradients are parked instead.
+
+        Whether to communicate depends only on what every rank knows alike (this unit's backward ran, or
+        one ran since the last sync), never on which gradients this rank happens to hold: so every rank
+        issues the same collectives in the same order. ``backward_ran`` False with nothing parked: only an
+        HSDP partial sum is due, and it is all-reduced without a reduce-scatter."""
         self.finish_reduction()  # the previous reduction into the same buffers lands first
         ready = self._collect_grads()
         if not self.requires_gradient_sync:
-            for param, grad, partial in ready:
-                param.accumulated_grad, param.accumulated_partial = grad, partial
+            for param, grad, partial in ready.values():
+                param.parked = ParkedGradient(grad.to(self.reduce_dtype), partial)
+            self.parked_since_sync = self.parked_since_sync or backward_ran
             return
+        scatter_needed = backward_ran or self.parked_since_sync
+        self.parked_since_sync = False
         offsets, total = self._reduce_layout(ready)
-        if ready:
-            reduced, reduced_params, pending = self._reduce_scatter(ready, offsets, total, async_op)
-        elif self.partial_reduce is not None and self.requires_all_reduce:
-            reduced, reduced_params, pending = torch.zeros(total, dtype=self.reduce_dtype, device=self.device), [], None
-        else:
+        if not offsets or not (scatter_needed or self.held[0] is not None):
             return
-        self.reduction = GradientReduction(self, reduced, reduced_params, offsets, pending, async_op)
+        locally_used = set(ready)  # before _reduce_scatter empties ``ready``
+        partial_dims = {}
+        for param in self.params:
+            if id(param) in offsets:
+                partial_dims[id(param)] = (param, ready[id(param)][2] if id(param) in ready else ())
+        if scatter_needed:
+            reduced, scatter = self._reduce_scatter(ready, offsets, total, async_op)
+        else:
+            reduced, scatter = torch.zeros(total, dtype=self.reduce_dtype, device=self.device), None
+        target = ReductionTarget(
+            self.name,
+            self.unsharded_group,
+            self.dp_size,
+            self.gradient_divide_factor,
+            self.orig_dtype,
+            self.requires_all_reduce,
+            self.reduce_unused_params,
+            self.held,
+        )
+        contribution = Contribution(reduced, offsets, partial_dims, locally_used)
+        self.reduction = GradientReduction(target, contribution, scatter, async_op)
         if not async_op:
             self.finish_reduction()
 
@@ -247,43 +347,13 @@ class ParamGroup:
         if self.reduction is not None:
             self.reduction.discard()
             self.reduction = None
-        self.partial_reduce, self.partial_reduce_params, self.partial_reduce_layout = None, [], None
+        self.held[0] = None
+        self.parked_since_sync = False
         for param in self.params:
-            param.accumulated_grad, param.accumulated_partial = None, ()
+            param.parked = None
             param.unsharded_param.grad = None
 
-    def accumulate_partial(self, reduced: torch.Tensor, reduced_params: list, offsets: dict[int, int]) -> tuple:
-        """HSDP accumulation: add the earlier micro-steps' partial reduction; with ``requires_all_reduce``
-        False keep the sum for later and return None."""
-        if self.partial_reduce is not None:
-            if self.partial_reduce_layout != offsets:
-                raise RuntimeError(
-                    f"{self.name}: requires_grad of its parameters changed between micro-steps "
-                    "of one gradient accumulation; freeze or unfreeze between optimizer steps"
-                )
-            reduced += self.partial_reduce
-            reduced_params = self._merge(reduced_params, self.partial_reduce_params)
-            self.partial_reduce, self.partial_reduce_params, self.partial_reduce_layout = None, [], None
-        if not self.requires_all_reduce:
-            self.partial_reduce, self.partial_reduce_params = reduced, reduced_params
-            self.partial_reduce_layout = offsets
-            return None
-        return reduced, reduced_params
-
-    def write_grads(self, reduced: torch.Tensor, reduced_params: list, offsets: dict[int, int]) -> None:
-        """Sum partial model-parallel gradients, divide, and add each parameter's piece to its ``.grad``."""
-        self._reduce_partial_grads(reduced, reduced_params, offsets)
-        reduced.div_(self.gradient_divide_factor)
-        reduced = reduced.to(self.orig_dtype)
-        for param, _ in reduced_params:
-            offset = offsets[id(param)]
-            grad = param.sharded_grad(reduced[offset : offset + param.padded_numel])
-            if param.sharded_param.grad is None:
-                param.sharded_param.grad = grad
-            else:
-                param.sharded_param.grad += grad
-
-    def _reduce_layout(self, ready: list) -> tuple[dict[int, int], int]:
+    def _reduce_layout(self, ready: dict) -> tuple[dict[int, int], int]:
         """Offsets of the trainable parameters in the reduction buffer, and its length.
 
         Frozen parameters are gathered like the others but get no gradient, so they are left out of
@@ -295,7 +365,7 @@ class ParamGroup:
             if param.trainable:
                 offsets[id(param)] = total
                 total += param.padded_numel
-        stray = [param.fqn for param, _, _ in ready if id(param) not in offsets]
+        stray = [param.fqn for param, _, _ in ready.values() if id(param) not in offsets]
         if stray:
             raise RuntimeError(
                 f"{self.name}: {stray} got a gradient but no longer require one; change "
@@ -303,52 +373,30 @@ class ParamGroup:
             )
         return offsets, total
 
-    def _reduce_scatter(self, ready: list, offsets: dict[int, int], total: int, async_op: bool) -> tuple:
-        """Copy the gradients into one flat [shard_size, total] buffer and reduce-scatter it: this rank's
-        summed shard (the buffer itself when shard_size == 1), (param, partial dims) per gradient, and the
-        reduce-scatter still in flight (None when done)."""
+    def _reduce_scatter(self, ready: dict, offsets: dict[int, int], total: int, async_op: bool) -> tuple:
+        """Copy the gradients into one flat [shard_size, total] buffer (zeros where this rank has none) and
+        reduce-scatter it: this rank's summed shard (the buffer itself when shard_size == 1) and the
+        reduce-scatter still in flight with its input buffer (None when done)."""
         reduce_in = (torch.empty if len(ready) == len(offsets) else torch.zeros)(
             self.shard_size, total, dtype=self.reduce_dtype, device=self.device
         )
-        reduced_params = []
-        while ready:  # pop: each unsharded gradient is freed once copied in, before the collective (peak memory)
-            param, grad, partial = ready.pop()
-            offset = offsets[id(param)]
+        for key in list(ready):  # each unsharded gradient is freed once copied in, before the collective (peak)
+            param, grad, _ = ready.pop(key)
+            offset = offsets[key]
             param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset : offset + param.padded_numel])
-            reduced_params.append((param, partial))
             del grad
         if self.shard_size == 1:
-            return reduce_in.view(-1), reduced_params, None
+            return reduce_in.view(-1), None
         reduced = torch.empty(total, dtype=self.reduce_dtype, device=self.device)
-        pending = comm.reduce_scatter_tensor(
+        work = comm.reduce_scatter_tensor(
             reduced, reduce_in.view(-1), self.sharded_group, module=self.name, async_op=async_op
         )
-        if pending is None:
+        if work is None:
             comm.release(reduce_in)
-            return reduced, reduced_params, None
-        return reduced, reduced_params, (pending, reduce_in)
+            return reduced, None
+        return reduced, ReduceScatterInFlight(work, reduce_in)
 
-    @staticmethod
-    def _merge(current: list, earlier: list) -> list:
-        """(param, partial dims) of this micro-step and of the reduce-scattered ones before it (HSDP)."""
-        merged = {id(param): (param, partial) for param, partial in earlier}
-        for param, partial in current:
-            before = merged.get(id(param), (param, ()))[1]
-            merged[id(param)] = (param, union_dims(before, partial))
-        return list(merged.values())
-
-    def _reduce_partial_grads(self, reduced: torch.Tensor, ready: list, offsets: dict[int, int]) -> None:
-        """Sum gradients left partial by model parallelism over their group, one all-reduce per group."""
-        by_group: dict[str, tuple[GroupInfo, list[ShardedParam]]] = {}
-        for param, runtime_partial in ready:
-            for group in param.partial_groups(runtime_partial):
-                by_group.setdefault(group.name, (group, []))[1].append(param)
-        for group, params in by_group.values():
-            segments = [reduced[offsets[id(p)] : offsets[id(p)] + p.padded_numel] for p in params]
-            flat = torch.cat(segments)
-            comm.all_reduce(flat, group, module=self.name)
-            position = 0
-            for segment in segments:
-                segment.copy_(flat[position : position + segment.numel()])
-                position += segment.numel()
-            comm.release(flat)
+    def has_pending_grads(self) -> bool:
+        """Gradients parked by an earlier micro-step, or an HSDP partial sum due now."""
+        due = self.held[0] is not None and self.requires_all_reduce and self.requires_gradient_sync
+        return due or (self.parked_since_sync and self.requires_gradient_sync)

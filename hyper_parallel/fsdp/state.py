@@ -1,27 +1,24 @@
 """Per-unit hooks that drive unshard / reshard / gradient reduction around forward and backward.
 
 Timeline of one unit in a training step (as torch FSDP2):
-  forward pre-hook   all-gather (unshard), swap in the unsharded parameters, prefetch the next units
+  forward pre-hook   all-gather (unshard), swap in the unsharded parameters, prefetch the next units;
+                     wrap the inputs so backward reports when their gradients are computed
   forward post-hook  reshard unless reshard_after_forward says otherwise (the root keeps its
                      parameters by default); hook the outputs
   output grad hook   (backward reaches this unit) all-gather again if resharded, prefetch
-  grad-accumulated   when every trainable parameter of the unit has its gradient: reduce-scatter /
-                     all-reduce, then reshard, unless the unit holds frozen parameters (below)
-  end of backward    the root flushes units whose parameters got no gradient, resets for the next step
-
-Frozen parameters get no gradient, so "every gradient has arrived" does not mean "backward is done
-with this unit's weights": the input gradient of a frozen linear still needs its weight. A unit that
-holds frozen parameters reshards only once the gradients of its forward inputs are computed (an
-autograd function on the inputs, as FSDP2 does), or at the end of backward if no input needs one.
+  input gradients    (backward is done with the unit, ``BackwardProgress``) reduce-scatter / all-reduce,
+                     then reshard
+  end of backward    the root reduces units backward did not finish (the embedding, whose inputs need
+                     no gradient), lands every reduction in flight, resets for the next step
 
 A unit may span several modules (``fully_shard([norm, output])``): it reshards after forward once
-every one of them has run.
+every one of them has run. Every change of ``training_state`` goes through ``_transition``.
 """
 
 from __future__ import annotations
 
 import os
-from enum import Enum, auto
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -30,16 +27,10 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from hyper_parallel import trace
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
+from hyper_parallel.fsdp.step import BackwardProgress, TrainingState, check_transition
 
-
-class TrainingState(Enum):
-    """Where a unit is in the step; hooks check it, so a recomputed forward (activation checkpointing)
-    inside backward does not reshard parameters that backward is using."""
-
-    IDLE = auto()
-    FORWARD = auto()
-    PRE_BACKWARD = auto()  # backward has reached the unit: parameters unsharded for it
-    POST_BACKWARD = auto()  # gradients reduced
+IDLE, FORWARD = TrainingState.IDLE, TrainingState.FORWARD
+PRE_BACKWARD, POST_BACKWARD = TrainingState.PRE_BACKWARD, TrainingState.POST_BACKWARD
 
 
 class RunAfterInputGradients(torch.autograd.Function):
@@ -62,76 +53,102 @@ def overlap_default() -> bool:
     return os.environ.get("HYPER_PARALLEL_OVERLAP", "1") != "0"
 
 
+@dataclass
+class UnitSettings:
+    """What the FSDP2 setters of ``FullyShardModule`` change on a unit."""
+
+    reshard_after_forward: bool | None  # None: True except for the root (FSDP2's default)
+    mp_policy: MixedPrecisionPolicy
+    reshard_after_backward: bool = True
+    overlap: bool = True
+    forward_prefetch: list[FullyShardState] | None = None  # explicit targets (set_modules_to_...)
+    backward_prefetch: list[FullyShardState] | None = None  # None: implicit (backward only)
+    implicit_forward_prefetch: bool = False  # read on the root
+
+
+@dataclass
+class StepContext:
+    """State the units of one root share (made by the root's first forward): the units, the orders of the
+    first step (for prefetch), the reductions in flight and whether the end-of-backward callback is queued."""
+
+    root: FullyShardState
+    states: list[FullyShardState] = field(default_factory=list)  # every unit under the root, root first
+    forward_order: list[FullyShardState] = field(default_factory=list)  # by pre-forward, first step
+    post_forward_order: list[FullyShardState] = field(default_factory=list)  # by post-forward (backward reversed)
+    order_recorded: bool = False
+    reductions_in_flight: list[ParamGroup] = field(default_factory=list)  # async reductions, oldest first
+    callback_queued: bool = False  # the end-of-backward callback of this step
+
+    def advance_reductions(self) -> None:
+        """Move every reduction in flight one stage on; keep those not yet finished."""
+        still_in_flight = []
+        for group in self.reductions_in_flight:
+            finished = group.advance_reduction()
+            if not finished:
+                still_in_flight.append(group)
+        self.reductions_in_flight = still_in_flight
+
+    def finish_reductions(self) -> None:
+        for group in self.reductions_in_flight:
+            group.finish_reduction()
+        self.reductions_in_flight = []
+
+
 class FullyShardState:
     def __init__(
         self,
         modules: list[nn.Module],
-        group: ParamGroup | None,
+        groups: list[ParamGroup],
         reshard_after_forward: bool | None,
         mp_policy: MixedPrecisionPolicy,
     ) -> None:
         self.modules = modules
-        self.module = modules[0]
-        self.group = group
-        self.reshard_after_forward = reshard_after_forward  # None: True except for the root (FSDP2's default)
-        self.reshard_after_backward = True
-        self.mp_policy = mp_policy
-        self.forward_prefetch: list[FullyShardState] | None = None  # explicit targets (set_modules_to_...)
-        self.backward_prefetch: list[FullyShardState] | None = None  # None: implicit (backward only)
-        self.overlap = overlap_default()
-        self.implicit_forward_prefetch = False
-        self.is_root: bool | None = None
-        self.root: FullyShardState | None = None
-        self.forward_order: list[FullyShardState] = []  # root only: units by pre-forward, first step
-        self.post_forward_order: list[FullyShardState] = []  # root only: units by post-forward (backward reversed)
-        self.order_recorded = False
-        self.reductions_in_flight: list[ParamGroup] = []  # root only: async reductions, oldest first
-        self.training_state = TrainingState.IDLE
-        self.name = type(self.module).__name__
+        self.groups = groups  # one per parameter dtype (param_group.py); empty when the unit holds none
+        self.settings = UnitSettings(reshard_after_forward, mp_policy, overlap=overlap_default())
+        self.name = type(modules[0]).__name__
         self.parent_name = ""  # the enclosing unit's name: the trace label once this unit's backward is done
+        self.context: StepContext | None = None  # the root's, shared by its units (first forward)
+        self.training_state = IDLE
+        self.progress = BackwardProgress()
         self._outer_module_label = ""
-        self.subtree: list[FullyShardState] = []
-        self._modules_run: set[int] = set()
-        self._grads_seen = 0
-        self._expected_grads = 0
-        self._has_frozen = False
-        self._grads_reduced = False
-        self._inputs_done = False
-        self._input_hooks_pending = 0  # forward calls whose input gradients backward has not reached yet
-        self._hooked: set[int] = set()
-        self._callback_queued = False
         for module in modules:
             module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
             module.register_forward_hook(self._post_forward)
 
     @property
+    def is_root(self) -> bool | None:
+        """None until the first forward decides the tree."""
+        return None if self.context is None else self.context.root is self
+
+    @property
     def reshards_after_forward(self) -> bool:
-        if self.reshard_after_forward is None:
+        if self.settings.reshard_after_forward is None:
             return not self.is_root
-        return bool(self.reshard_after_forward)
+        return bool(self.settings.reshard_after_forward)
+
+    def _transition(self, to: TrainingState, *allowed_from: TrainingState) -> None:
+        check_transition(self.name, self.training_state, to, allowed_from)
+        self.training_state = to
 
     # ----- forward -----
     def _lazy_init(self) -> None:
         """The first unit whose forward runs with no initialised ancestor is the root of the tree."""
-        if self.is_root is not None:
+        if self.context is not None:
             return
-        self.is_root = True
-        self.subtree = []
+        context = StepContext(root=self)
         names: dict[FullyShardState, str] = {}
-        module_names = {id(module): name for name, module in self.module.named_modules()}
-        for name, module in self.module.named_modules():
+        module_names = {id(module): name for name, module in self.modules[0].named_modules()}
+        for name, module in self.modules[0].named_modules():
             state = getattr(module, "_hp_state", None)
             if state is None or state in names:
                 continue
-            self.subtree.append(state)
+            context.states.append(state)
             names[state] = name
-            state.root = self
-            if state is not self:
-                state.is_root = False
+            state.context = context
             state.name = name or "root"
-            if state.group is not None:
-                state.group.name = state.name
-                for param in state.group.params:  # names relative to the unit -> names in the model
+            for group in state.groups:
+                group.name = state.name
+                for param in group.params:  # names relative to the unit -> names in the model
                     owner, leaf = param.owners[0]
                     if id(owner) in module_names:
                         param.fqn = ".".join(part for part in (module_names[id(owner)], leaf) if part)
@@ -144,116 +161,65 @@ class FullyShardState:
             if enclosing:
                 state.parent_name = max(enclosing, key=lambda other: len(names[other])).name
 
-    def _begin_step(self) -> None:
-        """Read which parameters are trainable now (they may be frozen or unfrozen between steps). The
-        counters of backward are reset when a backward ends, not here: a unit may run several forwards
-        (a shared encoder) before one backward goes through all of them."""
-        group = self.group
-        if group is None:
-            return
-        for param in group.params:
-            param.sync_requires_grad()
-            if param.trainable and id(param) not in self._hooked:
-                self._hooked.add(id(param))
-                param.unsharded_param.register_post_accumulate_grad_hook(self._on_grad_accumulated)
-        self._expected_grads = sum(param.trainable for param in group.params)
-        self._has_frozen = self._expected_grads < len(group.params)
-
-    def _reset_backward_counters(self) -> None:
-        self._grads_seen, self._grads_reduced, self._inputs_done, self._input_hooks_pending = 0, False, False, 0
-
+    @torch.compiler.disable
     def _pre_forward(self, module: nn.Module, args, kwargs):
-        if self.training_state == TrainingState.PRE_BACKWARD:
+        if self.training_state is PRE_BACKWARD:
             return args, kwargs  # recomputation inside backward: the parameters are already unsharded
         self._lazy_init()
+        context = self.context
         with trace.outside_compute(start_after=True if self.is_root else None):
             if self.is_root:
-                if self._callback_queued:  # the previous backward raised before its end: recover first
+                if context.callback_queued:  # the previous backward raised before its end: recover first
                     self.reset_iteration()
                 trace.set_phase("forward")
-            if self.training_state != TrainingState.FORWARD:
-                self._begin_step()
-                self._modules_run.clear()
-                self._record_order(self.root.forward_order if self.root is not None else None)
-            self.training_state = TrainingState.FORWARD
+            if self.training_state is not FORWARD:
+                for group in self.groups:
+                    for param in group.params:  # trainable or frozen as the user set it since the last step
+                        param.sync_requires_grad()
+                self.progress.modules_run.clear()
+                self._record_order(context.forward_order)
+            self._transition(FORWARD, IDLE, FORWARD, POST_BACKWARD)
             self._outer_module_label = trace.set_module(self.name)
-            if self.group is not None:
-                self.group.unshard()
+            for group in self.groups:
+                group.unshard()
             for state in self._forward_targets():
                 state.prefetch()
-        if self.mp_policy.param_dtype is not None and self.mp_policy.cast_forward_inputs:
-            dtype = self.mp_policy.param_dtype
-            cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        policy = self.settings.mp_policy
+        if policy.param_dtype is not None and policy.cast_forward_inputs:
+            cast = lambda t: t.to(policy.param_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
             args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
-        if self._has_frozen and torch.is_grad_enabled():
+        if torch.is_grad_enabled():
             args, kwargs = self._hook_input_gradients(args, kwargs)
         return args, kwargs
-
-    # ----- prefetch: at most one unit gathered ahead -----
-    def _record_order(self, order: list[FullyShardState] | None) -> None:
-        """Orders are recorded during the first training step and used from the second on (as FSDP2); not
-        from a forward recomputed inside backward (reentrant checkpointing), whose order is backward's."""
-        if (
-            torch.is_grad_enabled()
-            and order is not None
-            and not self.root.order_recorded
-            and self not in order
-            and torch._C._current_graph_task_id() == -1
-        ):
-            order.append(self)
-
-    def _neighbour(self, order: list[FullyShardState], step: int) -> list[FullyShardState]:
-        if self.root is None or not self.root.order_recorded or self not in order:
-            return []
-        index = order.index(self) + step
-        return [order[index]] if 0 <= index < len(order) else []
-
-    def _forward_targets(self) -> list[FullyShardState]:
-        """Explicit targets, else (opt-in) the unit whose forward comes next."""
-        if self.forward_prefetch is not None:
-            return self.forward_prefetch
-        if self.root is not None and self.root.implicit_forward_prefetch:
-            return self._neighbour(self.root.forward_order, 1)
-        return []
-
-    def _backward_targets(self) -> list[FullyShardState]:
-        """Explicit targets, else (with overlap) the unit whose backward comes next: the one whose forward
-        ended just before this one's."""
-        if self.backward_prefetch is not None:
-            return self.backward_prefetch
-        return self._neighbour(self.root.post_forward_order, -1) if self.overlap and self.root is not None else []
-
-    def prefetch(self, for_backward: bool = False) -> None:
-        """Issue this unit's all-gather ahead of its use (asynchronous with overlap on)."""
-        if self.group is not None:
-            self.group.unshard(async_op=self.overlap, for_backward=for_backward)
 
     def _hook_input_gradients(self, args, kwargs):
         flat, spec = tree_flatten((args, kwargs))
         positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
         if positions:
-            self._input_hooks_pending += 1
+            self.progress.inputs_pending += 1
             hooked = RunAfterInputGradients.apply(self, *(flat[i] for i in positions))
             for position, tensor in zip(positions, hooked):
                 flat[position] = tensor
         return tree_unflatten(flat, spec)
 
+    @torch.compiler.disable
     def _post_forward(self, module: nn.Module, args, output):
-        if self.training_state == TrainingState.PRE_BACKWARD:
+        if self.training_state is PRE_BACKWARD:
             return output
         training = torch.is_grad_enabled()
         with trace.outside_compute():
             trace.set_module(self._outer_module_label)
-            self._modules_run.add(id(module))
-            if len(self._modules_run) == len(self.modules):
-                self._record_order(self.root.post_forward_order if self.root is not None else None)
-                if self.group is not None and (not training or self.reshards_after_forward):
-                    self.group.reshard(keep_post_forward_shard=training)
-                self.training_state = TrainingState.IDLE
-        if self.mp_policy.output_dtype is not None:
-            dtype = self.mp_policy.output_dtype
+            self.progress.modules_run.add(id(module))
+            if len(self.progress.modules_run) == len(self.modules):
+                self._record_order(self.context.post_forward_order)
+                if not training or self.reshards_after_forward:
+                    for group in self.groups:
+                        group.reshard(keep_post_forward_shard=training)
+                self._transition(IDLE, FORWARD)
+        output_dtype = self.settings.mp_policy.output_dtype
+        if output_dtype is not None:
             output = tree_map(
-                lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, output
+                lambda t: t.to(output_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, output
             )
         if training:
             for tensor in tree_flatten(output)[0]:
@@ -261,77 +227,122 @@ class FullyShardState:
                     tensor.register_hook(self._pre_backward)
         return output
 
+    # ----- prefetch: at most one unit gathered ahead -----
+    def _record_order(self, order: list[FullyShardState]) -> None:
+        """Orders are recorded during the first training step and used from the second on (as FSDP2); not
+        from a forward recomputed inside backward (reentrant checkpointing), whose order is backward's."""
+        if (
+            torch.is_grad_enabled()
+            and not self.context.order_recorded
+            and self not in order
+            and torch._C._current_graph_task_id() == -1
+        ):
+            order.append(self)
+
+    def _neighbour(self, order: list[FullyShardState], step: int) -> list[FullyShardState]:
+        if self.context is None or not self.context.order_recorded or self not in order:
+            return []
+        index = order.index(self) + step
+        return [order[index]] if 0 <= index < len(order) else []
+
+    def _forward_targets(self) -> list[FullyShardState]:
+        """Explicit targets, else (opt-in) the unit whose forward comes next."""
+        if self.settings.forward_prefetch is not None:
+            return self.settings.forward_prefetch
+        if self.context.root.settings.implicit_forward_prefetch:
+            return self._neighbour(self.context.forward_order, 1)
+        return []
+
+    def _backward_targets(self) -> list[FullyShardState]:
+        """Explicit targets, else (with overlap) the unit whose backward comes next: the one whose forward
+        ended just before this one's."""
+        if self.settings.backward_prefetch is not None:
+            return self.settings.backward_prefetch
+        return self._neighbour(self.context.post_forward_order, -1) if self.settings.overlap else []
+
+    def prefetch(self, for_backward: bool = False) -> None:
+        """Issue this unit's all-gather ahead of its use (asynchronous with overlap on)."""
+        for group in self.groups:
+            group.unshard(async_op=self.settings.overlap, for_backward=for_backward)
+
     # ----- backward -----
+    @torch.compiler.disable
     def _pre_backward(self, grad):
-        if self.training_state in (TrainingState.PRE_BACKWARD, TrainingState.POST_BACKWARD):
+        if self.training_state in (PRE_BACKWARD, POST_BACKWARD):
             return grad
-        self.training_state = TrainingState.PRE_BACKWARD
+        self._transition(PRE_BACKWARD, IDLE, FORWARD)
         with trace.outside_compute():
-            root = self.root if self.root is not None else self
-            if not root._callback_queued:  # from any unit: the loss may not use the root's output
-                root._callback_queued = True
+            context = self.context
+            if not context.callback_queued:  # from any unit: the loss may not use the root's output
+                context.callback_queued = True
                 trace.set_phase("backward")
-                Variable._execution_engine.queue_callback(root._end_of_backward)
+                Variable._execution_engine.queue_callback(context.root._end_of_backward)
             trace.set_module(self.name)
-            if self.group is not None:
-                self.group.unshard(for_backward=True)
+            for group in self.groups:
+                group.unshard(for_backward=True)
             for state in self._backward_targets():
                 state.prefetch(for_backward=True)
         return grad
 
-    def _on_grad_accumulated(self, _param) -> None:
-        self._grads_seen += 1
-        if self._grads_seen == self._expected_grads:
-            self._grads_seen = 0
-            with trace.outside_compute():
-                self._reduce()
-                if not self._has_frozen or self._inputs_done:
-                    self._reshard_after_backward()
-
     def _after_input_gradients(self) -> None:
-        """Backward reached the inputs of one forward call; once it reached those of every call, no
-        backward node of this unit (frozen weights included) is left to run."""
-        self._input_hooks_pending = max(0, self._input_hooks_pending - 1)
-        self._inputs_done = self._input_hooks_pending == 0
-        if self._inputs_done and (self._grads_reduced or self._expected_grads == 0):
+        """Backward reached the inputs of one forward call; once it reached those of every call, backward is
+        done with this unit: reduce its gradients, then reshard."""
+        if self.progress.input_gradients_done() and self.training_state is not POST_BACKWARD:
             with trace.outside_compute():
-                self._reshard_after_backward()
+                self._backward_done()
 
-    def _reduce(self) -> None:
-        """Start this unit's gradient reduction. With overlap, the reductions already in flight move one
-        stage on first (their reduce-scatters are waited for and their all-reduces issued), then this
-        unit's reduce-scatter is issued and left in flight behind the next unit's backward."""
-        root = self.root if self.root is not None else self
-        if self.overlap:
-            root.reductions_in_flight = [group for group in root.reductions_in_flight if not group.advance_reduction()]
-        self.group.reduce_grads(async_op=self.overlap)
-        if self.group.reduction is not None:
-            root.reductions_in_flight.append(self.group)
-        self._grads_reduced = True
-        self.training_state = TrainingState.POST_BACKWARD
-
-    def _reshard_after_backward(self) -> None:
-        if self.reshard_after_backward:
-            self.group.reshard()
+    def _backward_done(self, backward_ran: bool = True) -> None:
+        """Start this unit's gradient reduction and reshard. With overlap, the reductions already in flight
+        move one stage on first (their reduce-scatters are waited for and their all-reduces issued), then
+        this unit's reduce-scatter is issued and left in flight behind the next unit's backward."""
+        self._transition(POST_BACKWARD, IDLE, FORWARD, PRE_BACKWARD)
+        context = self.context
+        overlap = self.settings.overlap
+        for group in self.groups:
+            if not group.has_trainable:
+                continue
+            if overlap:
+                context.advance_reductions()
+            group.reduce_grads(async_op=overlap, backward_ran=backward_ran)
+            if group.reduction is not None:
+                context.reductions_in_flight.append(group)
+        if self.settings.reshard_after_backward:
+            for group in self.groups:
+                group.reshard()
         trace.set_module(self.parent_name)
 
+    def _holds_unsharded_grads(self) -> bool:
+        """Gradients reached this unit's parameters although backward never reached its outputs (the loss
+        uses the root's inner modules, not its output): the same on every rank, as the graph is."""
+        return any(p.unsharded_param.grad is not None for group in self.groups for p in group.params)
+
     def _end_of_backward(self) -> None:
+        context = self.context
         with trace.outside_compute(start_after=False):
-            for state in self.subtree:
-                if state.group is not None and state.group.has_pending_grads():
-                    state._reduce()
-            for group in self.reductions_in_flight:  # every gradient is written before the optimizer runs
-                group.finish_reduction()
-            self.reductions_in_flight = []
-            for state in self.subtree:
-                if state.group is not None:
-                    state.group.wait_for_unshard()  # a prefetch in flight must land before the optimizer
-                    if state.reshard_after_backward:
-                        state.group.reshard()
-                state._reset_backward_counters()
-                state.training_state = TrainingState.IDLE
-            self._callback_queued = False
-            self.order_recorded = True
+            for state in context.states:  # reached by this backward, or holding its gradients: reduce now
+                if state.training_state is PRE_BACKWARD or (
+                    state.training_state is not POST_BACKWARD and state._holds_unsharded_grads()
+                ):
+                    state._backward_done()
+                elif any(group.has_pending_grads() for group in state.groups):
+                    state._backward_done(backward_ran=False)
+            context.finish_reductions()  # every gradient is written before the optimizer runs
+            for state in context.states:
+                for group in state.groups:
+                    late = [p.fqn for p in group.params if p.unsharded_param.grad is not None]
+                    if late:
+                        raise RuntimeError(
+                            f"fully_shard unit {state.name!r}: {late} got a gradient after the unit's gradients "
+                            "were reduced (a parameter used only in an output that does not depend on the "
+                            "unit's inputs); compute it inside a module that takes an input needing a gradient"
+                        )
+                    group.wait_for_unshard()  # a prefetch in flight must land before the optimizer
+                    if state.settings.reshard_after_backward:
+                        group.reshard()
+                state.progress.modules_run.clear()
+                state.training_state = IDLE
+            context.callback_queued = False
+            context.order_recorded = True
             trace.set_phase("other")
             trace.set_module("")
 
@@ -339,22 +350,24 @@ class FullyShardState:
         """After a forward or backward that raised (FSDP2's ``reset_iter_state``): land every collective in
         flight (every rank issued them, so every rank waits for them), drop the step's gradients still being
         reduced, reshard, and reset every unit for the next step."""
-        self.reductions_in_flight = []
-        for state in self.subtree or [self]:
-            if state.group is not None:
-                state.group.discard_gradients()
-                state.group.reshard()
-            state._reset_backward_counters()
-            state.training_state = TrainingState.IDLE
-        self._callback_queued = False
+        states = self.context.states if self.context is not None else [self]
+        if self.context is not None:
+            self.context.reductions_in_flight = []
+            self.context.callback_queued = False
+        for state in states:
+            for group in state.groups:
+                group.discard_gradients()
+                group.reshard()
+            state.progress.reset()
+            state.training_state = IDLE
         trace.set_phase("other")
         trace.set_module("")
 
     # ----- explicit control -----
     def unshard(self) -> None:
-        if self.group is not None:
-            self.group.unshard()
+        for group in self.groups:
+            group.unshard()
 
     def reshard(self) -> None:
-        if self.group is not None:
-            self.group.reshard()
+        for group in self.groups:
+            group.reshard()

@@ -15,28 +15,30 @@ def describe_units(root: nn.Module) -> list[dict]:
     units, seen = [], set()
     for name, module in root.named_modules():
         state = getattr(module, "_hp_state", None)
-        if state is None or state.group is None or id(state) in seen:
+        if state is None or id(state) in seen:
             continue
         seen.add(id(state))
-        group = state.group
-        element = group.params[0].sharded_param.element_size()
-        units.append(
-            {
-                "unit": name or "root",
-                "params": [p.fqn for p in group.params],
-                "mp_local_bytes": sum(_numel(p.mp_local_shape) for p in group.params) * element,
-                "padded_bytes": group.total * group.shard_size * element,
-                "global_bytes": sum(_numel(p.global_shape) for p in group.params) * element,
-                "shard_size": group.shard_size,
-                "dp_size": group.dp_size,
-                "rank_size": group.rank_size,
-                "sharded_group": {"name": group.sharded_group.name, "ranks": list(group.sharded_group.ranks)},
-                "unsharded_group": {"name": group.unsharded_group.name, "ranks": list(group.unsharded_group.ranks)},
-                "reshard_after_forward": state.reshards_after_forward,
-                "dtype": str(group.orig_dtype).removeprefix("torch."),
-            }
-        )
+        for group in state.groups:
+            units.append(_describe_group(name or "root", state, group))
     return sorted(units, key=lambda unit: unit["unit"] == "root")
+
+
+def _describe_group(unit: str, state, group) -> dict:
+    element = group.params[0].sharded_param.element_size()
+    return {
+        "unit": unit,
+        "params": [p.fqn for p in group.params],
+        "mp_local_bytes": sum(_numel(p.mp_local_shape) for p in group.params) * element,
+        "padded_bytes": group.total * group.shard_size * element,
+        "global_bytes": sum(_numel(p.global_shape) for p in group.params) * element,
+        "shard_size": group.shard_size,
+        "dp_size": group.dp_size,
+        "rank_size": group.rank_size,
+        "sharded_group": {"name": group.sharded_group.name, "ranks": list(group.sharded_group.ranks)},
+        "unsharded_group": {"name": group.unsharded_group.name, "ranks": list(group.unsharded_group.ranks)},
+        "reshard_after_forward": state.reshards_after_forward,
+        "dtype": str(group.orig_dtype).removeprefix("torch."),
+    }
 
 
 def _numel(shape) -> int:

@@ -12,28 +12,29 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import traceback
 from pathlib import Path
 
-import drop_in_mesh_cases
-import drop_in_parameter_cases
-import drop_in_unit_cases
 import torch
 import torch.distributed as dist
 from drop_in_training import CASES
 
-CASE_MODULES = (drop_in_parameter_cases, drop_in_unit_cases, drop_in_mesh_cases)
-"""The features whose cases a launch runs: importing a module registers its cases in ``CASES`` (each case
-builds its own seeded model and mesh, so their order does not matter)."""
+DEFAULT_MODULES = "drop_in_parameter_cases,drop_in_unit_cases,drop_in_mesh_cases"
+"""The features whose cases a launch runs (``--modules``): importing a module registers its cases in ``CASES``
+(each case builds its own seeded model and mesh, so their order does not matter)."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", default="all")
+    parser.add_argument("--modules", default=DEFAULT_MODULES)
     args = parser.parse_args()
+    for name in args.modules.split(","):
+        importlib.import_module(name)
     os.environ["DROP_IN_OUT"] = args.out
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)

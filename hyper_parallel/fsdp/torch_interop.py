@@ -1,0 +1,76 @@
+"""What torch's own code reads of an FSDP2 module's state, answered for ours.
+
+torch's pipelining schedules turn gradient sync off for every microbatch's backward and then, once per
+step, look up the stage's FSDP2 state with ``torch.distributed.fsdp.fully_shard.state(module)`` and call
+``post_backward()`` on each of its parameter groups and ``_root_post_backward_final_callback()`` (stage.py,
+``perform_reduce_grad``). ``register_with_torch`` files a small view of our state under that key, so the
+schedules reduce our gradients once per step, as they do FSDP2's. Anything else torch might ask of the view
+is an AttributeError with a message, not a wrong answer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.nn as nn
+from torch.distributed._composable.contract import STATE_KEY
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+if TYPE_CHECKING:
+    from hyper_parallel.fsdp.state import FullyShardState
+
+
+class _GroupView:
+    """``post_backward()``: reduce what this unit parked while gradient sync was off."""
+
+    def __init__(self, state: FullyShardState) -> None:
+        self._state = state
+
+    def post_backward(self) -> None:
+        state = self._state
+        if any(group.has_pending_grads() for group in state.groups):
+            state._backward_done(backward_ran=False)
+
+
+class _ContextView:
+    def __init__(self, root: TorchStateView) -> None:
+        self._root = root
+
+    @property
+    def all_states(self) -> list[TorchStateView]:
+        """The units under the module this view was asked for (the pipeline stage's model chunk)."""
+        module = self._root._state.modules[0]
+        states = []
+        for each in module.modules():
+            state = getattr(each, "_hp_state", None)
+            if state is not None and all(view._state is not state for view in states):
+                states.append(TorchStateView(state))
+        return states
+
+
+class TorchStateView:
+    """The part of torch's ``FSDPState`` that torch.distributed.pipelining uses."""
+
+    def __init__(self, state: FullyShardState) -> None:
+        self._state = state
+        self._fsdp_param_groups = [_GroupView(state)] if state.groups else []
+        self._state_ctx = _ContextView(self)
+
+    def _root_post_backward_final_callback(self) -> None:
+        """Land the reductions in flight, reshard and reset, as at the end of an ordinary backward."""
+        state = self._state
+        if state.context is not None:
+            state.context.root._end_of_backward()
+
+    def __getattr__(self, name: str):
+        raise AttributeError(
+            f"torch asked hyper_parallel's fully_shard state for {name!r}, which only torch FSDP2 has: "
+            "apply one fully_shard (ours or torch's) to the whole model"
+        )
+
+
+def register_with_torch(module: nn.Module, state: FullyShardState) -> None:
+    """File the view where ``torch.distributed.fsdp.fully_shard.state(module)`` looks."""
+    key = getattr(torch_fully_shard, "__wrapped__", None)
+    if key is not None:
+        module.__dict__.setdefault(STATE_KEY, {})[key] = TorchStateView(state)
