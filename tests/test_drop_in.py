@@ -28,16 +28,11 @@ weights).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-
-from launch.supervisor import torchrun
+from drop_in_launch import case_result, launch_cases
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).parent / "workers" / "drop_in_worker.py"
 LOSS_RTOL = 1e-5
 REF_GRAD_ATOL = 1e-6
 REF_PARAM_ATOL = 5e-5
@@ -62,18 +57,8 @@ REFERENCE_ONLY = ("moe_expert_parallel",)  # FSDP2's divide factor needs PREMUL_
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("drop_in")
-    run = torchrun(str(WORKER), 4, args=["--out", str(out)], timeout=900, run_dir=out)
-    if not run.ok:
-        pytest.fail(f"4-rank launch failed:\n{run.error}", pytrace=False)
-    return [json.loads((out / f"drop_in_rank{r}.json").read_text()) for r in range(4)]
-
-
-def case_result(results: list[dict], name: str) -> dict:
-    for rank, per_rank in enumerate(results):
-        assert "error" not in per_rank[name], f"rank {rank}:\n{per_rank[name]['error']}"
-    return results[0][name]
+def results(tmp_path_factory) -> list[dict]:
+    return launch_cases(tmp_path_factory.mktemp("drop_in"))
 
 
 @pytest.mark.parametrize("name", BIT_IDENTICAL + CLOSE_TO_TORCH)

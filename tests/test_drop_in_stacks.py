@@ -13,34 +13,17 @@ from FSDP2's (rel 4.4e-3).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-
-from launch.supervisor import torchrun
+from drop_in_launch import case_result, launch_cases
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).parent / "workers" / "drop_in_worker.py"
 LOSS_RTOL, REF_GRAD_ATOL, REF_PARAM_ATOL = 1e-5, 1e-6, 5e-5
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("drop_in_stacks")
-    run = torchrun(
-        str(WORKER), 4, args=["--out", str(out), "--modules", "drop_in_stack_cases"], timeout=900, run_dir=out
-    )
-    if not run.ok:
-        pytest.fail(f"4-rank launch failed:\n{run.error}", pytrace=False)
-    return [json.loads((out / f"drop_in_rank{r}.json").read_text()) for r in range(4)]
-
-
-def case_result(results: list[dict], name: str) -> dict:
-    for rank, per_rank in enumerate(results):
-        assert "error" not in per_rank[name], f"rank {rank}:\n{per_rank[name]['error']}"
-    return results[0][name]
+    return launch_cases(tmp_path_factory.mktemp("drop_in_stacks"), "--modules", "drop_in_stack_cases")
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,8 @@ import torch.nn as nn
 from torch.distributed._composable.contract import STATE_KEY
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
+from hyper_parallel import trace
+
 if TYPE_CHECKING:
     from hyper_parallel.fsdp.state import FullyShardState
 
@@ -29,6 +31,7 @@ class _GroupView:
     def post_backward(self) -> None:
         state = self._state
         if any(group.has_pending_grads() for group in state.groups):
+            trace.set_phase("backward")  # the step's gradient reduction, deferred past the last microbatch
             state._backward_done(backward_ran=False)
 
 

@@ -116,11 +116,13 @@ class SwitchMoE(nn.Module):
         return x + out.reshape(x.shape)
 
 
-class MoEModel(nn.Module):
-    def __init__(self, n_layers: int = 2, n_experts: int = 8) -> None:
+class TokenModel(nn.Module):
+    """Embedding, ``n_layers`` blocks made by ``block()``, output head: torch's Transformer with other blocks."""
+
+    def __init__(self, block, n_layers: int = 2) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(ARGS.vocab_size, ARGS.dim)
-        self.layers = nn.ModuleList(SwitchMoE(ARGS.dim, n_experts) for _ in range(n_layers))
+        self.layers = nn.ModuleList(block() for _ in range(n_layers))
         self.output = nn.Linear(ARGS.dim, ARGS.vocab_size, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -130,9 +132,12 @@ class MoEModel(nn.Module):
         return self.output(h)
 
 
-def _moe() -> MoEModel:
+N_EXPERTS = 8
+
+
+def _moe() -> TokenModel:
     torch.manual_seed(0)
-    return MoEModel()
+    return TokenModel(lambda: SwitchMoE(ARGS.dim, N_EXPERTS))
 
 
 @case
@@ -158,7 +163,7 @@ def experts_unused_on_some_ranks():
     with torch.no_grad():
         h = model.tok_embeddings(local[:, :-1]).reshape(-1, ARGS.dim)
         choice = model.layers[0].router(h).argmax(dim=-1)
-        counts = torch.bincount(choice, minlength=len(model.layers[0].experts))
+        counts = torch.bincount(choice, minlength=N_EXPERTS)
     every = [torch.zeros_like(counts) for _ in range(dist.get_world_size())]
     dist.all_gather(every, counts)
     result["facts"] = {"tokens_per_expert_layer0": [c.tolist() for c in every]}
@@ -178,28 +183,14 @@ class LoRALinear(nn.Module):
         return x + self.base(x.to(torch.bfloat16)).to(x.dtype) + self.lora_b(self.lora_a(x))
 
 
-class LoRAModel(nn.Module):
-    def __init__(self, n_layers: int = 2) -> None:
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(ARGS.vocab_size, ARGS.dim)
-        self.layers = nn.ModuleList(LoRALinear(ARGS.dim) for _ in range(n_layers))
-        self.output = nn.Linear(ARGS.dim, ARGS.vocab_size, bias=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h)
-        return self.output(h)
-
-
 @case
 def frozen_bf16_beside_trainable_fp32():
     """Each LoRA block is one unit holding bf16 (frozen) and fp32 (trainable) parameters. Before the change:
     'must share a dtype'."""
 
-    def build() -> LoRAModel:
+    def build() -> TokenModel:
         torch.manual_seed(0)
-        return LoRAModel()
+        return TokenModel(lambda: LoRALinear(ARGS.dim))
 
     def with_(shard):
         def apply(model):
