@@ -22,6 +22,8 @@ SUMMARY_FILE = "summary.json"
 CHROME_TRACE_FILE = "chrome_trace.json"
 TRACE_FORMAT = 2
 """1: collectives and placements; 2: + compute spans and asynchronous collectives (t_wait)."""
+EXIT_MISMATCH = 3
+"""The worker's exit status (rank 0) when a run trained but differs from its single-process reference."""
 PROGRESS_PREFIX = "[progress] "
 """Rank 0 prints one such line (followed by a JSON object) per training step."""
 

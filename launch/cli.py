@@ -10,28 +10,42 @@
     python -m launch report runs/m4 --out m4.html
     python -m launch report --compare runs/m4 runs/m7 --out compare.html
 
-Invalid degrees exit with status 2 and the rule's message before any worker starts.
+Invalid input exits with status 2 and the rule's message before any worker starts (``launch.inputs``);
+a run that does not match its reference exits with 1. ``run`` always starts a fresh torchrun launch (a
+one-shot command gains nothing from the warm pool, which serves notebooks: docs/warm_pool.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
+from launch import inputs
+from launch.run_dirs import RunDirError
 from launch.text_table import multinode_command, print_table
 
 DEGREE_FLAGS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP, MeshDim.PP)
 EXIT_INVALID = 2
 
 
+class _Once(argparse.Action):
+    """A flag given twice is an error, not "the last one wins" (``--dp-shard 2 --dp-shard 4``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice; give it once")
+        setattr(namespace, self.dest, values)
+
+
 def _add_degrees(parser: argparse.ArgumentParser, world_flag: str = "--world") -> None:
-    parser.add_argument(world_flag, dest="world_size", type=int, help="number of ranks")
+    parser.add_argument(world_flag, dest="world_size", type=int, action=_Once, help="number of ranks")
     for name in DEGREE_FLAGS:
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, action=_Once)
 
 
 def _degrees(args: argparse.Namespace) -> dict[str, int | None]:
@@ -50,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a recipe on torchrun workers against its reference")
     run.add_argument("recipe")
     _add_degrees(run)
-    run.add_argument("--steps", type=int)
+    run.add_argument("--steps", type=int, action=_Once)
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds")
+    run.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds (> 0; inf: none)")
     run.add_argument("--out", help="run directory (default: a new temporary one)")
     run.add_argument("--quiet", action="store_true", help="do not stream the workers' lines")
     run.add_argument(
@@ -68,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_degrees(command)
     command.add_argument("--nnodes", type=int, required=True)
     command.add_argument("--nproc-per-node", type=int, required=True)
-    command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
-    command.add_argument("--steps", type=int)
+    command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500", help="HOST:PORT of the rendezvous")
+    command.add_argument("--steps", type=int, action=_Once)
+    command.add_argument("--out", help="run directory each node writes into (default: runs/RECIPE-<rdzv id>)")
     from launch.plan import add_arguments as add_plan_arguments
 
     plan = sub.add_parser("plan", help="check and cost a layout of up to thousands of ranks (no workers)")
@@ -79,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     workbook.add_argument("--out", default="runs")
     latency = sub.add_parser("bench-latency", help="wall time of a run: fresh launch, first and warm pool run")
     latency.add_argument("--repeats", type=int, default=5, help="runs per column (medians are printed)")
+    latency.add_argument("--runs", type=int, default=20, help="warm runs before threads/fds per worker are counted")
     bench = sub.add_parser("bench", help="our fully_shard against torch FSDP2, steps alternated in one run")
     bench.add_argument(
         "--world",
@@ -178,6 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from launch.runner import run, validate
 
     spec, dims = validate(args.recipe, **_degrees(args))
+    steps = None if args.steps is None else inputs.steps(args.steps)
+    timeout = inputs.timeout(args.timeout, "--timeout")
+    out = inputs.out_dir(args.out)
     print(f"{spec.name}: {spec.title}\n  {dims.describe()}", flush=True)
 
     def show(rank: int, line: str) -> None:
@@ -186,12 +205,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     result = run(
         args.recipe,
-        steps=args.steps,
-        timeout=args.timeout,
-        out=args.out,
+        steps=steps,
+        timeout=timeout,
+        out=out,
         seed=args.seed,
         on_line=None if args.quiet else show,
         on_progress=_progress_bar,
+        pool=False,
         **_degrees(args),
     )
     summary = result.summary()
@@ -214,29 +234,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _endpoint(value: str) -> str:
+    """HOST:PORT (``$MASTER_ADDR:29500`` may stay a shell variable the nodes expand)."""
+    host, _, port = value.rpartition(":")
+    if not host or not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {value!r}")
+    return value
+
+
 def cmd_command(args: argparse.Namespace) -> int:
     from launch.runner import validate
 
+    nnodes = inputs.positive_int(args.nnodes, "--nnodes")
+    per_node = inputs.positive_int(args.nproc_per_node, "--nproc-per-node")
     spec, dims = validate(args.recipe, **_degrees(args))
-    if args.nnodes * args.nproc_per_node != dims.world_size:
+    steps = spec.steps if args.steps is None else inputs.steps(args.steps)
+    if nnodes * per_node != dims.world_size:
         raise ValueError(
-            f"--nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node} = "
-            f"{args.nnodes * args.nproc_per_node} != world_size={dims.world_size}"
+            f"--nnodes {nnodes} x --nproc-per-node {per_node} = {nnodes * per_node} != world_size={dims.world_size}"
         )
     import json
 
     explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
-    worker = [
-        "-m",
-        "hyper_parallel.recipes.worker",
-        "--recipe",
-        spec.name,
-        "--degrees",
-        json.dumps(explicit),
-        "--steps",
-        str(args.steps or spec.steps),
-    ]
-    print(multinode_command(args.nnodes, args.nproc_per_node, args.rdzv_endpoint, worker))
+    worker = ["-m", "hyper_parallel.recipes.worker", "--recipe", spec.name, "--degrees", json.dumps(explicit)]
+    worker += ["--steps", str(steps)]
+    command = multinode_command(nnodes, per_node, _endpoint(args.rdzv_endpoint), worker)
+    rdzv_id = command.split("--rdzv-id=")[1].split()[0]
+    out = args.out or f"runs/{spec.name}-{rdzv_id.removeprefix('hyper-parallel-')}"
+    print(f"{command} --out {shlex.quote(out)}")
+    print(
+        f"# rank 0's node gets {out}/metrics.json; every node its ranks' traces; exit status non-zero when the "
+        f"run does not match its reference",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -305,15 +335,16 @@ def main(argv: list[str] | None = None) -> int:
             args.argv = sys.argv[2:] if argv is None else list(argv[1:])  # the review page quotes its command
             return cmd_plan(args)
         if args.command == "bench-latency":
-            from launch.latency import measure, print_latency
+            from launch.latency import measure, measure_resources, print_latency, print_resources
 
             print_latency(measure(args.repeats), args.repeats)
+            print_resources(measure_resources(args.runs))
             return 0
         if args.command == "bench":
             return cmd_bench(args)
         if args.command == "report":
             return cmd_report(args)
         return cmd_workbook(args)
-    except ValueError as error:
+    except (ValueError, RunDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID

@@ -56,11 +56,15 @@ EXERCISES: dict[str, Exercise] = {
         "5: 3 in forward (root, block 0, block 1) + 2 in backward (the blocks; the root kept its parameters).",
     ),
     "10.2": Exercise(
-        "M1 (DDP) and M4 (FSDP) run the same MLP on 2 ranks. By what factor are the **parameter bytes per "
-        "rank** of M1 larger than M4's? (the cost model's `memory.parameters`)",
-        "FSDP keeps a 1/dp_shard shard of every parameter; DDP keeps all of it.",
-        "2 = dp_shard: M1 keeps 37024 bytes per rank, M4 18512. Gradients shrink the same way; the "
-        "transient all-gathered unit is what FSDP pays for it.",
+        "M4 has three units: `'root'` (input projection and head), `'blocks.0'`, `'blocks.1'`. Backward "
+        "runs head first, then blocks.1, then blocks.0. **Which unit is not all-gathered again in "
+        "backward**, and why? Answer its name.",
+        "a unit is gathered again only if it freed its parameters after its forward; which unit's forward "
+        "ends last, right before backward needs it again?",
+        "'root': its forward (the input projection at the start, the head at the end) spans the whole "
+        "step, and backward starts with the head, so FSDP keeps the root gathered from forward to "
+        "backward (reshard_after_forward=False for the root, as torch FSDP2 does); the blocks reshard "
+        "after their forward and are gathered again.",
     ),
     "11.1": Exercise(
         "Predict: how many **all-reduces on tp** does M2 (pure TP, 2 layers) issue in **forward**?",
@@ -68,11 +72,14 @@ EXERCISES: dict[str, Exercise] = {
         "5 = 2 per layer x 2 layers + 1 for the embedding.",
     ),
     "11.2": Exercise(
-        "Which run sends **fewer bytes on the wire** per rank and step, `'M2'` (TP) or `'M3'` (TP + SP)?",
-        "on 2 ranks an all-reduce sends its whole buffer once (2(n-1)/n = 1), an all-gather or "
-        "reduce-scatter half of it ((n-1)/n).",
-        "M3: its all-gather + reduce-scatter pairs send what M2's all-reduces send, but M2's backward "
-        "also all-reduces the input gradient of every colwise layer (wq, wk, wv, w1).",
+        "M2 and M3 put the same bytes on the wire. Which of them keeps **fewer activation bytes** for "
+        "backward per rank (what autograd saves in forward), `'M2'` (TP) or `'M3'` (TP + SP)?",
+        "which tensors of a block are split over tp in both runs (heads, hidden units), and which are "
+        "whole in M2 but a tp-th of the sequence in M3 (norms, residual stream)?",
+        "M3: its norms and residual stream hold 1/tp of the sequence, where M2 keeps them whole on every "
+        "rank. The saving is less than 1/tp: the colwise layers' inputs are all-gathered (whole "
+        "sequence) in both, and q, k, v, attention and the feed-forward hidden are split by heads / "
+        "hidden units in both. That memory is SP's gain; the bytes on the wire are the same.",
     ),
     "13.1": Exercise(
         "Predict: how many **all-gathers** does rank 0 of M7 (HSDP 2 x 2, 2 layers + root) issue per step?",
@@ -83,8 +90,9 @@ EXERCISES: dict[str, Exercise] = {
         "Pick degrees for `llama-8b-like` on **64 ranks** with HSDP (`dp_replicate > 1`, tp = cp = 1) so "
         "that every rank's **training state** (parameters + gradients + Adam state, the cost model's "
         "`memory`) fits in **16 GiB**. Answer a dict, e.g. `{'dp_replicate': 32, 'dp_shard': 2}`.",
-        "the state shrinks with dp_shard, not with dp_replicate: 8 B parameters in bf16 with fp32 Adam "
-        "state are about 120 GiB before sharding.",
+        "the state shrinks with dp_shard, not with dp_replicate: 8.0e9 parameters x 16 B (float32 master "
+        "weights 4 + float32 gradients 4 + Adam's two float32 moments 8; the bf16 copy exists only while a "
+        "unit is gathered) are about 120 GiB before sharding (16_memory).",
         "any dp_shard >= 8: {'dp_replicate': 8, 'dp_shard': 8} keeps 15.0 GiB per rank, dp_shard = 4 "
         "keeps 29.9 GiB. (Activations depend on the batch per rank, not on how parameters are sharded.)",
     ),
@@ -100,10 +108,13 @@ EXERCISES: dict[str, Exercise] = {
         "5: 3 in forward (counts, dispatch, combine) + 2 in backward (the counts need no gradient).",
     ),
     "14.2": Exercise(
-        "In S2, ep x etp = 2 x 2 already spans the 4 ranks, so efsdp = 1. How many collectives does "
-        "rank 0 issue **on efsdp** (the expert unit's FSDP group) per step?",
-        "shard_size 1 and dp_size 1: the case where the decision table says no gradient communication.",
-        "0: nothing to gather (efsdp = 1) and nothing to reduce (every expert weight lives on one rank).",
+        "In S1 (4 ranks, ep = 2) the experts are one fully_shard unit on `efsdp` = 4 / 2 = 2 ranks. How "
+        "many collectives does rank 0 issue **on efsdp** per step?",
+        "the expert unit is an FSDP unit like a block in 10: it is not the root; count what it does "
+        "in forward, in backward, and with its gradients.",
+        "3: one all-gather before the experts compute in forward, one again in backward (the unit "
+        "resharded after forward), one reduce-scatter of the expert gradients. (In S2, ep x etp = 2 x 2 "
+        "spans the 4 ranks: efsdp = 1, and nothing is communicated on it.)",
     ),
     "03.1": Exercise(
         "Which parameters **drift** (differ between the two TP ranks) without the fix? Answer a set of names, "
@@ -116,7 +127,7 @@ EXERCISES: dict[str, Exercise] = {
         "How many **extra all-reduces on tp** does the fix add per step on rank 0?",
         "one per fully_shard unit that has parameters with partial gradients.",
         "2: one all-reduce over tp per block unit (blocks.0, blocks.1), each summing that block's partial "
-        "gradients (norm weight and w2 bias) in one buffer; the root unit has none (the table above: 0 -> 2).",
+        "gradients (norm weight and w2 bias) in one buffer; the root unit has none (the table below: 0 -> 2).",
     ),
     "01.1": Exercise(
         "With `world_size=8, dp_shard=8, ep=2` (etp = 1), how many ranks are in one **efsdp** group (the ranks "
@@ -126,10 +137,13 @@ EXERCISES: dict[str, Exercise] = {
         "4 = 8 / 2: two ep ranks hold different experts, and each expert's weights are sharded over 4 ranks.",
     ),
     "02.1": Exercise(
-        "A unit on 8 ranks with shard_size 4 and dp_size 2: what is its gradient reduction? Answer as the "
-        "table writes it, e.g. `'RS(2) + AR(4)'`.",
-        "shard first (reduce-scatter in the shard group), then all-reduce the shard over the replicas.",
-        "RS(4) + AR(2): HSDP with fsdp = 4, dp_replicate = 2.",
+        "In M7 (HSDP: shard_size = fsdp = 2, dp_size = dp_replicate = 2) each unit reduce-scatters its "
+        "gradient on fsdp, then all-reduces on dp_replicate. What **fraction of the reduce-scatter's "
+        "buffer** does the all-reduce carry? Answer a number, e.g. `1.0` if it is the same tensor.",
+        "what does the reduce-scatter leave on each rank, and what still differs between the replicas?",
+        "0.5 = 1 / shard_size: the reduce-scatter leaves each rank the sum over fsdp of its own shard; "
+        "only that shard still differs between replicas, so only it is all-reduced. HSDP's traffic "
+        "across replicas falls as the shard group grows: RS(shard_size) + AR(dp_size) of the shard.",
     ),
     "95.1": Exercise(
         "Predict: under HSDP 2 x 2 (the 4-rank benchmark), how many collectives on the FSDP groups "
@@ -138,6 +152,34 @@ EXERCISES: dict[str, Exercise] = {
         "reduce-scattered, and HSDP's extra step across replicas.",
         "4: 2 all-gathers and 1 reduce-scatter on fsdp, 1 all-reduce of the shard on dp_replicate (the root: 3, "
         "it is not gathered again in backward).",
+    ),
+    "16.1": Exercise(
+        "Training with bf16 compute, float32 master weights and Adam (the usual mixed precision): how many "
+        "**bytes per parameter** does the sharded state keep between steps (weights + gradients + optimizer)?",
+        "the optimizer updates float32 weights with float32 gradients, and Adam keeps two float32 moments; "
+        "the bf16 copy exists only while a unit is gathered.",
+        "16 = 4 (float32 master weights) + 4 (float32 gradients) + 8 (Adam m and v): 8.0e9 parameters are about "
+        "120 GiB before sharding; the bf16 copy (2 B) is transient.",
+    ),
+    "16.2": Exercise(
+        "With `reshard_after_forward=False` on the two blocks too, how many **all-gathers** does rank 0 of "
+        "the M4 MLP (2 blocks + root) issue per step?",
+        "a unit that keeps its parameters after forward does not gather them again in backward.",
+        "3: one per unit in forward and none in backward (ZeRO-2-like), against 5 by default; the price is "
+        "every block's gathered parameters held from forward to backward.",
+    ),
+    "16.3": Exercise(
+        "The same step as **2 micro-batches** of half the rows (gradient accumulation): the largest saved "
+        "activations of one forward are what fraction of the single-batch ones? Answer a number, e.g. `0.25`.",
+        "what autograd saves grows with the rows of one forward, not with the step's batch.",
+        "0.5: every saved tensor has the micro-batch's rows; the parameters, gradients and Adam state do not change.",
+    ),
+    "15.1": Exercise(
+        "With p = 2 stages and 1F1B, what is the **smallest number of microbatches m** that brings the "
+        "bubble down to **10 % or less** of the step?",
+        "the bubble is (p - 1) / (m + p - 1): solve it for m, then round up to a whole microbatch.",
+        "9: 1 / (m + 1) <= 0.1 needs m + 1 >= 10. More microbatches shrink the bubble but each is smaller "
+        "(less work per send, more per-microbatch overhead), and GPipe would hold all m activations at once.",
     ),
     "90.1": Exercise(
         "Is `world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1` a valid mesh? Answer True or False.",
@@ -266,19 +308,9 @@ def collective_count(
     )
 
 
-def parameter_bytes(result) -> int:
-    """Parameter bytes one rank keeps between steps, by the cost model for the run's recipe and mesh."""
-    from hyper_parallel.cost_model import estimate, recipe_model
-    from hyper_parallel.mesh import ParallelDims
-
-    degrees = result.metrics["degrees"]
-    dims = ParallelDims(**{k: v for k, v in degrees.items() if k in ParallelDims.__dataclass_fields__})
-    return estimate(recipe_model(result.metrics["recipe"]), dims).memory.parameters
-
-
 def wire_bytes_per_rank(result, rank: int = 0) -> float:
     """Bytes rank ``rank`` sends in the last step with ring algorithms (all-reduce 2(n-1)/n of its buffer,
-    the other collectives (n-1)/n): what 11.2 compares."""
+    the other collectives (n-1)/n)."""
     from hyper_parallel.cost_model import wire_factor
 
     traces = result if isinstance(result, Mapping) else result.traces
@@ -289,14 +321,58 @@ def wire_bytes_per_rank(result, rank: int = 0) -> float:
     return sum(e["bytes"] * wire_factor(e["op"], len(e["ranks"])) for e in events if e["step"] == last)
 
 
+def units_not_regathered(result, rank: int = 0) -> set[str]:
+    """Units (trace ``module`` labels) all-gathered on fsdp in forward but not in backward (10.2)."""
+    events = [e for e in result.traces[rank] if e.get("kind") == "collective" and e["op"] == "all_gather"]
+    last = max(e["step"] for e in events)
+    gathered = {
+        phase: {e["module"] for e in events if e["step"] == last and e["phase"] == phase}
+        for phase in ("forward", "backward")
+    }
+    return gathered["forward"] - gathered["backward"]
+
+
+def all_reduce_share(result, rank: int = 0) -> float:
+    """Bytes all-reduced on dp_replicate over bytes reduce-scattered on fsdp in the last step (02.1)."""
+    events = [e for e in result.traces[rank] if e.get("kind") == "collective" and e.get("phase") == "backward"]
+    last = max(e["step"] for e in events)
+    total = {
+        key: sum(e["bytes"] for e in events if e["step"] == last and (e["op"], e["group"]) == key)
+        for key in (("all_reduce", "dp_replicate"), ("reduce_scatter", "fsdp"))
+    }
+    if not total[("reduce_scatter", "fsdp")]:
+        raise ValueError("this run reduce-scatters nothing on fsdp: 02.1 needs an HSDP run (M7)")
+    return total[("all_reduce", "dp_replicate")] / total[("reduce_scatter", "fsdp")]
+
+
+def fewer_saved_activations(results: Mapping[str, Any], labels: Iterable[str]) -> str:
+    """The label of the run whose rank 0 saved the fewest activation bytes for backward (11.2; the
+    worker measures them with ``hyper_parallel.recipes.activation_memory``)."""
+    return min(labels, key=lambda label: results[label].metrics["saved_activation_bytes"])
+
+
+def microbatches_for_bubble(schedule: str, pp: int, at_most: float) -> int:
+    """The smallest number of microbatches whose bubble (the cost model's formula) is at most ``at_most`` (15.1)."""
+    from hyper_parallel.cost_model.pipeline import bubble_fraction
+
+    if not 0 < at_most < 1:
+        raise ValueError(f"at_most is a fraction of the step in (0, 1), got {at_most}")
+    m = 1
+    while bubble_fraction(schedule, pp, m) > at_most:
+        m += 1
+    return m
+
+
 def drifted(replica_spread: Mapping[str, float]) -> set[str]:
     """Parameters whose copies differ between the TP ranks (03's ``replica_spread``)."""
     return {name for name, spread in replica_spread.items() if spread > 0}
 
 
-def fewer_wire_bytes(results: Mapping[str, Any], labels: Iterable[str]) -> str:
-    """The label of the run that sends the fewest bytes per rank (11.2)."""
-    return min(labels, key=lambda label: wire_bytes_per_rank(results[label]))
+def tp_wire_bytes(result, rank: int = 0) -> float:
+    """Bytes rank ``rank`` sends on the tp group in the last step (ring algorithms): TP and TP + SP send
+    the same (11)."""
+    tp_only = {rank: [e for e in result.traces.get(rank, []) if e.get("group") == "tp"]}
+    return wire_bytes_per_rank(tp_only, rank)
 
 
 def block_collectives(bench_result, config: str, impl: str = "ours") -> int:

@@ -5,6 +5,9 @@ every column: a fresh torchrun launch (``pool=False``), the first run on a new w
 just before), and a warm run (the pool already up). It prints the medians. The training itself is
 milliseconds: the rest is starting torchrun, N interpreters importing torch and a rendezvous, which the
 warm pool pays once per Python process.
+
+It then counts what each warm worker holds after run 2 and after run N of M4 (threads, open fds,
+listening sockets) and its CPU over 10 s of idling: a pool left open all day must not grow or spin.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import statistics
 import time
 from collections.abc import Callable
 
+from launch import inputs
 from launch.pool import current, shutdown_pool
+from launch.pool_health import WorkerResources, idle_cpu_percent, worker_resources
 from launch.runner import run
 from launch.text_table import print_table
 
@@ -99,3 +104,34 @@ def print_latency(rows: list[tuple[str, float | None, float, float]], repeats: i
             for label, fresh, first, warm in rows
         ],
     )
+
+
+def measure_resources(runs: int = 20, idle_seconds: float = 10.0) -> dict:
+    """Per-worker threads/fds/listening sockets after warm M4 run 2 and run ``runs``, and idle CPU %."""
+    runs = inputs.positive_int(runs, "--runs")
+    shutdown_pool()
+    counts: dict[int, list[WorkerResources]] = {}
+    for index in range(1, max(runs, 2) + 1):
+        _recipe("M4", CASES["M4"], True)()
+        if index in (2, runs):
+            counts[index] = worker_resources(current())
+    idle = idle_cpu_percent(current(), idle_seconds)
+    shutdown_pool()
+    return {"counts": counts, "idle_cpu": idle, "idle_seconds": idle_seconds}
+
+
+def print_resources(measured: dict) -> None:
+    print("\nwhat each warm worker holds (M4, 2 ranks; max over ranks) and its CPU while idle")
+    rows = []
+    for index, workers in sorted(measured["counts"].items()):
+        rows.append(
+            (
+                f"after run {index}",
+                str(max(w.threads for w in workers)),
+                str(max(w.fds for w in workers)),
+                str(max(w.listening for w in workers)),
+            )
+        )
+    print_table(("", "threads", "open fds", "listening sockets"), rows)
+    idle = measured["idle_cpu"]
+    print(f"idle CPU over {measured['idle_seconds']:g} s: max {max(idle.values(), default=0.0):.1f} % of a core")

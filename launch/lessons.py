@@ -38,6 +38,11 @@ RECIPE_CODE: dict[str, list[str]] = {  # besides the registry's implementation, 
     ],
 }
 RECIPE_CODE["S2"] = RECIPE_CODE["S3"] = RECIPE_CODE["S1"]
+RECIPE_CODE["P1"] = [
+    "hyper_parallel.recipes.pipeline:pipeline_workload",
+    "hyper_parallel.parallel.pipeline:split_transformer",
+    "hyper_parallel.parallel.pipeline:build_schedule",
+]
 
 _FSDP2 = (
     '`fully_shard(unit, mesh=views["dp_replicate", "fsdp"])`',
@@ -84,6 +89,20 @@ TORCH_CALLS: dict[str, list[tuple[str, str]]] = {
         ),
     ],
 }
+TORCH_CALLS["P1"] = [
+    (
+        "`build_schedule('1f1b', stages, microbatches, lm_loss)`",
+        "`torch.distributed.pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=lm_loss)`, called as is",
+    ),
+    (
+        "`TracedPipelineStage(stage, index, num_stages, device, ...)`",
+        "`torch.distributed.pipelining.PipelineStage` (ours records each forward and backward for the figures)",
+    ),
+    (
+        '`fully_shard(layer, mesh=views["dp_replicate", "fsdp"])`',
+        "`torch.distributed.fsdp.fully_shard(layer, mesh=dp_mesh)` per stage",
+    ),
+]
 TORCH_CALLS["M3"] = TORCH_CALLS["M2"]
 TORCH_CALLS["M6"] = [_TP, *TORCH_CALLS["M5"]]
 TORCH_CALLS["S2"] = TORCH_CALLS["S3"] = TORCH_CALLS["S1"]
@@ -150,6 +169,28 @@ def _measured_bytes(result, rank: int = 0) -> dict[tuple[str, str], float]:
     return measured
 
 
+GATHERED_LABEL = "gathered parameters + one unit's full gradients (transient)"
+"""The cost model's ``memory.gathered``: the all-gathered parameters (none without sharding) plus the
+largest unit's unsharded gradients, which every style holds while that unit's backward runs (DDP too)."""
+
+
+def _measured_cell(model_bytes: float, result, key: tuple[str, str]) -> str:
+    """Rank 0's traced bytes, ✔ when they equal the model. Where routing decides the bytes (an MoE's
+    all-to-alls: each rank receives the rows its tokens' experts send back), the model gives the balanced
+    value, which is exactly the mean over the ranks: rank 0's bytes are shown with that mean checked."""
+    from hyper_parallel.viz.style import fmt_bytes
+
+    traced = _measured_bytes(result).get(key, 0.0)
+    if abs(model_bytes - traced) < 0.5:
+        return fmt_bytes(traced) + " ✔"
+    traces = result if isinstance(result, dict) else result.traces
+    per_rank = [_measured_bytes(traces, rank).get(key, 0.0) for rank in sorted(traces)]
+    mean = sum(per_rank) / len(per_rank) if per_rank else 0.0
+    if len(per_rank) > 1 and abs(model_bytes - mean) < 0.5:
+        return f"{fmt_bytes(traced)} (routing; mean over ranks {fmt_bytes(mean)} ✔)"
+    return fmt_bytes(traced) + " ≠ model"
+
+
 def tradeoff_rows(result) -> list[list[Any]]:
     """Rows of ``tradeoff_table``: memory per rank (one rank, this run, change) and bytes per (op, group)
     (cost model, this run's trace on rank 0, last step)."""
@@ -166,7 +207,7 @@ def tradeoff_rows(result) -> list[list[Any]]:
     for name, label in (
         ("parameters", "parameters per rank"),
         ("gradients", "gradients per rank"),
-        ("gathered", "gathered for compute (transient)"),
+        ("gathered", GATHERED_LABEL),
         ("activations", "activations (estimate)"),
     ):
         a, b = getattr(alone.memory, name), getattr(here.memory, name)
@@ -176,14 +217,14 @@ def tradeoff_rows(result) -> list[list[Any]]:
         rows.append([label, fmt_bytes(a), fmt_bytes(b), change, ""])
     measured = _measured_bytes(result)
     for key in sorted(set(here.by_op_group()) | set(measured)):
-        model_bytes, traced = here.by_op_group().get(key, 0.0), measured.get(key, 0.0)
+        model_bytes = here.by_op_group().get(key, 0.0)
         rows.append(
             [
                 f"communicated: {key[0]} on {key[1]}",
                 "—",
                 fmt_bytes(model_bytes),
                 "new",
-                fmt_bytes(traced) + (" ✔" if abs(model_bytes - traced) < 0.5 else " ≠ model"),
+                _measured_cell(model_bytes, result, key),
             ]
         )
     return rows

@@ -10,10 +10,13 @@ On every rank ``torch.distributed`` is initialised (gloo on CPU, NCCL with GPUs)
 ``world_size``, ``torch`` and ``dist`` are defined; ``--send a,b`` defines the kernel's variables ``a`` and
 ``b`` there too (JSON data: numbers, strings, lists, dicts); ``--out name`` stores the per-rank values in
 the kernel variable ``name`` instead of displaying them. Each rank's output is shown as it comes, prefixed
-with its rank. Names a cell defines stay on the workers for the next cell, until ``%torchrun --restart``
-(or a failure, which ends the pool). A rank that raises: its traceback is shown and the kernel stays
-usable. Values come back through ``torch.save`` bytes read with ``weights_only=True`` (tensors, numbers,
-strings, lists and dicts of them); anything else comes back as its ``repr``.
+with its rank. Names a cell defines stay on the workers for the next cell, until ``%torchrun --restart``.
+A cell that raises on one or all ranks: its traceback is shown and the names stay; a SyntaxError is
+caught here, before anything is sent. Only a rank that died or hung past ``--timeout``, an interrupt
+during a cell, or a cell needing more ranks than the pool has ends the workers, and the next cell says
+that the names are gone and why. Values come back through ``torch.save`` bytes read with
+``weights_only=True`` (tensors, numbers, strings, lists and dicts of them); anything else as its ``repr``.
+One machine only: ``-n`` is capped at cores x 8 (``HYPER_PARALLEL_MAX_RANKS`` overrides it).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import json
 import shlex
 import sys
 
+from launch import inputs
 from launch.pool import PoolError, current, shutdown_pool
 
 DEFAULT_TIMEOUT = 300.0
+USAGE = "usage: %%torchrun -n N [--timeout SECONDS] [--send a,b] [--out NAME]   |   %torchrun --restart"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,10 +62,20 @@ def decode(reply: dict):
 
 def run_cell(code: str, nproc: int, timeout: float = DEFAULT_TIMEOUT, stream=None, send: dict | None = None) -> list:
     """The cell on ``nproc`` ranks, after defining ``send``'s names there; its value on each rank (a list
-    indexed by rank). ``PoolError`` if a rank failed (the pool is then ended)."""
-    if nproc < 1:
-        raise ValueError(f"-n must be at least 1 rank, got {nproc}")
+    indexed by rank). ``ValueError`` for bad input or a SyntaxError (nothing is sent); ``PoolError`` if a
+    rank failed (``kept``: the pool and its names survived)."""
+    inputs.rank_count(nproc, "-n")
+    inputs.timeout(timeout, "--timeout")
+    try:
+        compile(code, "<%%torchrun cell>", "exec")
+    except SyntaxError as error:
+        raise ValueError(
+            f"the cell does not compile, so it was not sent (the workers and their names are untouched):\n"
+            f"  line {error.lineno}: {(error.text or '').rstrip()}\nSyntaxError: {error.msg}"
+        ) from None
     if send:
+        for name, value in send.items():
+            inputs.json_names(value, f"--send {name}")
         try:
             code = (
                 "".join(
@@ -78,7 +93,12 @@ def run_cell(code: str, nproc: int, timeout: float = DEFAULT_TIMEOUT, stream=Non
             out.write(f"[rank {rank}] {line}\n")
             out.flush()
 
-    replies, _, _ = current().run(nproc, {"kind": "code", "code": code}, timeout, show)
+    pool = current()
+    try:
+        replies, _, _ = pool.run(nproc, {"kind": "code", "code": code}, timeout, show)
+    finally:
+        if pool.restarted_because:
+            print(f"new warm workers: {pool.restarted_because}, so earlier names are gone", file=sys.stderr)
     return [decode(reply) for reply in replies]
 
 
@@ -87,14 +107,20 @@ def torchrun_magic(line: str, cell: str | None = None):
     try:
         args = _parser().parse_args(shlex.split(line))
     except SystemExit:
-        print("usage: %%torchrun -n N [--timeout SECONDS]   |   %torchrun --restart", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return None
     if args.restart:
         shutdown_pool()
         print("warm workers ended; the next %%torchrun cell starts new ones")
         return None
     if cell is None or args.nproc is None:
-        print("usage: %%torchrun -n N [--timeout SECONDS] (a cell magic: the code goes below it)", file=sys.stderr)
+        print(USAGE + " (a cell magic: the code goes below it)", file=sys.stderr)
+        return None
+    try:
+        if args.out:
+            inputs.identifier(args.out, "--out")
+    except ValueError as error:
+        print(str(error), file=sys.stderr)
         return None
     namespace = _user_namespace()
     names = [name.strip() for name in args.send.split(",") if name.strip()]

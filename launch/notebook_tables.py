@@ -6,6 +6,8 @@
     numbers_table(results)                loss per step against the single-process reference
     collective_counts(result)             (phase, op, group) -> count, for a notebook's own assertions
     gradient_reduction(shard, dp)         RS/AR decision of a fully_shard unit from its GroupInfo sizes
+    ratio_verdict(row["ratio"])           whether a benchmark ratio is outside its quartile noise
+    pipeline_reduction_text(result, m)    how often a pipeline run reduced its gradients, from its trace
 
 ``results`` maps a label to a RunResult (``launch.notebook_runs.run_recipes``). The notebooks import
 these from ``launch.workbook``, which re-exports them.
@@ -138,3 +140,47 @@ def numbers_table(results: Mapping[str, Any]):
         rows,
         caption="every step against the reference; 'params': max |param - reference| after the last step",
     )
+
+
+def ratio_verdict(ratio: Mapping[str, float]) -> str:
+    """What a benchmark's ours / torch step-time ratio says: a quartile range that contains 1 is inside
+    the pairs' noise (no measurable difference on this machine); otherwise which side is faster."""
+    q1, median, q3 = ratio["q1"], ratio["median"], ratio["q3"]
+    if q1 <= 1.0 <= q3:
+        return (
+            f"{median:.2f} [{q1:.2f}-{q3:.2f}]: the quartiles contain 1.00, within the noise: no measurable difference"
+        )
+    side = "ours slower" if q1 > 1.0 else "ours faster"
+    return f"{median:.2f} [{q1:.2f}-{q3:.2f}]: {side} in at least three quarters of the pairs"
+
+
+def gradient_reductions(result, rank: int = 0) -> dict[str, int]:
+    """How often rank ``rank`` reduce-scattered its gradients on fsdp in the last step, over how many
+    units (the distinct ``module`` labels of those reduce-scatters): ``per_unit`` is 1 when each unit
+    reduces once per step, the number of microbatches when it reduces after every microbatch."""
+    traces = result if isinstance(result, Mapping) else result.traces
+    events = [e for e in traces.get(rank, []) if e.get("kind") == "collective" and e.get("phase") != "init"]
+    if not events:
+        raise ValueError(f"rank {rank} traced no collectives")
+    last = max(e["step"] for e in events)
+    scatters = [e for e in events if e["step"] == last and (e["op"], e["group"]) == ("reduce_scatter", "fsdp")]
+    units = len({e["module"] for e in scatters})
+    return {"reduce_scatters": len(scatters), "units": units, "per_unit": len(scatters) // units if units else 0}
+
+
+def pipeline_reduction_text(result, microbatches: int, rank: int = 0) -> str:
+    """What the trace says about a pipeline's gradient reduction, in a sentence a learner can check."""
+    counts = gradient_reductions(result, rank)
+    n, units, per_unit = counts["reduce_scatters"], counts["units"], counts["per_unit"]
+    head = f"rank {rank} reduce-scattered its gradients {n} times on fsdp in the last step, over {units} units: "
+    if per_unit == 1:
+        return head + (
+            f"once per unit and step. The schedule held the gradients of the first {microbatches - 1} microbatches "
+            "and reduced their sum after the last one (as torchtitan does): the same gradient traffic as without PP."
+        )
+    if per_unit == microbatches:
+        return head + (
+            f"once per unit and microbatch ({microbatches} x {units}): {microbatches}x the gradient traffic. The "
+            "schedule did not defer the reduction to the last microbatch; that is not the CPU, a GPU run would do the same."
+        )
+    return head + f"{per_unit} per unit, neither once per step nor once per microbatch ({microbatches})."

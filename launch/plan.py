@@ -18,8 +18,14 @@ it as one JSON document.
 ``--layouts`` reviews named candidates side by side (``launch.report.design_review``: text, md, csv,
 json; ``--out X.html`` writes the self-contained page, another suffix the ``--format`` text). Training
 knobs (``--micro-batch``, ``--grad-accum``, ``--ac``, ``--loss-parallel``, ``--reshard-after-forward``,
-``--expert-shard-dim``) and the machine (``--hardware`` preset, ``--peak-tflops``, ``--intra-node-gbs``,
+``--expert-shard-dim``, ``--pp-schedule``, ``--virtual-stages``) and the machine (``--hardware`` preset, ``--peak-tflops``, ``--intra-node-gbs``,
 ``--inter-node-gbs``, ``--memory-gib``, ``--memory-reserve-gib``) apply to every view.
+
+``--model-config config.json`` plans your own model from its Hugging Face config (``cost_model.hf_config``).
+Bad input (sizes <= 0, --top < 1, a degree that does not divide the world, pp that does not split the
+layers, NaN machine numbers, a degree named twice in --layouts) is refused with the rule and the
+nearest valid value: the checks live in the cost model (``cost_model.validation``, ``ModelConfig``,
+``Hardware``), and ``launch.cli`` maps their ``ValueError`` to exit status 2.
 
 This module is the command line (flags, what runs for which of them); ``launch.plan_build`` builds a
 plan (mesh groups, cost, torchrun command) and ``launch.plan_render`` prints it.
@@ -32,12 +38,13 @@ import json
 import sys
 from pathlib import Path
 
-from hyper_parallel.cost_model import CLI_MODELS, PRECISIONS, ModelConfig, get_model
+from hyper_parallel.cost_model import CLI_MODELS, PRECISIONS, ModelConfig, get_model, load_model_config
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, HARDWARE, Hardware, get_hardware
 from hyper_parallel.cost_model.layouts import check_gpus_per_node
 from hyper_parallel.cost_model.model_configs import AC_MODES
 from hyper_parallel.cost_model.ranking import rank_layouts
 from hyper_parallel.cost_model.review import parse_layouts, review_layouts
+from hyper_parallel.cost_model.validation import check_degrees_divide, check_step_sizes
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import DEGREE_NAMES
 
@@ -57,6 +64,20 @@ from launch.plan_render import ranks_with_ties as ranks_with_ties
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The plan subcommand's own flags (the degrees come from ``launch.cli``)."""
     parser.add_argument("--model", default="small", choices=CLI_MODELS, help="model preset (default: small)")
+    parser.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="a Hugging Face config.json (Llama, Mistral, Qwen2, Mixtral, Qwen2-MoE, DeepSeekMoE, GPT-2) instead of --model",
+    )
+    parser.add_argument(
+        "--pp-schedule",
+        choices=("gpipe", "1f1b", "interleaved-1f1b", "interleaved_1f1b"),
+        default="1f1b",
+        help="pipeline schedule with --pp > 1 (default: 1f1b)",
+    )
+    parser.add_argument(
+        "--virtual-stages", type=int, help="interleaved_1f1b: stages per pp rank (default 2 for interleaved, else 1)"
+    )
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: 8)")
     parser.add_argument("--seq-len", type=int, help="override the preset's sequence length")
     parser.add_argument("--batch", type=int, help="override the preset's global batch (sequences per step)")
@@ -108,9 +129,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
 
 
-def model_from_args(args: argparse.Namespace) -> ModelConfig:
-    config = get_model(args.model)
+def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) -> ModelConfig:
+    """The preset (or ``--model-config`` file) with the flags' changes; the step's sizes are checked against
+    ``layouts`` first, so a bad one is refused with the smallest size all of them accept."""
+    check_step_sizes(args.seq_len, args.batch, list(layouts))
+    config = load_model_config(args.model_config) if args.model_config else get_model(args.model)
+    schedule = args.pp_schedule.replace("-", "_")
+    virtual = args.virtual_stages or (2 if schedule == "interleaved_1f1b" else 1)
     changes = {
+        "pp_schedule": schedule,
+        "virtual_stages": virtual,
         "seq_len": args.seq_len,
         "global_batch": args.batch,
         "precision": PRECISIONS[args.precision] if args.precision else None,
@@ -135,12 +163,12 @@ def hardware_from_args(args: argparse.Namespace) -> Hardware:
     )
 
 
-def cmd_review(args: argparse.Namespace, config: ModelConfig, hardware: Hardware) -> int:
+def cmd_review(args: argparse.Namespace, config: ModelConfig, hardware: Hardware, layouts: list[ParallelDims]) -> int:
     """``--layouts``: the named candidates side by side, printed in ``--format`` and written to ``--out``."""
     from launch.report.design_review import render, to_html
 
     check_gpus_per_node(args.world_size, args.gpus_per_node)
-    reviews = review_layouts(config, parse_layouts(args.layouts, args.world_size), args.gpus_per_node, hardware)
+    reviews = review_layouts(config, layouts, args.gpus_per_node, hardware)
     fmt = "json" if args.json else args.format
     text = render(fmt, reviews, config, hardware, args.world_size, args.gpus_per_node)
     print(text)
@@ -167,14 +195,18 @@ def _quoted(arg: str) -> str:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.world_size is None:
         raise ValueError("--world is required (the number of ranks)")
-    config = model_from_args(args)
+    if args.top < 1:
+        raise ValueError(f"--top (layouts shown by --compare) must be >= 1, got {args.top}; nearest valid --top: 1")
     hardware = hardware_from_args(args)
     if args.layouts is not None:
-        return cmd_review(args, config, hardware)
+        layouts = parse_layouts(args.layouts, args.world_size)
+        return cmd_review(args, model_from_args(args, layouts), hardware, layouts)
     if args.out:
         raise ValueError('--out writes a --layouts review; give --layouts "CANDIDATE; CANDIDATE"')
     degrees = {k: getattr(args, k) for k in ("world_size", *DEGREE_NAMES)}
+    check_degrees_divide(args.world_size, degrees)
     dims = ParallelDims(**{k: v for k, v in degrees.items() if v is not None})
+    config = model_from_args(args, [dims])
     plan = make_plan(config, dims, args.gpus_per_node, args.rank, hardware)
     command = torchrun_command(config, dims, args.gpus_per_node, args.rdzv_endpoint)
     ranked = rank_layouts(config, dims.world_size, args.gpus_per_node, hardware, args.sort) if args.compare else None

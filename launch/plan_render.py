@@ -8,6 +8,7 @@ The tables go through ``launch.text_table``; the ``--layouts`` review has its ow
 from __future__ import annotations
 
 from hyper_parallel.cost_model import ModelConfig
+from hyper_parallel.cost_model.assumptions import assumptions as model_assumptions
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, Hardware
 from hyper_parallel.cost_model.layouts import GIB, Bandwidth
 from hyper_parallel.cost_model.ranking import RankedLayout
@@ -40,6 +41,14 @@ def plan_json(plan: Plan, command: str) -> dict:
         "rank": plan.rank,
         "groups": plan.groups,
         "memory": cost.memory.as_dict(),
+        "stage_memory": [
+            {"pp_rank": s.pp_rank, "layers": [s.layers[0], s.layers[-1]], "embedding": s.first, "head": s.last}
+            | {"alive_microbatches": s.alive}
+            | s.memory.as_dict()
+            for s in cost.stages
+        ],
+        "pp_schedule": cost.config.pp_schedule,
+        "virtual_stages": cost.config.virtual_stages,
         "communication": [c.__dict__ for c in plan.collectives],
         "comm_seconds": plan.comm_seconds,
         "step": _step_json(plan.step),
@@ -65,6 +74,9 @@ def _step_json(step: StepEstimate) -> dict:
         "exposed_seconds": step.middle.exposed,
         "hidden_seconds": step.middle.hidden,
         "inter_node_bytes": step.inter_node_bytes,
+        "bubble_seconds": step.bubble_seconds,
+        "work_seconds": dict(step.middle.work.__dict__) if step.middle.work else {},
+        "stage_seconds": list(step.stage_seconds),
     }
 
 
@@ -79,6 +91,7 @@ def compare_json(ranked: list[RankedLayout], top: int) -> list[dict]:
             "step_range": list(r.step_range),
             "mfu": r.mfu,
             "exposed_seconds": r.exposed_seconds,
+            "bubble_seconds": r.bubble_seconds,
             "fits": r.fits,
         }
         for r in ranked[:top]
@@ -86,21 +99,9 @@ def compare_json(ranked: list[RankedLayout], top: int) -> list[dict]:
 
 
 def assumptions(config: ModelConfig, bandwidth: Bandwidth, hardware: Hardware = DEFAULT_HARDWARE) -> list[str]:
-    """What the estimate takes for granted, in words: printed with every plan so no number stands alone."""
-    p = config.precision
-    return [
-        f"precision {p.name}: sharded parameters and gradients {p.storage} B/element, all-gathers and "
-        f"activations {p.compute} B, gradient reduction {p.reduce} B, optimizer state {p.optimizer_state} B "
-        f"per parameter element",
-        f"memory: sharded state exact (padding included); activations estimated (activation checkpointing "
-        f"{config.activation_checkpointing}, fused attention, one micro-batch resident); see "
-        f"hyper_parallel.cost_model.memory",
-        "communication: bytes per collective as traced (full buffers); EP rows assume balanced routing",
-        "time per collective: " + bandwidth.describe(),
-        "step: FLOPs per matmul (6 N + 12 L s d per token, recomputation added; cost_model.compute) at the "
-        "efficiency range of " + hardware.describe() + "; FSDP/HSDP collectives overlap compute (prefetch, "
-        "async reduce-scatter), TP/CP/EP ones are on the critical path (cost_model.step_time)",
-    ]
+    """What the estimate takes for granted, in words (``cost_model.assumptions``, with the calibration
+    sources): printed with every plan so no number stands alone. ``bandwidth`` is the hardware's."""
+    return model_assumptions(config, hardware)
 
 
 def print_plan(plan: Plan, command: str) -> None:
@@ -129,10 +130,19 @@ def print_plan(plan: Plan, command: str) -> None:
     print(f"groups crossing node boundaries with {plan.gpus_per_node} GPUs per node: {', '.join(crossing) or 'none'}")
     budget = plan.hardware.budget_bytes
     print(
-        "\nmemory per rank: "
+        "\nmemory per rank"
+        + (" (the worst pipeline stage's)" if cost.stages else "")
+        + ": "
         + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in cost.memory.as_dict().items())
         + f" ({'within' if cost.memory.total <= budget else 'OVER'} the {budget / GIB:.1f} GiB budget)"
     )
+    for s in cost.stages:
+        print(
+            f"  pp rank {s.pp_rank}: layers {s.layers[0]}-{s.layers[-1]}"
+            + (" + embedding" if s.first else "")
+            + (" + head" if s.last else "")
+            + f", {s.alive:g} microbatch(es) in flight: {fmt_bytes(s.memory.total)}"
+        )
     print("\ncommunication of one step on every rank:")
     rows = [
         (
@@ -155,7 +165,7 @@ def print_plan(plan: Plan, command: str) -> None:
         f"{step.seconds:.2f} s ({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%}: compute "
         f"{step.middle.compute:.2f} s, critical comm {step.middle.critical:.2f} s, exposed FSDP/HSDP "
         f"{step.middle.exposed:.2f} s, hidden {step.middle.hidden:.2f} s; {step.inter_node_bytes / GIB:.1f} GiB "
-        f"per rank cross nodes"
+        f"per rank cross nodes" + (f"; pipeline bubble {step.bubble_seconds:.2f} s" if dims.pp > 1 else "")
     )
     if dims.pp > 1:
         from hyper_parallel.cost_model.pipeline import plan_lines

@@ -4,7 +4,10 @@
   ``.launch.lock`` inside it): a second launch into the same directory at the same time fails
   at once with a clear error instead of mixing two runs' logs, traces and metrics.
 * A launch given no directory gets a fresh one under one scratch folder per user,
-  ``$TMPDIR/hyper-parallel-<uid>/`` (``HYPER_PARALLEL_SCRATCH`` overrides it).  The run's
+  ``$TMPDIR/hyper-parallel-<uid>/`` (``HYPER_PARALLEL_SCRATCH`` overrides it).  Its name is
+  predictable, so on a shared host another user could create it first and then swap run folders
+  (forged ``metrics.json``) or plant symlinks: it is created 0700 and refused unless it is a real
+  directory owned by this user that neither group nor others can write.  The run's
   result keeps pointing at it (reports and figures read it later), so it is not deleted when
   the launch ends; instead every new scratch directory prunes the old ones: those untouched
   for ``MAX_AGE_SECONDS`` and all but the newest ``MAX_KEPT``, never one a launch still claims.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,11 +31,37 @@ MAX_AGE_SECONDS = 24 * 3600
 MAX_KEPT = 100
 
 
+class RunDirError(RuntimeError):
+    """A run folder that cannot be used: claimed by a running launch, or a scratch root that is not private."""
+
+
 def scratch_root() -> Path:
-    root = os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / f"hyper-parallel-{os.getuid()}"
-    root = Path(root)
+    """This user's private scratch folder (created 0700); ``RunDirError`` if it is not private."""
+    root = Path(os.environ.get(SCRATCH_ENV) or Path(tempfile.gettempdir()) / f"hyper-parallel-{os.getuid()}")
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(root)
     return root
+
+
+def check_private(root: Path) -> None:
+    """``root`` is a directory (not a symlink) owned by this user, writable by nobody else."""
+    info = os.lstat(root)
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.getuid():
+        problem = f"is owned by uid {info.st_uid}, not by you (uid {os.getuid()})"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = (
+            f"is writable by {'others' if info.st_mode & stat.S_IWOTH else 'its group'} (mode {info.st_mode & 0o777:o})"
+        )
+    if problem:
+        raise RunDirError(
+            f"the scratch folder {root} {problem}: another user could replace run folders in it. Remove it "
+            f"if it is yours (rm -r {root}), or set {SCRATCH_ENV} to a private folder of yours"
+        )
 
 
 def new_scratch_dir(prefix: str) -> Path:
@@ -76,14 +106,14 @@ def prune(root: Path, max_age: float = MAX_AGE_SECONDS, max_kept: int = MAX_KEPT
 
 @contextmanager
 def claimed(run_dir: Path) -> Iterator[Path]:
-    """Hold ``run_dir`` for one launch; ``RuntimeError`` if another launch holds it now."""
+    """Hold ``run_dir`` for one launch; ``RunDirError`` if another launch holds it now."""
     lock_path = run_dir / LOCK_FILE
     handle = open(lock_path, "a")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise RuntimeError(
+        raise RunDirError(
             f"{run_dir} is being written by another launch that is still running; give each "
             f"concurrent launch its own directory (out=... / run_dir=...), or leave it unset "
             f"for a fresh one"
@@ -92,5 +122,4 @@ def claimed(run_dir: Path) -> Iterator[Path]:
         os.utime(run_dir)  # a claimed directory counts as recent for pruning
         yield run_dir
     finally:
-        lock_path.unlink(missing_ok=True)
-        handle.close()
+        handle.close()  # the lock file stays: unlinking it would let two launches lock two different files

@@ -7,6 +7,7 @@ per rank into the run directory; the result object carries both.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import tempfile
@@ -19,9 +20,18 @@ from typing import Any
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
-from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, SUMMARY_FILE, TRACE_FILE, load_json, load_traces
-from launch.run_dirs import new_scratch_dir
-from launch.supervisor import TorchrunResult, torchrun
+from hyper_parallel.run_files import (
+    EXIT_MISMATCH,
+    METRICS_FILE,
+    PROGRESS_PREFIX,
+    SUMMARY_FILE,
+    TRACE_FILE,
+    load_json,
+    load_traces,
+)
+from launch import inputs
+from launch.run_dirs import claimed, new_scratch_dir
+from launch.supervisor import TorchrunResult, torchrun_claimed
 
 WORKER_MODULE = "hyper_parallel.recipes.worker"
 
@@ -50,7 +60,7 @@ class RunResult:
 
     @property
     def error(self) -> str | None:
-        if not self.process.ok:
+        if not self.process.ok and not (self.process.returncode == EXIT_MISMATCH and self.metrics):
             return self.process.error
         if not self.metrics:
             return f"the workers wrote no {METRICS_FILE} into {self.run_dir}"
@@ -151,8 +161,16 @@ def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> di
 
 def validate(recipe: str, **degrees: int | None) -> tuple[registry.Recipe, ParallelDims]:
     """The recipe and its ParallelDims, or ``ValueError`` (unknown recipe, invalid mesh, bad shapes)."""
-    spec = registry.get(recipe)
-    return spec, spec.validate(**resolve_degrees(spec, degrees))
+    spec = registry.get(inputs.recipe_name(recipe))
+    resolved = resolve_degrees(spec, degrees)
+    global_batch = spec.shapes.get("global_batch")
+    dims = None
+    if global_batch:
+        with contextlib.suppress(ValueError, TypeError):  # an invalid mesh: spec.validate says why below
+            dims = ParallelDims(**{k: v for k, v in resolved.items() if k in ParallelDims.__dataclass_fields__})
+    if dims is not None:
+        inputs.batch_fits(spec.name, global_batch, dims.dp)
+    return spec, spec.validate(**resolved)
 
 
 def run(
@@ -177,7 +195,7 @@ def run(
     ``ValueError`` before any worker starts when they are invalid.
     """
     spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **degrees}
-    run_dir = Path(out) if out is not None else None
+    run_dir = inputs.out_dir(out)
     return run_many(
         [spec],
         timeout=timeout,
@@ -209,27 +227,59 @@ def run_many(
     """
     if not runs:
         raise ValueError("run_many needs at least one run")
+    timeout = inputs.timeout(timeout)
+    out = inputs.out_dir(out)
     prepared = []
     for spec in runs:
         spec = dict(spec)
-        name, steps, seed = spec.pop("recipe"), spec.pop("steps", None), spec.pop("seed", 0)
+        name, steps, seed = spec.pop("recipe", None), spec.pop("steps", None), inputs.seed(spec.pop("seed", 0))
         overlap = spec.pop("overlap", None)
         if overlap not in (None, True, False):
             raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
         recipe, dims = validate(name, **spec)
-        steps = recipe.steps if steps is None else steps
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
+        steps = recipe.steps if steps is None else inputs.steps(steps)
         prepared.append((recipe, dims, steps, seed, overlap))
     worlds = {dims.world_size for _, dims, *_ in prepared}
     if len(worlds) != 1:
         raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
-    root = Path(out) if out is not None else new_scratch_dir("hp-run-")
-    root.mkdir(parents=True, exist_ok=True)
+    root = out if out is not None else new_scratch_dir("hp-run-")
     dirs = run_dirs or [root / f"{index:02d}-{recipe.name}" for index, (recipe, *_) in enumerate(prepared)]
+    with contextlib.ExitStack() as claims:
+        for directory in dict.fromkeys(path.resolve() for path in [root, *dirs]):
+            _make_dir(directory)
+            claims.enter_context(claimed(directory))  # before anything in it is deleted or written
+        process = _launch_batch(prepared, dirs, root, timeout, on_line, on_progress, pool)
+        results = []
+        for (recipe, dims, *_), run_dir in zip(prepared, dirs):
+            result = RunResult(
+                recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir), run_dir
+            )
+            result.save_summary()
+            results.append(result)
+    return results
+
+
+def _make_dir(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"cannot create the run directory {directory}: {error.strerror}; choose another out="
+        ) from None
+
+
+def _launch_batch(
+    prepared: list[tuple],
+    dirs: list[Path],
+    root: Path,
+    timeout: float,
+    on_line: Callable[[int, str], None] | None,
+    on_progress: Callable[[dict], None] | None,
+    pool: bool,
+) -> TorchrunResult:
+    """Clear the claimed directories of an earlier run's results, write batch.json, run the batch."""
     batch = []
     for (recipe, dims, steps, seed, overlap), run_dir in zip(prepared, dirs):
-        run_dir.mkdir(parents=True, exist_ok=True)
         for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
             stale.unlink(missing_ok=True)
         explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
@@ -252,17 +302,11 @@ def run_many(
         if on_line is not None:
             on_line(rank, line)
 
+    world_size = prepared[0][1].world_size
     if pool:
-        process = _run_on_pool(worlds.pop(), batch, timeout, forward_line, root)
-    else:
-        args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, timeout))]
-        process = torchrun(WORKER_MODULE, worlds.pop(), args=args, timeout=timeout, on_line=forward_line, run_dir=root)
-    results = []
-    for (recipe, dims, *_), run_dir in zip(prepared, dirs):
-        result = RunResult(recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir), run_dir)
-        result.save_summary()
-        results.append(result)
-    return results
+        return _run_on_pool(world_size, batch, timeout, forward_line, root)
+    args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, min(timeout, 3600.0)))]
+    return torchrun_claimed(WORKER_MODULE, world_size, args=args, timeout=timeout, on_line=forward_line, run_dir=root)
 
 
 def _run_on_pool(

@@ -44,6 +44,7 @@ from typing import BinaryIO
 import psutil
 
 from hyper_parallel.rank_lifetime import ERROR_FILE_ENV, STATUS_DIR_ENV
+from launch import inputs
 from launch.failure_report import RankError, failure, timeout_error
 from launch.run_dirs import claimed, new_scratch_dir
 
@@ -235,22 +236,6 @@ class ProcessTree:
             self._root.wait(timeout=KILL_WAIT_SECONDS)
 
 
-def _target_entry(target: str) -> list[str]:
-    """``[SCRIPT]`` or ``["-m", MODULE]``; ``ValueError`` for a target that is neither."""
-    if target.endswith(".py") or os.path.isfile(target):
-        script = Path(target).expanduser().resolve()
-        if not script.is_file():
-            raise ValueError(
-                f"script {target!r} not found (looked for {script}); pass an existing .py file or a module name"
-            )
-        entry = [str(script)]
-    elif target and all(part.isidentifier() for part in target.split(".")):
-        entry = ["-m", target]
-    else:
-        raise ValueError(f"target {target!r} is neither an existing file nor a dotted module name such as 'pkg.train'")
-    return entry
-
-
 def _build_command(entry: list[str], nproc: int, args: Sequence[str], log_dir: Path) -> list[str]:
     """``launch.local_agent`` (torchrun on loopback) running the entry through ``rank_lifetime``."""
     return [
@@ -314,17 +299,37 @@ def torchrun(
     gets a fresh scratch directory (``launch.run_dirs``); with one, no other launch may be
     using it at the same time (``RuntimeError``).
     """
+    _checked(target, nproc, args, timeout)  # before any folder is made
+    run_dir = Path(run_dir or new_scratch_dir("run-")).resolve()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
+    with claimed(run_dir):
+        return torchrun_claimed(target, nproc, args, timeout, on_line, env, run_dir)
+
+
+def torchrun_claimed(
+    target: str,
+    nproc: int,
+    args: Sequence[str] = (),
+    timeout: float = 120.0,
+    on_line: LineCallback | None = None,
+    env: Mapping[str, str] | None = None,
+    run_dir: Path | None = None,
+) -> TorchrunResult:
+    """``torchrun`` into ``run_dir``, which the caller has claimed already (``launch.run_dirs.claimed``)."""
+    entry, timeout = _checked(target, nproc, args, timeout)
+    return _launch(entry, nproc, [str(arg) for arg in args], timeout, on_line, env, Path(run_dir))
+
+
+def _checked(target: str, nproc: int, args: Sequence[str], timeout: float) -> tuple[list[str], float]:
+    """The launch's entry and timeout, or ``ValueError`` naming what is wrong."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int (number of worker processes), got {nproc!r}")
     if isinstance(args, (str, bytes)):
         raise ValueError(f"args must be a sequence of strings such as ['--steps', '5'], got the string {args!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    entry = _target_entry(target)
-    run_dir = Path(run_dir or new_scratch_dir("run-")).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with claimed(run_dir):
-        return _launch(entry, nproc, [str(arg) for arg in args], timeout, on_line, env, run_dir)
+    return inputs.launch_target(target), inputs.timeout(timeout)
 
 
 def without_rank_prefix(rank: int, line: str) -> str:

@@ -40,6 +40,8 @@ from launch.notebook_tables import exposure_table as exposure_table
 from launch.notebook_tables import gradient_reduction as gradient_reduction
 from launch.notebook_tables import groupinfo_table as groupinfo_table
 from launch.notebook_tables import numbers_table as numbers_table
+from launch.notebook_tables import pipeline_reduction_text as pipeline_reduction_text
+from launch.notebook_tables import ratio_verdict as ratio_verdict
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
@@ -48,13 +50,14 @@ FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 READING_ORDER = (
     "00_start_here",
     "10_ddp_fsdp",
+    "16_memory",
     "11_tensor_sequence_parallel",
-    "13_hsdp",
     "12_context_parallel",
-    "14_moe_expert_parallel",
+    "13_hsdp",
     "01_mesh_algebra",
-    "15_pipeline_parallel",
     "02_fully_shard_groupinfo",
+    "14_moe_expert_parallel",
+    "15_pipeline_parallel",
     "03_pure_tp_fix",
     "04_planning_at_scale",
     "05_your_own_model",
@@ -62,7 +65,8 @@ READING_ORDER = (
     "95_performance",
     "91_recipe_matrix",
 )
-"""The learning path: concepts before mechanics (each style in 10-14 before 01-04 combine them;
+"""The learning path: concepts before mechanics, each notebook after every one it builds on (13's
+second run stacks 12's CP under HSDP; 14's dual-stack meshes need 01's efsdp and 02's GroupInfo;
 pipelines, 15, once the mesh of 01 is known), the appendix last. File names keep their numbers (tests and links use them); 00 and every notebook's
 "Next:" link give this order."""
 

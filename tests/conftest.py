@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -111,12 +112,35 @@ class FullyShardRun:
         return results
 
 
+def _clean_commit() -> str:
+    """HEAD's commit, or a usage error when the tree has uncommitted changes (results would be stale)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        dirty, commit = git("status", "--porcelain", "--untracked-files=no"), git("rev-parse", "HEAD")
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise pytest.UsageError(f"FULLY_SHARD_RESULTS needs a git checkout to key its cache: {error}") from None
+    if dirty:
+        raise pytest.UsageError(
+            "FULLY_SHARD_RESULTS reuses results keyed by commit, and this tree has uncommitted changes: "
+            "commit them or unset FULLY_SHARD_RESULTS"
+        )
+    return commit
+
+
 def launch_fully_shard_cases(world_size: int, tmp_path_factory) -> FullyShardRun:
     """One torchrun of every case for ``world_size``. With ``FULLY_SHARD_RESULTS=<dir>`` the results go
-    to ``<dir>/<world_size>`` and are reused by later sessions (re-check assertions without relaunching;
-    delete the directory to run again)."""
+    to ``<dir>/<commit>/<world_size>`` and are reused by later sessions on the same commit (re-check
+    assertions without relaunching); on a tree with uncommitted changes the cache is refused, since the
+    results could not be told apart from those of the code checked out."""
     keep = os.environ.get("FULLY_SHARD_RESULTS")
-    run_dir = Path(keep) / str(world_size) if keep else tmp_path_factory.mktemp(f"fully_shard_{world_size}")
+    if keep:
+        run_dir = Path(keep) / _clean_commit() / str(world_size)
+    else:
+        run_dir = tmp_path_factory.mktemp(f"fully_shard_{world_size}")
     if keep and all((run_dir / f"fully_shard_rank{r}.json").exists() for r in range(world_size)):
         return FullyShardRun(
             world_size,

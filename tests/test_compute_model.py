@@ -11,6 +11,7 @@ from hyper_parallel.cost_model import PRECISIONS, ModelConfig, estimate, get_mod
 from hyper_parallel.cost_model.compute import step_flops
 from hyper_parallel.cost_model.hardware import get_hardware
 from hyper_parallel.cost_model.step_time import estimate_step
+from hyper_parallel.cost_model.work import gemm_seconds, work_time
 
 LLAMA = get_model("llama-8b-like")
 D, KV, F, V, L, S = 4096, 8 * 128, 14336, 128256, 32, 8192
@@ -94,17 +95,66 @@ def test_activation_checkpointing_adds_the_forward_and_saves_activations():
         assert memory.activations == int(rows * S * elements * 2 + logits), ac
 
 
-def test_step_time_overlap_by_hand():
-    """step = compute + critical + exposed (step_time.py). Compute = FLOPs / (989e12 x eff).
-    TP 8 inside one node: every collective is TP, on the critical path, nothing hidden.
-    FSDP 8 inside a node: the all-gathers and reduce-scatter (~27 ms per phase at 360 GB/s) are far
-    below the compute of a phase, so only the first stage of the prefetch pipeline shows:
-    exposed = (forward comm + backward comm) / 33 units (32 layers and the root)."""
+def test_gemm_time_by_hand():
+    """A (4096 x 4096) x (4096 x 4096) GEMM on the H100 preset: 2 x 4096^3 FLOPs at 989e12 x gemm_efficiency
+    x (4096 / (4096 + 128))^3; a thin one (m = 128) runs at half that rate again on its m axis."""
     h100 = get_hardware("h100-nvl8-ndr")
-    tp = estimate_step(estimate(LLAMA, ParallelDims(world_size=8, tp=8)), 8, h100)
+    f = 4096 / (4096 + 128)
+    assert gemm_seconds(4096, 4096, 4096, h100) == pytest.approx(
+        2 * 4096**3 / (989e12 * h100.gemm_efficiency * f**3), rel=1e-12
+    )
+    thin = gemm_seconds(128, 4096, 4096, h100)
+    assert thin == pytest.approx(2 * 128 * 4096**2 / (989e12 * h100.gemm_efficiency * 0.5 * f**2), rel=1e-12)
+
+
+def test_work_time_of_a_one_layer_model_by_hand():
+    """One SwiGLU layer, d 1024, F 4096, 8 heads / 8 K/V heads (kv = d), vocab 32000, one sequence of 2048
+    tokens on one GPU, bf16-adam, no checkpointing. GEMMs forward: wq, wk, wv, wo (T, d, d), w1, w3 (T, F, d),
+    w2 (T, d, F), head (T, V, d); backward twice: x3. Attention: 4 s d x T / 2 (causal) FLOPs at the
+    efficiency of shape (T, s, head_dim 128), x (1 + 2.5). Memory-bound elements per token: 4d + 6d norms and
+    residuals, 2 (d + kv) rotary, 3 F activation, x3 (backward twice), 2 B each; the loss 20 B per logit.
+    Optimizer: 34 B per parameter element."""
+    h100 = get_hardware("h100-nvl8-ndr")
+    d, f, v, t = 1024, 4096, 32000, 2048
+    one = ModelConfig(
+        "one-layer",
+        vocab_size=v,
+        d_model=d,
+        n_heads=8,
+        n_layers=1,
+        ffn_hidden=f,
+        gated_ffn=True,
+        seq_len=t,
+        global_batch=1,
+        precision=PRECISIONS["bf16-adam"],
+    )
+    dims = ParallelDims(world_size=1)
+    cost = estimate(one, dims)
+    work = work_time(one, dims, h100, cost.units)
+    g = lambda m, n, k: gemm_seconds(m, n, k, h100)  # noqa: E731
+    gemms = 4 * g(t, d, d) + 2 * g(t, f, d) + g(t, d, f)
+    assert work.gemm == pytest.approx(3 * gemms + 3 * g(t, v, d), rel=1e-12)
+    rate = 989e12 * h100.gemm_efficiency * (t / (t + 128)) ** 2 * (128 / 256)
+    assert work.attention == pytest.approx(4 * t * d * t / 2 / rate * 3.5, rel=1e-12)
+    memory_rate = 3.35e12 * 0.8
+    elements = (4 * d + 6 * d + 2 * (d + d) + 3 * f) * t * 3
+    assert work.memory_bound == pytest.approx((elements * 2 + 20 * t * v) / memory_rate, rel=1e-12)
+    assert work.optimizer == pytest.approx(cost.parameter_count * 34 / memory_rate, rel=1e-12)
+
+
+def test_step_time_overlap_by_hand():
+    """step = compute + critical + exposed (step_time.py), compute the work's time (work.py).
+    TP 8 inside one node: every collective is TP, on the critical path, nothing hidden; the range is the
+    compute -+20 %. FSDP 8 inside a node: the all-gathers and reduce-scatter are far below the compute of
+    a phase, so only the first stage of the prefetch pipeline shows: exposed = all of it / 33 units
+    (32 layers and the root). MFU = model FLOPs / (step x peak)."""
+    h100 = get_hardware("h100-nvl8-ndr")
+    cost = estimate(LLAMA, ParallelDims(world_size=8, tp=8))
+    tp = estimate_step(cost, 8, h100)
     flops = step_flops(LLAMA, ParallelDims(world_size=8, tp=8))
-    for step, eff in ((tp.fast, 0.6), (tp.slow, 0.4)):
-        assert step.compute == pytest.approx(flops.total / (989e12 * eff), rel=1e-12)
+    work = work_time(LLAMA, cost.dims, h100, cost.units)
+    for step, factor in ((tp.fast, 0.8), (tp.middle, 1.0), (tp.slow, 1.2)):
+        assert step.compute == pytest.approx(work.total * factor, rel=1e-12)
         assert step.critical == pytest.approx(sum(c.seconds for c in tp.timed), rel=1e-12)
         assert step.exposed == step.hidden == 0
         assert step.total == pytest.approx(step.compute + step.critical, rel=1e-12)
@@ -114,6 +164,17 @@ def test_step_time_overlap_by_hand():
     assert {c.group for c in fsdp.timed} == {"fsdp"} and comm < fsdp.fast.compute / 3
     assert fsdp.middle.exposed == pytest.approx(comm / 33, rel=1e-12)
     assert fsdp.middle.hidden == pytest.approx(comm * 32 / 33, rel=1e-12) and fsdp.middle.critical == 0
+
+
+def test_mfu_is_an_output_layouts_of_one_model_differ():
+    """The same model and FLOPs on two layouts of 64 ranks: wide TP cuts every GEMM to a thin n or k and
+    waits for its collectives, so its MFU is lower than FSDP's; before this model every layout's compute
+    was the same FLOPs at one assumed efficiency."""
+    h100 = get_hardware("h100-nvl8-ndr")
+    fsdp = estimate_step(estimate(LLAMA, ParallelDims(world_size=64)), 8, h100)
+    tp = estimate_step(estimate(LLAMA, ParallelDims(world_size=64, tp=8)), 8, h100)
+    assert fsdp.flops.model == pytest.approx(tp.flops.model, rel=1e-12)
+    assert tp.middle.compute > fsdp.middle.compute and tp.middle.mfu < fsdp.middle.mfu
 
 
 def test_kv_heads_repeated_under_wide_tp_are_work_but_not_model_flops():

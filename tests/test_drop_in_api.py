@@ -242,3 +242,16 @@ def test_the_lifecycle_is_data_and_checked(world):
     state._transition(TrainingState.FORWARD, TrainingState.IDLE)
     with pytest.raises(RuntimeError, match="cannot go from FORWARD to POST_BACKWARD .*reset_iter_state"):
         state._transition(TrainingState.POST_BACKWARD, TrainingState.PRE_BACKWARD)
+
+
+def test_to_empty_relinks_a_unit_of_several_modules(world):
+    """torchtitan's fully_shard([norm, output]): nn.Module._apply moves norm before output, so the unit relinks
+    once both are moved (before the fix: 'now on ['cpu', 'meta']')."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8))
+    fully_shard([model[1], model[2]], mesh=world)
+    fully_shard(model, mesh=world)
+    model.to_empty(device="cpu")
+    for group in model[1]._hp_state.groups + model._hp_state.groups:
+        flat = group.flat_shard.untyped_storage().data_ptr()
+        assert all(p.registered().to_local().untyped_storage().data_ptr() == flat for p in group.params)

@@ -21,13 +21,14 @@ NOTEBOOKS = {path.stem: path for path in notebooks()}
 EXPECTED = [  # in reading order: name: (text the closing cell prints, minimum image/png outputs)
     ("00_start_here", "numerics check passed", 3),
     ("10_ddp_fsdp", "numerics check passed", 15),
+    ("16_memory", "memory checks passed", 1),
     ("11_tensor_sequence_parallel", "numerics check passed", 14),
-    ("13_hsdp", "numerics check passed", 10),
     ("12_context_parallel", "numerics check passed", 11),
-    ("14_moe_expert_parallel", "numerics check passed", 14),
+    ("13_hsdp", "numerics check passed", 10),
     ("01_mesh_algebra", "mesh algebra checks passed", 2),
-    ("15_pipeline_parallel", "numerics check passed", 2),
     ("02_fully_shard_groupinfo", "numerics check passed", 6),
+    ("14_moe_expert_parallel", "numerics check passed", 14),
+    ("15_pipeline_parallel", "numerics check passed", 3),
     ("03_pure_tp_fix", "numerics check passed", 3),
     ("04_planning_at_scale", "planning checks passed", 2),
     ("05_your_own_model", "numerics check passed", 3),
@@ -126,6 +127,32 @@ def run(name: str, tmp_path: Path, save_figures: bool = True, **parameters) -> n
     return nbformat.read(tmp_path / f"{name}.ipynb", as_version=4)
 
 
+def answers_shown_before_their_check(nb) -> list[str]:
+    """Figures or tables (image/png, text/html outputs other than the question itself) that the executed
+    notebook shows between an exercise's question and its check (tests/test_exercise_order.py holds the
+    sources to the same rule)."""
+    import ast
+
+    from test_exercise_order import _calls_of, exercise_cells
+
+    found = []
+    for key, (asked, checked) in exercise_cells(nb).items():
+        for index in range(asked + 1, checked):
+            source = nb.cells[index].source
+            if source.lstrip().startswith("%"):  # a cell magic (%%torchrun): Python below its first line
+                source = source.lstrip().partition("\n")[2]
+            tree = ast.parse(source) if nb.cells[index].cell_type == "code" else None
+            if tree is None or set(_calls_of(tree, {"check", "check_fits", "show_solution"})) - {key}:
+                continue  # markdown, or another exercise's check or solution
+            for output in nb.cells[index].get("outputs", []):
+                data = output.get("data", {})
+                if "image/png" in data or (
+                    "text/html" in data and "application/vnd.jupyter.widget-view+json" not in data
+                ):
+                    found.append(f"cell {index} shows {sorted(data)} before the check of {key}")
+    return found
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("name,closing,min_images", EXPECTED)
 def test_notebook_runs_headless_with_its_figures_and_numerics(name, closing, min_images, tmp_path):
@@ -138,6 +165,7 @@ def test_notebook_runs_headless_with_its_figures_and_numerics(name, closing, min
         saved = list((tmp_path / "figures").rglob("*.png"))
         assert len(saved) >= min_images and len(list((tmp_path / "figures").rglob("*.svg"))) == len(saved), name
     assert closing in stdout(nb)
+    assert not answers_shown_before_their_check(nb), name
     assert outputs(nb, "application/vnd.jupyter.widget-view+json"), f"{name} shows no mesh widget"
     if closing == "numerics check passed" and name != "03_pure_tp_fix":
         for metrics_file in (tmp_path / "runs").glob("*/metrics.json"):

@@ -3,15 +3,18 @@
 * A warm run equals a fresh torchrun launch bit for bit: the same losses, the same parameter
   differences and the same collectives (op, group, bytes, unit, step) on every rank, for M4 on 2
   ranks and M7 on 4 (the pool grows from 2 to 4 workers in between), run twice warm.
-* Faults: a rank that raises, a rank SIGKILLed, a hang past the timeout are reported (rank, traceback
-  or the stacks at the deadline), the pool ends with every process, and the next run starts a new one.
+* Faults: a rank that raises is reported with its traceback and the pool stays up with its names (same
+  worker processes); a rank SIGKILLed or a hang past the timeout end the pool with every process, the
+  next run starts a new one and says why the names are gone.
 * ``%%torchrun``: each rank's output streamed with its rank, the cell's value per rank, names kept for
-  the next cell, an error shown without raising, ``--restart`` forgets the names.
+  the next cell, an error (or a SyntaxError, caught before sending) shown without raising and without
+  losing names, ``--restart`` forgets the names.
 """
 
 from __future__ import annotations
 
 import io
+import re
 from collections import Counter
 
 import psutil
@@ -70,19 +73,35 @@ def test_warm_runs_equal_a_fresh_launch(tmp_path, recipe, degrees):
     assert current().size >= degrees["world_size"]
 
 
-def test_a_rank_that_raises_ends_the_pool_and_the_next_run_starts_one(fresh_pool):
+def test_a_rank_that_raises_keeps_the_pool_and_its_names(fresh_pool):
+    fresh_pool.run(2, {"kind": "code", "code": "y = 5"}, 60)
+    pids = fresh_pool.worker_pids
     with pytest.raises(PoolError, match=r"rank 1 failed:(.|\n)*ValueError: only on rank 1") as failure:
         fresh_pool.run(2, {"kind": "code", "code": "if rank == 1:\n    raise ValueError('only on rank 1')"}, 60)
-    assert failure.value.rank == 1 and not fresh_pool.alive and not pool_workers()
-    assert [magic.decode(r) for r in fresh_pool.run(2, {"kind": "code", "code": "rank * 10"}, 60)[0]] == [0, 10]
+    assert failure.value.rank == 1 and failure.value.kept and fresh_pool.alive
+    # rank 0 waits in an all-reduce that rank 1 never joins: rank 1's group is freed, rank 0 fails too
+    code = "if rank == 1:\n    raise KeyError('gone')\nt = torch.ones(1)\ndist.all_reduce(t)"
+    with pytest.raises(PoolError, match="rank 1 failed:(.|\n)*KeyError: 'gone'") as failure:
+        fresh_pool.run(2, {"kind": "code", "code": code}, 120)
+    assert failure.value.kept
+    replies = fresh_pool.run(2, {"kind": "code", "code": "y + rank"}, 60)[0]
+    assert [magic.decode(r) for r in replies] == [5, 6]  # a name from before both failures
+    assert fresh_pool.worker_pids == pids and fresh_pool.restarted_because is None
 
 
 def test_a_killed_rank_ends_the_pool(fresh_pool):
     code = "import os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()"
-    with pytest.raises(PoolError, match="rank 1 died") as failure:
+    with pytest.raises(
+        PoolError, match="rank 1 died(.|\n)*names defined by earlier %%torchrun cells are gone"
+    ) as failure:
         fresh_pool.run(2, {"kind": "code", "code": code}, 60)
-    assert failure.value.rank == 1 and not pool_workers()
+    assert failure.value.rank == 1 and not failure.value.kept and not pool_workers()
     assert fresh_pool.run(2, {"kind": "code", "code": "world_size"}, 60)[0][0]["ok"]
+    # torchrun may notice the kill first and end too: then the pool names its agent as well
+    assert re.fullmatch(
+        rf"(the pool's agent \(torchrun\) and )?rank 1 died during run {fresh_pool.runs - 1}",
+        fresh_pool.restarted_because,
+    ), fresh_pool.restarted_because
 
 
 def test_a_hang_is_ended_at_the_timeout_with_the_stacks(fresh_pool):
@@ -102,6 +121,11 @@ def test_torchrun_magic_streams_returns_keeps_names_and_restarts(fresh_pool, cap
     assert [t.tolist() for t in doubled] == [[6.0], [6.0]]  # x from the previous cell, a tensor back
     assert magic.torchrun_magic("-n 2", "undefined_name") is None  # shown, not raised
     assert "NameError" in capsys.readouterr().err
+    pids = fresh_pool.worker_pids
+    assert magic.torchrun_magic("-n 2", "x = (") is None  # never sent: the kernel compiles the cell first
+    assert "SyntaxError" in capsys.readouterr().err
+    assert [t.tolist() for t in magic.run_cell("x", 2)] == [[3.0], [3.0]]  # the names survived both errors
+    assert fresh_pool.worker_pids == pids
     magic.torchrun_magic("--restart")
     assert magic.run_cell("'x' in globals()", 2) == [False, False]
     assert magic.run_cell("config['lr'] * rank", 2, send={"config": {"lr": 0.5}}) == [0.0, 0.5]

@@ -43,8 +43,9 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     unit over dp_replicate. Without sharding (M1-M3): one all-reduce per unit over the whole data-
     parallel group, or nothing when it has one rank.
     TP without SP: forward all-reduces after the embedding and after wo and w2 of each layer (2L+1) and
-    all-gathers the vocab-sharded logits once; backward all-reduces the input gradient of each colwise
-    layer (wq, wk, wv, w1: 4 per layer) and of the head (1).
+    all-gathers the vocab-sharded logits once; backward all-reduces the input gradient of each block
+    input (attention, feed-forward: 2 per layer, the colwise layers' partial gradients summed by
+    PrepareModuleInput first) and of the head (1).
     TP with SP: forward all-gathers each dense block's two inputs (attention, feed-forward), the head
     input and the logits (2L+2), and reduce-scatters after wo, w2 and the embedding (2L+1); backward
     mirrors it (2L+1 each); the norm weights' Partial gradients add one tp all-reduce per dense unit.
@@ -98,7 +99,7 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     elif tp > 1:
         expected[("all_reduce", "tp", "forward")] = 2 * LAYERS + 1
         expected[("all_gather", "tp", "forward")] = 1
-        expected[("all_reduce", "tp", "backward")] = 4 * LAYERS + 1
+        expected[("all_reduce", "tp", "backward")] = 2 * LAYERS + 1
     if cp > 1 and workload == "transformer:fsdp_transformer_ring":
         expected[("all_to_all", "cp", "forward")] = (cp - 1) * LAYERS
         expected[("all_to_all", "cp", "backward")] = (cp - 1) * LAYERS
@@ -140,17 +141,19 @@ def expected_pipeline_collectives(schedule: str, dims: ParallelDims) -> Counter:
     and stage 2 = layer 2). P2P per microbatch: a stage that is not the last sends its output forward
     and receives its gradient backward; one that is not the first receives its input and sends the
     input's gradient.
-    fully_shard (fsdp > 1): a layer unit all-gathers in every forward and every backward and reduce-
-    scatters in every backward (m each: our fully_shard is not torch's FSDPModule, so the schedule
-    cannot defer the reduction to the last microbatch). A root unit (the stage module; a lone layer
-    stage is its own root) stays gathered from its forward until a backward reshards it, so it gathers
-    only when it finds itself resharded. Rank 0's orders: GPipe F0 F1 F2 F3 B0 B1 B2 B3 -> 1 forward
-    and 3 backward gathers; 1F1B F0 F1 B0 F2 B1 F3 B2 B3 -> F0, F2, F3 and B3: 3 forward, 1 backward;
-    interleaved (microbatches in rounds of pp=2): stage 0 runs F0-F3 before B0 (1 + 3), stage 2
-    F0 F1 B0 B1 F2 F3 B2 B3 (F0, F2; B1, B3: 2 + 2).
+    fully_shard (fsdp > 1): every stage module is a fully_shard root (an FSDPModule to torch), so the
+    schedule turns gradient sync and resharding after backward off for each microbatch and reduces once
+    at the end of the step: each unit reduce-scatters once per step. Between, a layer unit is resharded
+    after every forward and kept after every backward, so it gathers in a forward that follows a forward
+    (or starts the step) and in a backward that follows a forward; a root unit gathers once, in its first
+    forward. Rank 0's orders: GPipe F0 F1 F2 F3 B0 B1 B2 B3 (a layer: 4 forward, 1 backward gathers);
+    1F1B F0 F1 B0 F2 B1 F3 B2 B3 (2 and 3); interleaved (microbatches in rounds of pp=2): stage 0 runs
+    F0-F3 before B0 (4 and 1), stage 2 (its lone layer, under a root holding nothing) F0 F1 B0 B1 F2 F3 B2
+    B3 (3 and 2); the interleaved runtime also unshards every unit before the step's first forward (its
+    UNSHARD actions, outside forward), so one gather per unit is traced outside the forward phase.
     P3 adds S1's all-to-alls of the MoE layer per microbatch (efsdp = 1 on its mesh: no expert gathers).
     TP without SP on stage 0 per microbatch: forward all-reduces after the embedding and wo, w2 of each
-    layer (1 + 2 L_s), backward the input gradients of wq, wk, wv, w1 (4 L_s).
+    layer (1 + 2 L_s), backward the input gradients of attention and feed-forward (2 L_s).
     """
     moe = schedule == "expert_parallel"  # P3: 1F1B, layer 1 of stage 0 a MoE with experts over ep
     schedule = "one_f_one_b" if moe else schedule
@@ -167,15 +170,28 @@ def expected_pipeline_collectives(schedule: str, dims: ParallelDims) -> Counter:
             expected[("recv", "pp", "forward")] += m
             expected[("send", "pp", "backward")] += m
     if dims.fsdp > 1:
-        root_gathers = {"gpipe": (1, m - 1), "one_f_one_b": (m - 1, 1), "interleaved": (1 + 2, 3 + 2)}[schedule]
-        layer_units = layers_per_stage * len(stages) - (1 if schedule == "interleaved" else 0)  # layer 2 is a root
-        roots = len(stages)
-        expected[("all_gather", "fsdp", "forward")] = m * layer_units + root_gathers[0]
-        expected[("all_gather", "fsdp", "backward")] = m * layer_units + root_gathers[1]
-        expected[("reduce_scatter", "fsdp", "backward")] = m * (layer_units + roots)
+        orders = {
+            "gpipe": ["F0 F1 F2 F3 B0 B1 B2 B3"],
+            "one_f_one_b": ["F0 F1 B0 F2 B1 F3 B2 B3"],
+            "interleaved": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 B0 B1 F2 F3 B2 B3"],
+        }[schedule]
+        for order in orders:  # the stages rank 0 holds; stage 0 also holds a root with parameters
+            actions = order.split()
+            after = list(zip(["start", *actions], actions))
+            forward_gathers = sum(now[0] == "F" and before[0] != "B" for before, now in after)
+            backward_gathers = sum(now[0] == "B" and before[0] == "F" for before, now in after)
+            expected[("all_gather", "fsdp", "forward")] += layers_per_stage * forward_gathers
+            expected[("all_gather", "fsdp", "backward")] += layers_per_stage * backward_gathers
+            expected[("reduce_scatter", "fsdp", "backward")] += layers_per_stage
+        expected[("all_gather", "fsdp", "forward")] += 1  # stage 0's root (the embedding), in its first forward
+        expected[("reduce_scatter", "fsdp", "backward")] += 1
+        if schedule == "interleaved":  # its runtime unshards each unit ahead of the first forward (UNSHARD)
+            units = 1 + layers_per_stage * len(orders)
+            expected[("all_gather", "fsdp", "forward")] -= units
+            expected[("all_gather", "fsdp", "other")] += units
     if dims.tp > 1:
         expected[("all_reduce", "tp", "forward")] = m * (1 + 2 * layers_per_stage)
-        expected[("all_reduce", "tp", "backward")] = m * 4 * layers_per_stage
+        expected[("all_reduce", "tp", "backward")] = m * 2 * layers_per_stage
     if moe:  # per microbatch as in S1: counts + dispatch + combine forward, two backward; efsdp = 1 here
         expected[("all_to_all", "ep", "forward")] = 3 * m
         expected[("all_to_all", "ep", "backward")] = 2 * m

@@ -110,22 +110,31 @@ def test_ties_within_the_resolution_and_the_pareto_front():
 
 
 def test_memory_budget_is_memory_minus_reserve_and_over_budget_is_flagged():
-    """TP 8 with 8 sequences resident: 73.5 GiB. Over 79.6 - 8 = 71.6 GiB; within 80 - 0."""
-    code, text, _ = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--format", "json")
+    """TP 8 with 8 sequences resident and loss parallelism: 73.5 GiB. Over 79.6 - 8 = 71.6 GiB; within
+    80 - 0. Without loss parallelism the all-gathered float32 logits add 8 x 8192 x 128256 x 4 x 7/8 B
+    = 27.4 GiB: 100.9 GiB, over both."""
+    lp = ["--layouts", "dp_shard=64,tp=8", "--loss-parallel", "--format", "json"]
+    code, text, _ = plan(*BASE, *lp)
     candidate = json.loads(text)["candidates"][0]
     assert candidate["memory_total_bytes"] / GIB == pytest.approx(73.5, abs=0.05) and not candidate["fits"]
     assert any(w.startswith("over budget: 73.5 GiB per rank > 71.6 GiB") for w in candidate["warnings"])
-    code, text, _ = plan(
-        *BASE, "--layouts", "dp_shard=64,tp=8", "--memory-gib", "80", "--memory-reserve-gib", "0", "--format", "json"
-    )
+    code, text, _ = plan(*BASE, *lp, "--memory-gib", "80", "--memory-reserve-gib", "0")
     assert json.loads(text)["candidates"][0]["fits"]
+    code, text, _ = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--format", "json")
+    gathered = json.loads(text)["candidates"][0]["memory_total_bytes"] / GIB
+    assert (
+        gathered
+        == pytest.approx(73.5 + 8 * 8192 * 128256 * 4 * 7 / 8 / GIB, abs=0.05)
+        == pytest.approx(100.9, abs=0.05)
+    )
 
 
 def test_training_knobs_by_hand():
     """TP 8 (dp 64, 8 rows per rank). --micro-batch 1: 8 micro-batches, activations of one row (1/8),
     FSDP all-gathers and reduce-scatters 8 times. --loss-parallel: the forward TP all-gather loses the
     logits, 8 x 8192 x 128256 x 2 bytes = 15.66 GiB, and gains 3 all-reduces of 8 x 8192 float32.
-    --reshard-after-forward false: no backward all-gather."""
+    --reshard-after-forward false: no backward all-gather. Memory: without loss parallelism every rank
+    holds the all-gathered float32 logits, 8 x 8192 x 128256 x 4 B = 31.3 GiB; with it 1/8 of them."""
     config = get_model("llama-8b-like")
     dims = DIMS[2]
     base = estimate(config, dims)
@@ -140,6 +149,8 @@ def test_training_knobs_by_hand():
     assert logits / GIB == pytest.approx(15.66, abs=0.01)
     assert loss[("all_gather", "tp", "forward")].bytes == by_key(base)[("all_gather", "tp", "forward")].bytes - logits
     assert loss[("all_reduce", "tp", "forward")].bytes == 3 * 8 * 8192 * 4
+    saved = base.memory.activations - estimate(config.replace(loss_parallel=True), dims).memory.activations
+    assert saved == pytest.approx(8 * 8192 * 128256 * 4 * (1 - 1 / 8), abs=2)
     kept = by_key(estimate(config.replace(reshard_after_forward=False), dims))
     assert ("all_gather", "fsdp", "backward") not in kept
     code, _, err = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--micro-batch", "3")
@@ -196,7 +207,8 @@ def test_html_review_is_self_contained(tmp_path):
 
 
 def test_peak_and_bandwidth_overrides():
-    """Half the peak doubles the compute; the custom numbers name the hardware 'custom'."""
+    """Half the peak doubles the compute-bound work (GEMMs, attention) and leaves the memory-bound work and
+    the optimizer step as they were; the custom numbers name the hardware 'custom'."""
     base = json.loads(plan(*BASE, "--layouts", "dp_shard=512", "--format", "json")[1])
     half = json.loads(
         plan(
@@ -204,7 +216,13 @@ def test_peak_and_bandwidth_overrides():
         )[1]
     )
     assert half["hardware"]["name"] == "custom"
-    assert half["candidates"][0]["compute_s"] == pytest.approx(2 * base["candidates"][0]["compute_s"], rel=1e-12)
+    b, h = base["candidates"][0], half["candidates"][0]
+    assert h["work_gemm_s"] == pytest.approx(2 * b["work_gemm_s"], rel=1e-12)
+    assert h["work_attention_s"] == pytest.approx(2 * b["work_attention_s"], rel=1e-12)
+    assert h["work_memory_bound_s"] == b["work_memory_bound_s"] and h["work_optimizer_s"] == b["work_optimizer_s"]
+    assert h["compute_s"] == pytest.approx(
+        2 * (b["work_gemm_s"] + b["work_attention_s"]) + b["work_memory_bound_s"] + b["work_optimizer_s"], rel=1e-12
+    )
     assert math.isclose(half["hardware"]["inter_node_gbs"], 90)
 
 
@@ -219,3 +237,49 @@ def test_peak_and_bandwidth_overrides():
 def test_bad_layouts_exit_2(layouts, message):
     code, _, err = plan(*BASE, "--layouts", layouts)
     assert code == 2 and message in err
+
+
+def test_review_figure_labels_do_not_overlap():
+    """Three candidates of nearly equal step time and memory (notebook 04's review): every label's box,
+    as drawn, is clear of the others' and of the legend's."""
+    from hyper_parallel.cost_model import get_model
+    from hyper_parallel.cost_model.hardware import get_hardware
+    from hyper_parallel.cost_model.review import parse_layouts, review_layouts
+    from hyper_parallel.viz.planning import review_figure
+
+    machine = get_hardware("h100-nvl8-ndr")
+    text = "dp_replicate=16,dp_shard=16,cp=2,tp=8; dp_shard=512,tp=8; dp_replicate=2,dp_shard=256,tp=8"
+    reviews = review_layouts(get_model("llama-8b-like"), parse_layouts(text, 4096), 8, machine)
+    fig = review_figure(reviews, machine.budget_bytes)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    boxes.append(ax.get_legend().get_window_extent(renderer))
+    assert len(boxes) == 4
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
+
+
+def test_design_review_example_documents_are_current():
+    """docs/design_review_512.md and .html are the planner's output now (the html compared without its
+    timestamp and embedded PNG); stale ones are rewritten and the test fails until they are committed."""
+    import re
+    from pathlib import Path
+
+    from launch.report import design_review_example
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+
+    def stable(html: str) -> str:
+        return re.sub(r'src="data:image/png;base64,[^"]*"', "", re.sub(r"generated [0-9-]+ [0-9:]+ UTC", "", html))
+
+    md, page = docs / "design_review_512.md", docs / "design_review_512.html"
+    stale = not md.exists() or md.read_text(encoding="utf-8") != design_review_example.markdown()
+    stale = (
+        stale or not page.exists() or stable(page.read_text(encoding="utf-8")) != stable(design_review_example.html())
+    )
+    if stale:
+        design_review_example.write(docs)
+        pytest.fail("docs/design_review_512.* were stale and have been regenerated: commit them")

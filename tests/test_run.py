@@ -22,7 +22,8 @@ def test_invalid_degrees_raise_before_any_worker(monkeypatch):
     def no_workers(*args, **kwargs):
         raise AssertionError("torchrun was called")
 
-    monkeypatch.setattr(launch_run, "torchrun", no_workers)
+    monkeypatch.setattr(launch_run, "torchrun_claimed", no_workers)
+    monkeypatch.setattr(launch_run, "_run_on_pool", no_workers)
     with pytest.raises(ValueError, match="world-size equation violated"):
         launch.run("M4", world_size=4, dp_shard=3)
     with pytest.raises(ValueError, match="needs dp_replicate=1, got dp_replicate=2"):
@@ -31,7 +32,7 @@ def test_invalid_degrees_raise_before_any_worker(monkeypatch):
         launch.run("M4", world_size=1, dp_shard=1)
     with pytest.raises(ValueError, match="unknown recipe"):
         launch.run("M99")
-    with pytest.raises(ValueError, match="steps must be >= 1"):
+    with pytest.raises(ValueError, match="steps must be a whole number >= 1"):
         launch.run("M4", steps=0)
 
 

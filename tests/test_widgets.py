@@ -24,7 +24,8 @@ def no_workers(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a widget test tried to start torchrun workers")
 
-    monkeypatch.setattr(launch_runner, "torchrun", refuse)
+    monkeypatch.setattr(launch_runner, "torchrun_claimed", refuse)  # a fresh launch
+    monkeypatch.setattr(launch_runner, "_run_on_pool", refuse)  # the warm pool
 
 
 def title(widget: MeshWidget) -> str:

@@ -23,16 +23,10 @@ from dataclasses import dataclass
 
 from hyper_parallel.cost_model.communication import Collective, by_op_group, counts, step_collectives, wire_factor
 from hyper_parallel.cost_model.memory import Memory, memory
-from hyper_parallel.cost_model.model_configs import (
-    CLI_MODELS,
-    PRECISIONS,
-    PRESETS,
-    ModelConfig,
-    Precision,
-    get_model,
-    recipe_model,
-)
-from hyper_parallel.cost_model.units import Param, Unit, build_units
+from hyper_parallel.cost_model.model_configs import PRECISIONS, ModelConfig, Precision
+from hyper_parallel.cost_model.presets import CLI_MODELS, PRESETS, get_model, load_model_config, recipe_model
+from hyper_parallel.cost_model.stages import StageCost, pipeline_stages, worst_stage
+from hyper_parallel.cost_model.units import Param, Unit, build_units, parameter_count
 from hyper_parallel.mesh import ParallelDims
 
 
@@ -41,8 +35,9 @@ class CostEstimate:
     config: ModelConfig
     dims: ParallelDims
     units: list[Unit]
-    memory: Memory
-    collectives: list[Collective]
+    memory: Memory  # the worst pipeline stage's with pp > 1
+    collectives: list[Collective]  # of that stage's ranks
+    stages: tuple[StageCost, ...] = ()  # every pp rank's, when pp > 1
 
     def by_op_group(self) -> dict[tuple[str, str], float]:
         return by_op_group(self.collectives)
@@ -53,12 +48,16 @@ class CostEstimate:
     @property
     def parameter_count(self) -> int:
         """Parameters of the whole model (global shapes)."""
-        return sum(u.global_numel for u in self.units)
+        return parameter_count(self.config)
 
 
 def estimate(config: ModelConfig, dims: ParallelDims) -> CostEstimate:
     """Memory and communication of ``config`` on ``dims``; ``ValueError`` if the model does not fit them."""
     config.check(dims)
+    if dims.pp > 1:
+        stages = pipeline_stages(config, dims)
+        worst = worst_stage(stages)
+        return CostEstimate(config, dims, worst.units, worst.memory, worst.collectives, tuple(stages))
     units = build_units(config, dims)
     return CostEstimate(config, dims, units, memory(config, dims, units), step_collectives(config, dims, units))
 
@@ -73,10 +72,12 @@ __all__ = [
     "ModelConfig",
     "Param",
     "Precision",
+    "StageCost",
     "Unit",
     "build_units",
     "estimate",
     "get_model",
+    "load_model_config",
     "recipe_model",
     "wire_factor",
 ]

@@ -17,7 +17,8 @@ TP with SP (each over tp, V = vocab):
              reduce_scatter (2 L_dense + L_moe + 1) * X
     backward all_gather (2 L_dense + L_moe + L_moe[etp>1] + 1) * X; reduce_scatter (2 L_dense + L_moe + 1) * X
 TP without SP: forward all_reduce (2 L + 1) * X and all_gather B * s * V * a; backward all_reduce
-    (colwise layers per layer + 1) * X, colwise = wq, wk, wv, w1 (+ w3 gated)
+    (2 L + 1) * X: one per block input (attention, feed-forward: ``PrepareModuleInput`` sums the
+    colwise layers' partial input gradients first) and one for the head input
 Sequence schemes over cp, per layer, with Q = B * s * (n_heads / tp) * head_dim * a (this rank's queries)
 and K = B * s * kv_heads_per_tp_rank * head_dim * a (its keys; values the same):
     all_gather  forward one all_gather of the stacked K/V, 2 K * cp (the whole sequence's K and V);
@@ -42,6 +43,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from hyper_parallel.cost_model import pipeline
 from hyper_parallel.cost_model.model_configs import INT64_BYTES, ModelConfig
 from hyper_parallel.cost_model.units import Unit
 from hyper_parallel.mesh import ParallelDims
@@ -61,6 +63,8 @@ def wire_factor(op: str, n: int) -> float:
     """Bytes one rank sends per byte of the full buffer with ring algorithms on a group of n ranks:
     all-gather, reduce-scatter, all-to-all (even splits), broadcast (average): (n-1)/n; all-reduce
     (reduce-scatter + all-gather): 2(n-1)/n."""
+    if op in ("send", "recv"):  # pipeline P2P: ``bytes`` is what this rank sends / receives
+        return 1.0 if op == "send" else 0.0
     if n <= 1:
         return 0.0
     return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
@@ -75,23 +79,39 @@ def fsdp_collectives(
     sharded_group: str,
     unsharded_group: str,
     micro_batches: int = 1,
+    reduce_once: bool = False,
+    warmup: int = 1,
 ) -> list[Collective]:
     """One fully_shard unit's collectives in one step (module docstring, "FSDP"); ``gather_bytes`` and
     ``reduce_bytes`` are its all-gather buffer and reduce-scatter input (S times one rank's shard).
     With ``micro_batches`` m > 1 (gradient accumulation) the all-gathers and the reduce-scatter run per
-    micro-batch (gradients stay sharded), the replicate all-reduce once (FSDP2's set_requires_all_reduce)."""
+    micro-batch (gradients stay sharded), the replicate all-reduce once (FSDP2's set_requires_all_reduce).
+    ``reduce_once`` (a pipeline stage, torch.distributed.pipelining's FSDP handling): the reduce-scatter
+    runs once after the last microbatch and a backward does not reshard (``set_reshard_after_backward``).
+    Without reshard_after_forward the parameters are all-gathered once per step. With it, of the
+    schedule's order (``warmup`` forwards before the first backward: GPipe m, 1F1B min(m, pp - r)), every
+    warm-up forward all-gathers; afterwards a forward finds the parameters gathered by the backward before
+    it and reshards them, so each backward that follows a forward all-gathers: m - warmup + 1 of them
+    (traced on recipe P1: tests/test_pipeline_costing.py)."""
     result, m = [], micro_batches
     if shard_size > 1:
-        result.append(Collective("all_gather", sharded_group, "forward", gather_bytes * m, m, shard_size))
-        if reshard_after_forward:
-            result.append(Collective("all_gather", sharded_group, "backward", gather_bytes * m, m, shard_size))
-        result.append(Collective("reduce_scatter", sharded_group, "backward", reduce_bytes * m, m, shard_size))
+        if reduce_once:
+            forward, backward = (warmup, m - warmup + 1) if reshard_after_forward else (1, 0)
+        else:
+            forward, backward = m, m if reshard_after_forward else 0
+        result.append(Collective("all_gather", sharded_group, "forward", gather_bytes * forward, forward, shard_size))
+        if backward:
+            result.append(
+                Collective("all_gather", sharded_group, "backward", gather_bytes * backward, backward, shard_size)
+            )
+        r = 1 if reduce_once else m
+        result.append(Collective("reduce_scatter", sharded_group, "backward", reduce_bytes * r, r, shard_size))
     if dp_size > 1:
         result.append(Collective("all_reduce", unsharded_group, "backward", reduce_bytes / shard_size, 1, dp_size))
     return result
 
 
-def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims) -> list[Collective]:
+def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims, warmup: int = 1) -> list[Collective]:
     precision = config.precision
     result = fsdp_collectives(
         unit.gathered_numel * precision.compute,
@@ -102,6 +122,8 @@ def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims) -> li
         unit.sharded_group,
         unit.unsharded_group,
         config.accumulation(dims)[1],
+        reduce_once=dims.pp > 1,
+        warmup=warmup,
     )
     partial = unit.partial_numel()
     if dims.tp > 1 and partial:
@@ -109,10 +131,13 @@ def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims) -> li
     return result
 
 
-def _tensor_parallel(config: ModelConfig, dims: ParallelDims, hidden: float, logits: float) -> list[Collective]:
+def _tensor_parallel(
+    config: ModelConfig, dims: ParallelDims, hidden: float, logits: float, embedding: bool = True, head: bool = True
+) -> list[Collective]:
     """TP's activation collectives (module docstring); with ``config.loss_parallel`` the logits stay
     sharded: no logits all-gather, three forward all-reduces of one float32 per token (logits / V / a * 4
-    bytes each: the row max, the sum of exponentials, the target's logit)."""
+    bytes each: the row max, the sum of exponentials, the target's logit). A pipeline stage without the
+    ``embedding`` has no embedding-output collective, one without the ``head`` no head-input or logits one."""
     tp, moe = dims.tp, len(config.moe_layers)
     dense = config.n_layers - moe
     loss = (
@@ -121,21 +146,20 @@ def _tensor_parallel(config: ModelConfig, dims: ParallelDims, hidden: float, log
                 "all_reduce", "tp", "forward", 3 * logits / config.vocab_size / config.precision.compute * 4, 3, tp
             )
         ]
-        if config.loss_parallel
+        if config.loss_parallel and head
         else []
     )
-    logit_gathers, logits = (0, 0.0) if config.loss_parallel else (1, logits)
+    logit_gathers, logits = (0, 0.0) if config.loss_parallel or not head else (1, logits)
     if config.uses_sequence_parallel(dims):
-        gathers = 2 * dense + moe + (moe if dims.etp > 1 else 0) + 1
-        scatters = 2 * dense + moe + 1
+        gathers = 2 * dense + moe + (moe if dims.etp > 1 else 0) + int(head)
+        scatters = 2 * dense + moe + int(embedding)
         return loss + [
             Collective("all_gather", "tp", "forward", gathers * hidden + logits, gathers + logit_gathers, tp),
             Collective("reduce_scatter", "tp", "forward", scatters * hidden, scatters, tp),
             Collective("all_gather", "tp", "backward", gathers * hidden, gathers, tp),
             Collective("reduce_scatter", "tp", "backward", scatters * hidden, scatters, tp),
         ]
-    colwise = 3 + (2 if config.gated_ffn else 1)
-    reduces = colwise * config.n_layers + 1
+    reduces = 2 * config.n_layers + 1
     return loss + [
         Collective("all_reduce", "tp", "forward", (2 * config.n_layers + 1) * hidden, 2 * config.n_layers + 1, tp),
         *([Collective("all_gather", "tp", "forward", logits, 1, tp)] if logit_gathers else []),
@@ -169,10 +193,19 @@ def _expert_parallel(config: ModelConfig, dims: ParallelDims, rows: int, seq: in
     return result
 
 
-def step_collectives(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> list[Collective]:
+def step_collectives(
+    config: ModelConfig,
+    dims: ParallelDims,
+    units: list[Unit],
+    embedding: bool = True,
+    head: bool = True,
+    warmup: int = 1,
+) -> list[Collective]:
     """Every collective one rank issues in one training step (module docstring), one entry per
-    (op, group, phase) with the calls' bytes summed."""
-    return merged(_fsdp_and_activation_collectives(config, dims, units))
+    (op, group, phase) with the calls' bytes summed; a pipeline stage passes its own layers as ``config``
+    (``stages.stage_view``), whether it holds the ``embedding`` and the ``head``, and its schedule's
+    ``warmup`` forwards (``fsdp_collectives``)."""
+    return merged(_fsdp_and_activation_collectives(config, dims, units, embedding, head, warmup))
 
 
 def merged(collectives: list[Collective]) -> list[Collective]:
@@ -189,19 +222,39 @@ def merged(collectives: list[Collective]) -> list[Collective]:
     return list(result.values())
 
 
-def _fsdp_and_activation_collectives(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> list[Collective]:
-    result = [c for unit in units for c in _unit_collectives(unit, config, dims)]
+def _fsdp_and_activation_collectives(
+    config: ModelConfig, dims: ParallelDims, units: list[Unit], embedding: bool, head: bool, warmup: int
+) -> list[Collective]:
+    result = [c for unit in units for c in _unit_collectives(unit, config, dims, warmup)]
     if config.architecture == "mlp":
         return result
     a = config.precision.compute
     rows, seq = config.global_batch // dims.dp, config.seq_len // dims.cp
     if dims.tp > 1:
-        result += _tensor_parallel(config, dims, rows * seq * config.d_model * a, rows * seq * config.vocab_size * a)
+        hidden, logits = rows * seq * config.d_model * a, rows * seq * config.vocab_size * a
+        result += _tensor_parallel(config, dims, hidden, logits, embedding, head)
     if dims.cp > 1:
         result += sequence_collectives(config, dims, rows)
     if config.is_moe:
         result += _expert_parallel(config, dims, rows, seq)
     return result
+
+
+def p2p_collectives(config: ModelConfig, dims: ParallelDims, pp_rank: int) -> list[Collective]:
+    """The pipeline's sends and receives of one step on pp rank ``pp_rank`` (group "pp", the trace's op
+    names): one microbatch's hidden states per boundary crossed, forward, and their gradient, backward;
+    sequence-sharded by cp, and by tp when sequence parallelism is used (``pipeline.plan_lines``)."""
+    rows, microbatches = config.accumulation(dims)
+    message = pipeline.boundary_bytes(
+        rows,
+        config.seq_len // dims.cp // (dims.tp if config.uses_sequence_parallel(dims) else 1),
+        config.d_model,
+        config.precision.compute,
+    )
+    totals = pipeline.p2p_bytes(dims.pp, pp_rank, microbatches, message, config.virtual_stages)
+    return [
+        Collective(op, "pp", phase, float(total), total // message, 2) for (op, phase), total in totals.items() if total
+    ]
 
 
 def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> list[Collective]:

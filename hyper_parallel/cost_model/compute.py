@@ -15,6 +15,8 @@ Norms, activations, softmax and the loss are elementwise and not counted (<1 % a
 
 Backward costs twice the forward (the gradient of the input and of the weight, one matmul each).
 Activation checkpointing adds recomputed forward FLOPs to the backward (``ModelConfig``):
+    op          torchtitan's per-op selective checkpointing: every other matmul of a layer again (half the
+                layers' matmul FLOPs; it saves the attention kernel's output and recomputes elementwise ops)
     selective   the attention core of every layer again (4 s d per token per layer; the elementwise
                 ops it also recomputes cost no matmul FLOPs)
     full        every layer's forward again (not the head, which runs outside the checkpointed layers)
@@ -51,8 +53,25 @@ class StepFlops:
         return self.forward + self.backward + self.recompute
 
 
-def forward_flops_per_token(config: ModelConfig) -> dict[str, float]:
-    """Forward FLOPs per token of the whole model, by part (module docstring)."""
+def layer_forward_flops_per_token(config: ModelConfig, layer: int) -> float:
+    """Forward matmul FLOPs per token of one transformer layer, attention core excluded (module docstring)."""
+    d = config.d_model
+    matrices = 3 if config.gated_ffn else 2
+    kv = config.kv_heads * config.head_dim
+    projections = 2 * (2 * d * d + 2 * d * kv)
+    if layer in config.moe_layers:
+        ffn = 2 * d * config.num_experts + config.top_k * 2 * matrices * d * config.moe_hidden
+        ffn += 2 * matrices * d * config.shared_expert_hidden
+    else:
+        ffn = 2 * matrices * d * config.ffn_hidden
+    return projections + ffn
+
+
+def forward_flops_per_token(
+    config: ModelConfig, layers: tuple[int, ...] | None = None, head: bool = True
+) -> dict[str, float]:
+    """Forward FLOPs per token of the whole model (or of ``layers`` and, with ``head``, the LM head: one
+    pipeline stage), by part (module docstring)."""
     d = config.d_model
     if config.architecture == "mlp":
         return {
@@ -60,42 +79,39 @@ def forward_flops_per_token(config: ModelConfig) -> dict[str, float]:
             "attention_core": 0.0,
             "head": 2 * config.d_in * d + 2 * d * config.d_out,
         }
-    matrices = 3 if config.gated_ffn else 2
-    kv = config.kv_heads * config.head_dim
-    projections = 2 * (2 * d * d + 2 * d * kv)
-    layers = 0.0
-    for layer in range(config.n_layers):
-        if layer in config.moe_layers:
-            ffn = 2 * d * config.num_experts + config.top_k * 2 * matrices * d * config.moe_hidden
-            ffn += 2 * matrices * d * config.shared_expert_hidden
-        else:
-            ffn = 2 * matrices * d * config.ffn_hidden
-        layers += projections + ffn
+    layers = tuple(range(config.n_layers)) if layers is None else layers
     return {
-        "layers": layers,
-        "attention_core": config.n_layers * 4 * config.seq_len * d,
-        "head": 2 * d * config.vocab_size,
+        "layers": sum(layer_forward_flops_per_token(config, layer) for layer in layers),
+        "attention_core": len(layers) * 4 * config.seq_len * d,
+        "head": 2 * d * config.vocab_size if head else 0.0,
     }
 
 
-def _kv_replication_per_token(config: ModelConfig, dims: ParallelDims) -> float:
-    """Extra forward FLOPs per token of the whole mesh when tp > kv_heads: each K/V head computed on
+def _kv_replication_per_token(config: ModelConfig, dims: ParallelDims, n_layers: int) -> float:
+    """Extra forward FLOPs per token of the mesh when tp > kv_heads: each K/V head computed on
     tp / kv_heads ranks instead of one (2 matrices x 2 d head_dim per head)."""
     if config.architecture == "mlp" or dims.tp <= config.kv_heads:
         return 0.0
     repeated_heads = config.kv_heads_per_rank(dims.tp) * dims.tp - config.kv_heads
-    return config.n_layers * 2 * 2 * config.d_model * config.head_dim * repeated_heads
+    return n_layers * 2 * 2 * config.d_model * config.head_dim * repeated_heads
 
 
-def step_flops(config: ModelConfig, dims: ParallelDims) -> StepFlops:
-    """One rank's FLOPs in one step of ``config.global_batch`` sequences on ``dims``."""
-    parts = forward_flops_per_token(config)
-    tokens = config.global_batch * config.seq_len
+def step_flops(
+    config: ModelConfig, dims: ParallelDims, layers: tuple[int, ...] | None = None, head: bool = True
+) -> StepFlops:
+    """One rank's FLOPs in one step of ``config.global_batch`` sequences on ``dims``; with pp > 1 those of
+    the pipeline stage holding ``layers`` (and the head when ``head``): its share is pp / world_size."""
+    parts = forward_flops_per_token(config, layers, head)
+    n_layers = config.n_layers if layers is None else len(layers)
+    tokens = config.global_batch * config.seq_len * (dims.pp if layers is not None else 1)
     forward_model = sum(parts.values()) * tokens / dims.world_size
-    forward = forward_model + _kv_replication_per_token(config, dims) * tokens / dims.world_size
-    recomputed = {"none": 0.0, "selective": parts["attention_core"], "full": parts["layers"] + parts["attention_core"]}[
-        config.activation_checkpointing
-    ]
+    forward = forward_model + _kv_replication_per_token(config, dims, n_layers) * tokens / dims.world_size
+    recomputed = {
+        "none": 0.0,
+        "op": parts["layers"] / 2,
+        "selective": parts["attention_core"],
+        "full": parts["layers"] + parts["attention_core"],
+    }[config.activation_checkpointing]
     return StepFlops(
         forward=forward, backward=2 * forward, recompute=recomputed * tokens / dims.world_size, model=3 * forward_model
     )

@@ -85,9 +85,12 @@ def nodes_spanned(dims: ParallelDims, group: str, gpus_per_node: int) -> int:
 
 def check_gpus_per_node(world_size: int, gpus_per_node: int) -> None:
     if gpus_per_node < 1 or world_size % gpus_per_node and world_size > gpus_per_node:
+        nearest = min(
+            (d for d in range(1, world_size + 1) if world_size % d == 0), key=lambda d: (abs(d - gpus_per_node), -d)
+        )
         raise ValueError(
             f"gpus_per_node={gpus_per_node} must be >= 1 and divide world_size={world_size} "
-            f"(every node runs the same number of ranks)"
+            f"(every node runs the same number of ranks); nearest valid --gpus-per-node: {nearest}"
         )
 
 
@@ -121,11 +124,11 @@ def timed_collectives(
     return result
 
 
-def candidate_layouts(world_size: int, with_experts: bool) -> list[ParallelDims]:
-    """``valid_choices(world_size)`` (pp = 1); ep and etp stay 1 unless the model has experts."""
+def candidate_layouts(world_size: int, with_experts: bool, pipeline: bool = False) -> list[ParallelDims]:
+    """``valid_choices(world_size)`` (pp = 1 unless ``pipeline``); ep and etp stay 1 unless the model has experts."""
     if with_experts:
-        return valid_choices(world_size)
-    return valid_choices(world_size, {"ep": 1, "etp": 1})
+        return valid_choices(world_size, pipeline=pipeline)
+    return valid_choices(world_size, {"ep": 1, "etp": 1}, pipeline=pipeline)
 
 
 def nearest_valid(layouts: list[ParallelDims], wanted: dict[str, int]) -> ParallelDims | None:

@@ -24,9 +24,12 @@ bytes, without activation checkpointing:
     MoE layer    the attention part, ffn_norm input d / sp, and per token the MoE sees (1/tp of them
                  under SP with etp == 1) its router input d, per routed slot (top_k) the row d, hidden
                  2 F_e / etp (4 gated) and output d, and the shared expert d + 2 F_s (4 gated)
-    head         logits in float32 for the loss: V / tp * 4 bytes per token
+    head         logits in float32 for the loss: V * 4 bytes per token once TP has all-gathered them,
+                 V / tp * 4 with ``loss_parallel`` (the logits stay sharded over the vocabulary)
     MLP          per block 2 d + 2 F (norm and w1 inputs, hidden, ReLU output), plus d_in + d_out
 Activation checkpointing (``ModelConfig.activation_checkpointing``):
+    op           (torchtitan's per-op checkpointing) estimated as selective: what it saves and
+                 recomputes differs per op, the elementwise results are recomputed as here
     selective    the attention output (d / tp) and the feed-forward's elementwise results (silu and
                  product: 2 F / tp gated, the activation F / tp plain; the same in experts) are recomputed
     full         every layer keeps only its input (d / sp); one layer's activations (the largest, as
@@ -92,7 +95,7 @@ def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: i
     d, tp, cp, etp = config.d_model, dims.tp, dims.cp, dims.etp
     sp = tp if config.uses_sequence_parallel(dims) else 1
     kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
-    selective = config.activation_checkpointing == "selective"
+    selective = config.activation_checkpointing in ("selective", "op")
     attention = d / sp + d + (d if selective else 2 * d) / tp + 2 * kv_dim + 2 * kv_dim * (cp - 1)
     hidden_factor = (2 if config.gated_ffn else 1) if selective else (4 if config.gated_ffn else 2)
     if layer not in config.moe_layers:
@@ -103,20 +106,25 @@ def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: i
     return attention + d / sp + (d + routed + shared) * moe_tokens
 
 
-def activation_bytes(config: ModelConfig, dims: ParallelDims) -> int:
-    """Saved activations of one micro-batch on this rank (module docstring)."""
+def activation_bytes(
+    config: ModelConfig, dims: ParallelDims, layers: tuple[int, ...] | None = None, head: bool = True
+) -> int:
+    """Saved activations of one micro-batch on this rank (module docstring), over ``layers`` (default all)
+    and with the float32 logits when this rank runs the ``head`` (a pipeline's last stage)."""
+    layers = tuple(range(config.n_layers)) if layers is None else layers
     tokens = config.accumulation(dims)[0] * (config.seq_len // dims.cp)
     a = config.precision.compute
     if config.architecture == "mlp":  # per block: norm input, w1 input, hidden, relu output
         per_token = config.n_layers * (2 * config.d_model + 2 * config.ffn_hidden) + config.d_in + config.d_out
         return int(tokens * per_token * a)
-    per_layer = [_layer_activation_elements(config, dims, layer) for layer in range(config.n_layers)]
+    per_layer = [_layer_activation_elements(config, dims, layer) for layer in layers]
     if config.activation_checkpointing == "full":
         sp = dims.tp if config.uses_sequence_parallel(dims) else 1
-        layers = config.n_layers * config.d_model / sp + max(per_layer)
+        saved = len(layers) * config.d_model / sp + max(per_layer, default=0.0)
     else:
-        layers = sum(per_layer)
-    return int(tokens * (layers * a + config.vocab_size / dims.tp * 4))
+        saved = sum(per_layer)
+    vocab = config.vocab_size / (dims.tp if config.loss_parallel else 1)
+    return int(tokens * (saved * a + (vocab * 4 if head else 0)))
 
 
 def memory(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> Memory:
@@ -129,3 +137,19 @@ def memory(config: ModelConfig, dims: ParallelDims, units: list[Unit]) -> Memory
         gathered=_gathered_bytes(units, config),
         activations=activation_bytes(config, dims),
     )
+
+
+def pipelined_gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
+    """A pipeline stage's peak gathered bytes under torch.distributed.pipelining's FSDP handling: the
+    gradients are reduced once, after the last microbatch's backward (``set_requires_gradient_sync``),
+    and parameters reshard only then (``set_reshard_after_backward``). So at the peak every unit's
+    parameters are gathered (compute bytes) and its unsharded gradients accumulate (reduce bytes, as
+    FSDP2's ``unsharded_accumulated_grad``); nothing extra when nothing is sharded and they alias."""
+    precision = config.precision
+    total = 0
+    for unit in units:
+        if unit.shard_size > 1 or precision.compute != precision.storage:
+            total += unit.gathered_numel * precision.compute
+        if unit.shard_size > 1:
+            total += unit.gathered_numel * precision.reduce
+    return total

@@ -1,20 +1,7 @@
 """The models the cost model describes: shapes, parallel style and precision, as plain data (no torch).
 
-Three presets are the recipes' own tiny models, so the cost model can be checked byte for byte
-against traced runs; two are at scale, for planning:
-
-    small          the recipes' mini transformer (TransformerConfig() of hyper_parallel.models.transformer:
-                   vocab 64, d_model 32, 4 heads, 2 layers, feed-forward 64, seq_len 16; global batch 8)
-    small-moe      the MoE recipes' model (recipes/moe.py MOE_CONFIG): layer 1's feed-forward is a MoE
-                   with 4 experts of hidden 32, top-2, and a shared expert of hidden 32
-    small-mlp      the MLP of M1/M4 (MLPConfig: d_in 16, d_model 32, hidden 64, d_out 8, 2 blocks,
-                   seq_len 8, biases; global batch 16)
-    llama-8b-like  32 layers, d_model 4096, 32 heads with 8 K/V heads (GQA), SwiGLU feed-forward 14336,
-                   vocab 128256, seq_len 8192, global batch 512 sequences (4M tokens): about 8.0e9 parameters
-    moe-16e        24 layers, d_model 2048, 16 heads with 4 K/V heads, every feed-forward a MoE of 16
-                   SwiGLU experts of hidden 1408, top-2, plus a shared SwiGLU expert of hidden 2816;
-                   vocab 32000, seq_len 4096, global batch 1024 sequences (4M tokens): about 4.1e9
-                   parameters, about 1.2e9 active per token
+The presets (``presets.PRESETS``: the recipes' tiny models, and models at scale read from Hugging Face
+``config.json`` files in ``configs/`` by ``ModelConfig.from_hf_config``) are data built from this class.
 
 Precision (``PRECISIONS``): the recipes train in float32 with SGD (no optimizer state); the presets at
 scale assume the usual mixed precision: float32 master parameters and gradients in the sharded storage,
@@ -26,7 +13,9 @@ Training knobs (fields of ``ModelConfig``, so ``estimate`` and every planner vie
     micro_batch / grad_accum   rows per rank per forward, and forwards per step: global_batch =
                                dp * micro_batch * grad_accum (give one, the other is derived per layout;
                                neither: one micro-batch of global_batch / dp rows)
-    activation_checkpointing   "none", "selective" (recompute the attention core and the feed-forward's
+    activation_checkpointing   "none", "op" (torchtitan's per-op selective checkpointing: every other matmul
+                               and the elementwise ops recomputed), "selective" (Megatron's: recompute the
+                               attention core; the estimate also drops the feed-forward's
                                elementwise ops) or "full" (keep each layer's input, recompute the layer)
     loss_parallel              TP keeps the logits sharded over the vocabulary: no logits all-gather,
                                three all-reduces of one float32 per token instead (max, sum of exp, target)
@@ -42,12 +31,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from hyper_parallel.cost_model import hf_config
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.recipes import registry
 
 INT64_BYTES = 8
 """EP exchanges its per-expert token counts as int64."""
-AC_MODES = ("none", "selective", "full")
+AC_MODES = ("none", "op", "selective", "full")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 @dataclass(frozen=True)
@@ -107,12 +97,34 @@ class ModelConfig:
     description: str = ""  # the architecture; ``describe()`` adds the step's shape
     micro_batch: int | None = None
     grad_accum: int | None = None
-    activation_checkpointing: str = "none"  # none, selective, full
+    activation_checkpointing: str = "none"  # none, op, selective, full
     loss_parallel: bool = False
     reshard_after_forward: bool = True
     expert_shard_dim: int = 0
+    attention_bias: bool = False  # q, k, v projections have biases (Qwen2)
+    linear_bias: bool = False  # every linear and norm has a bias (GPT-2's Conv1D and LayerNorm)
+    tied_embeddings: bool = False  # the head reuses the embedding table (GPT-2, small Qwen2)
+    position_embeddings: int = 0  # rows of a learned position table (GPT-2 n_positions); 0: rotary
+    shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate [1, d] on the shared expert
+    pp_schedule: str = "1f1b"  # gpipe, 1f1b or interleaved_1f1b (cost_model.pipeline)
+    virtual_stages: int = 1  # stages per pp rank (interleaved_1f1b: >= 2)
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "seq_len", "global_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}; nearest valid {name}: 1")
+        for name in ("ffn_hidden", "moe_hidden", "shared_expert_hidden", "position_embeddings"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}; nearest valid {name}: 0")
+        if self.pp_schedule not in PP_SCHEDULES:
+            raise ValueError(f"pp_schedule must be one of {', '.join(PP_SCHEDULES)}, got {self.pp_schedule!r}")
+        if (self.virtual_stages > 1) != (self.pp_schedule == "interleaved_1f1b") or self.virtual_stages < 1:
+            nearest = 2 if self.pp_schedule == "interleaved_1f1b" else 1
+            raise ValueError(
+                f"virtual_stages={self.virtual_stages} with pp_schedule {self.pp_schedule!r}: only interleaved_1f1b "
+                f"runs several stages per rank (and needs >= 2); nearest valid virtual_stages: {nearest}"
+            )
         if self.architecture not in ("transformer", "mlp"):
             raise ValueError(f"architecture must be 'transformer' or 'mlp', got {self.architecture!r}")
         if self.dispatch not in ("all_to_all", "all_gather"):
@@ -130,12 +142,23 @@ class ModelConfig:
             )
         for name in ("micro_batch", "grad_accum"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}; nearest valid {name}: 1")
         if self.architecture == "transformer" and (self.d_model % self.n_heads or self.n_heads % self.kv_heads):
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}, and n_heads by "
                 f"n_kv_heads={self.kv_heads}"
             )
+
+    @classmethod
+    def from_hf_config(cls, config: dict, name: str | None = None, **training) -> ModelConfig:
+        """The model a Hugging Face ``config.json`` (parsed) describes; ``training`` keywords (``seq_len``,
+        ``global_batch``, ``precision``, knobs) replace the defaults ``hf_config.model_fields`` documents."""
+        fields = hf_config.model_fields(config)
+        if "precision" in fields:
+            fields["precision"] = PRECISIONS[fields["precision"]]
+        if name:
+            fields["name"] = name
+        return cls(**(fields | training))
 
     @property
     def kv_heads(self) -> int:
@@ -236,99 +259,54 @@ class ModelConfig:
                 "(as recipes S1/S2 apply it); leave sequence_parallel on"
             )
         self.accumulation(dims)
+        if dims.pp > 1:
+            self._check_pipeline(dims)
 
-
-_SMALL = ModelConfig("small", description="the recipes' mini transformer (TransformerConfig defaults)")
-PRESETS: dict[str, ModelConfig] = {
-    m.name: m
-    for m in [
-        _SMALL,
-        _SMALL.replace(
-            name="small-moe",
-            moe_layers=(1,),
-            num_experts=4,
-            top_k=2,
-            moe_hidden=32,
-            shared_expert_hidden=32,
-            description="the MoE recipes' model: layer 1 a MoE of 4 experts (hidden 32), top-2, shared expert",
-        ),
-        ModelConfig(
-            "small-mlp",
-            architecture="mlp",
-            d_model=32,
-            ffn_hidden=64,
-            n_layers=2,
-            seq_len=8,
-            global_batch=16,
-            d_in=16,
-            d_out=8,
-            description="the M1/M4 residual MLP (MLPConfig defaults)",
-        ),
-        ModelConfig(
-            "llama-8b-like",
-            vocab_size=128256,
-            d_model=4096,
-            n_heads=32,
-            n_kv_heads=8,
-            n_layers=32,
-            ffn_hidden=14336,
-            gated_ffn=True,
-            seq_len=8192,
-            global_batch=512,
-            precision=PRECISIONS["bf16-adam"],
-            description="Llama-3-8B shapes: 32 layers, d 4096, 32 heads / 8 K/V heads, SwiGLU 14336, vocab 128256",
-        ),
-        ModelConfig(
-            "moe-16e",
-            vocab_size=32000,
-            d_model=2048,
-            n_heads=16,
-            n_kv_heads=4,
-            n_layers=24,
-            ffn_hidden=0,
-            gated_ffn=True,
-            seq_len=4096,
-            global_batch=1024,
-            moe_layers=tuple(range(24)),
-            num_experts=16,
-            top_k=2,
-            moe_hidden=1408,
-            shared_expert_hidden=2816,
-            precision=PRECISIONS["bf16-adam"],
-            description="24 MoE layers, d 2048, 16 heads / 4 K/V heads, 16 SwiGLU experts of 1408, top-2, "
-            "shared expert 2816, vocab 32000",
-        ),
-    ]
-}
-CLI_MODELS = ("small", "llama-8b-like", "moe-16e", "small-moe", "small-mlp")
-
-_RECIPE_WORKLOADS = {  # a recipe's implementation -> (preset, changes): what its worker builds
-    "hyper_parallel.recipes.dense:ddp_mlp": ("small-mlp", {"param_shard": False}),
-    "hyper_parallel.recipes.dense:fsdp_mlp": ("small-mlp", {}),
-    "hyper_parallel.recipes.transformer:tensor_parallel": ("small", {"sequence_parallel": False, "param_shard": False}),
-    "hyper_parallel.recipes.transformer:tensor_sequence_parallel": (
-        "small",
-        {"sequence_parallel": True, "param_shard": False},
-    ),
-    "hyper_parallel.recipes.transformer:fsdp_transformer_without_sp": ("small", {"sequence_parallel": False}),
-    "hyper_parallel.recipes.transformer:fsdp_transformer": ("small", {}),
-    "hyper_parallel.recipes.transformer:fsdp_transformer_ring": ("small", {"sequence_scheme": "ring"}),
-    "hyper_parallel.recipes.transformer:fsdp_transformer_ulysses": ("small", {"sequence_scheme": "ulysses"}),
-    "hyper_parallel.recipes.moe:expert_parallel": ("small-moe", {}),
-    "hyper_parallel.recipes.moe:expert_parallel_all_gather": ("small-moe", {"dispatch": "all_gather"}),
-}
-
-
-def get_model(name: str) -> ModelConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(PRESETS)}")
-    return PRESETS[name]
-
-
-def recipe_model(recipe: str) -> ModelConfig:
-    """The model (and parallel style) a recipe's worker trains, e.g. ``recipe_model("M6")``."""
-    implementation = registry.get(recipe).implementation
-    if implementation not in _RECIPE_WORKLOADS:
-        raise ValueError(f"the cost model does not describe {implementation!r} (recipe {recipe})")
-    preset, changes = _RECIPE_WORKLOADS[implementation]
-    return PRESETS[preset].replace(name=f"{preset} ({registry.get(recipe).name})", **changes)
+    def _check_pipeline(self, dims: ParallelDims) -> None:
+        """The schedule's rules (torch.distributed.pipelining's, Megatron's for interleaving): the layers
+        split evenly into pp * virtual_stages stages; 1F1B needs at least pp microbatches in flight, the
+        interleaved schedule a multiple of pp; ``ValueError`` gives the nearest valid pp or micro-batch."""
+        stages = dims.pp * self.virtual_stages
+        if self.architecture != "transformer":
+            raise ValueError(f"model {self.name} (an MLP) has no pipeline split in the cost model: it needs pp=1")
+        if self.n_layers % stages:
+            valid = [p for p in range(2, self.n_layers + 1) if self.n_layers % (p * self.virtual_stages) == 0]
+            valid = [p for p in valid if dims.world_size % p == 0]
+            rule = (
+                f"pp={dims.pp} x virtual_stages={self.virtual_stages} = {stages} stages must divide n_layers="
+                f"{self.n_layers} (each stage holds whole layers)"
+            )
+            if valid:
+                nearest = min(valid, key=lambda p: (abs(p - dims.pp), p))
+                raise ValueError(
+                    f"{rule}; nearest valid pp: {nearest} (valid pp dividing world_size={dims.world_size}: {valid})"
+                )
+            virtual = [v for v in range(2, self.n_layers + 1) if self.n_layers % (dims.pp * v) == 0]
+            hint = (
+                f"nearest valid virtual_stages: {min(virtual, key=lambda v: (abs(v - self.virtual_stages), v))}"
+                if virtual and self.virtual_stages > 1
+                else "no pp > 1 dividing the world splits these layers; use pp=1"
+            )
+            raise ValueError(f"{rule}; {hint}")
+        rows, microbatches = self.accumulation(dims)
+        if self.pp_schedule == "gpipe":
+            return
+        need = dims.pp
+        ok = microbatches >= need and (self.pp_schedule == "1f1b" or microbatches % dims.pp == 0)
+        if not ok:
+            per_rank = rows * microbatches
+            valid = [b for b in range(per_rank, 0, -1) if per_rank % b == 0 and per_rank // b >= need]
+            valid = [b for b in valid if self.pp_schedule == "1f1b" or (per_rank // b) % dims.pp == 0]
+            hint = (
+                f"nearest valid --micro-batch: {valid[0]}"
+                if valid
+                else (
+                    f"no micro-batch gives {need} microbatches of the {per_rank} rows per rank: raise the batch to "
+                    f"{need * dims.dp} or more, or use --pp-schedule gpipe"
+                )
+            )
+            rule = "at least pp" if self.pp_schedule == "1f1b" else "a multiple of pp"
+            raise ValueError(
+                f"pp_schedule {self.pp_schedule} needs {rule} = {dims.pp} microbatches per step, got {microbatches} "
+                f"(micro_batch={rows} of the {per_rank} rows per rank); {hint}"
+            )

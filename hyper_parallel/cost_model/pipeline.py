@@ -90,7 +90,7 @@ def plan_lines(config, dims) -> list[str]:
     tp with sequence parallelism).
     """
     rows, microbatches = config.accumulation(dims)
-    seq = config.seq_len // dims.cp // (dims.tp if config.sequence_parallel else 1)
+    seq = config.seq_len // dims.cp // (dims.tp if config.uses_sequence_parallel(dims) else 1)
     message = boundary_bytes(rows, seq, config.d_model, config.precision.compute)
     middle = p2p_bytes(dims.pp, min(1, dims.pp - 1), microbatches, message)
     lines = [
@@ -105,15 +105,14 @@ def plan_lines(config, dims) -> list[str]:
         bubble = bubble_fraction(schedule, dims.pp, microbatches)
         alive = alive_microbatches(schedule, dims.pp, microbatches, 0)
         lines.append(
-            f"  {schedule:<6} bubble (p-1)/(m+p-1) = {bubble:.0%}; stage 0 holds {alive} microbatch(es) of "
-            "activations (the activations above are one)"
+            f"  {schedule:<6} bubble (p-1)/(m+p-1) = {bubble:.0%}; stage 0 holds {alive} microbatch(es) of activations"
         )
     lines.append(
         f"  P2P per step on stage 1: {sum(middle.values()) / 2**20:.1f} MiB sent + received "
         f"({message / 2**20:.2f} MiB per microbatch each way)"
     )
     lines.append(
-        f"  the memory and communication above count all {config.n_layers} layers: a stage holds about "
-        f"1/{dims.pp} of them"
+        f"  the memory above is the worst stage's (its layers, embedding or head, and the microbatches in flight "
+        f"of {config.pp_schedule}); the step adds the bubble of {config.pp_schedule}"
     )
     return lines

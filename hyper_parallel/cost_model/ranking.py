@@ -25,22 +25,25 @@ class RankedLayout:
     step_range: tuple[float, float] = (0.0, 0.0)
     mfu: float = 0.0  # at the middle step time
     exposed_seconds: float = 0.0  # communication the step waits for (critical + not hidden)
+    bubble_seconds: float = 0.0  # the pipeline's fill and drain (pp > 1)
 
 
 def rank_layouts(
     config: ModelConfig, world_size: int, gpus_per_node: int, hardware=None, sort: str = "time"
 ) -> list[RankedLayout]:
-    """Every layout of ``world_size`` ranks the model fits (pp = 1; ep/etp only for MoE models), best
-    first: layouts within the memory budget before the others, then by ``sort`` ("time": the step time
-    of ``step_time`` on ``hardware`` (default ``hardware.DEFAULT_HARDWARE``), then memory; "memory":
-    per-rank memory, then step time)."""
+    """Every layout of ``world_size`` ranks the model fits (pp too for transformers: a pp > 1 candidate runs
+    micro-batches of one row unless the model sets micro_batch or grad_accum; ep/etp only for MoE
+    models), best first: layouts within the memory budget before the others, then by ``sort`` ("time":
+    the step time of ``step_time`` on ``hardware`` (default ``hardware.DEFAULT_HARDWARE``), then memory;
+    "memory": per-rank memory, then step time)."""
     hardware = hardware or DEFAULT_HARDWARE
     if sort not in ("time", "memory"):
         raise ValueError(f"sort must be 'time' or 'memory', got {sort!r}")
     ranked = []
-    for dims in candidate_layouts(world_size, config.is_moe):
+    pipelined = config.replace(micro_batch=1) if config.micro_batch is None and config.grad_accum is None else config
+    for dims in candidate_layouts(world_size, config.is_moe, pipeline=config.architecture == "transformer"):
         try:
-            cost = estimate(config, dims)
+            cost = estimate(pipelined if dims.pp > 1 else config, dims)
         except ValueError:
             continue
         step = estimate_step(cost, gpus_per_node, hardware)
@@ -54,6 +57,7 @@ def rank_layouts(
                 (step.fast.total, step.slow.total),
                 step.middle.mfu,
                 step.middle.critical + step.middle.exposed,
+                step.bubble_seconds,
             )
         )
     if sort == "time":

@@ -19,12 +19,13 @@ from hyper_parallel.cost_model import CostEstimate, ModelConfig, estimate
 from hyper_parallel.cost_model.hardware import Hardware
 from hyper_parallel.cost_model.layouts import GIB, nodes_spanned
 from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
+from hyper_parallel.cost_model.validation import check_degrees_divide
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import DEGREE_NAMES
 
 RESOLUTION = 0.05
 PADDING_WARNING = 1.10  # warn when the all-gather buffers hold 10 % more than the unpadded parameters
 TIGHT_BUDGET = 0.90  # and when a plan uses more than 90 % of the budget
-DEGREE_NAMES = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
 
 
 def parse_layouts(text: str, world_size: int) -> list[ParallelDims]:
@@ -43,8 +44,14 @@ def parse_layouts(text: str, world_size: int) -> list[ParallelDims]:
                     f"--layouts candidate {index + 1} ({chunk!r}): {item!r} is not NAME=INTEGER with "
                     f"NAME one of {', '.join(DEGREE_NAMES)}"
                 )
+            if name in degrees:
+                raise ValueError(
+                    f"--layouts candidate {index + 1} ({chunk!r}) names {name} twice ({name}={degrees[name]} and "
+                    f"{item}); give each degree once, e.g. {name}={degrees[name]}"
+                )
             degrees[name] = int(value)
         try:
+            check_degrees_divide(world_size, degrees)
             layouts.append(ParallelDims(world_size=world_size, **degrees))
         except ValueError as error:
             raise ValueError(f"--layouts candidate {index + 1} ({chunk!r}): {error}") from None
@@ -135,6 +142,7 @@ class CandidateReview:
             "pareto": self.pareto,
         }
         row |= {f"memory_{k}_bytes": v for k, v in cost.memory.as_dict().items()}
+        row["stage_memory_bytes"] = [s.memory.total for s in cost.stages] or [cost.memory.total]
         row |= {
             "flops_per_rank": step.flops.total,
             "model_flops_per_rank": step.flops.model,
@@ -146,6 +154,11 @@ class CandidateReview:
             "step_s": step.middle.total,
             "step_fast_s": step.fast.total,
             "step_slow_s": step.slow.total,
+            "bubble_s": step.bubble_seconds,
+            **{
+                f"work_{kind}_s": seconds
+                for kind, seconds in (step.middle.work.__dict__ if step.middle.work else {}).items()
+            },
             "mfu": step.middle.mfu,
             "mfu_fast": step.fast.mfu,
             "mfu_slow": step.slow.mfu,

@@ -1,31 +1,37 @@
-"""A step's time on one rank: compute, the communication it hides, the communication it waits for.
+"""A step's time on one rank: the work's compute time, the communication it hides, what it waits for,
+and the pipeline's bubble.
+
+Compute is ``work.work_time`` (GEMMs by shape, attention, memory-bound kernels, the optimizer step, at
+the machine's calibrated constants), not an assumed fraction of peak; MFU = model FLOPs (no
+recomputation) / (step x peak) is an output.
 
 Which collectives can overlap compute:
     hidden-able   FSDP/HSDP (groups fsdp, efsdp, dp_replicate, dp_replicate+...): the next unit's
                   all-gather is prefetched while the current unit computes, reduce-scatters and HSDP
                   all-reduces run asynchronously behind the earlier units' backward
-    critical      TP/SP (tp, etp), CP (cp) and EP (ep): their result is the next op's input, so the
-                  step waits for them in full (conservative for ring attention, whose K/V shifts can
-                  overlap the previous block's attention; async-TP is not modelled either)
+    critical      TP/SP (tp, etp), CP (cp), EP (ep) and the pipeline's sends (pp): their result is
+                  the next op's input, so the step waits for them in full (conservative for ring
+                  attention and async-TP; P2P sends block as in Megatron-LM 2021)
 
-Per micro-batch (m = grad_accum of them; FLOPs and hidden-able bytes split evenly) and per phase, with
-C the phase's compute time, O its hidden-able communication time (both all-gathers and reduce-scatters,
-one link), and n the FSDP units: a prefetch pipeline of n stages exposes the first stage's transfer and
-whatever the transfers exceed the compute by,
+Per micro-batch (m = grad_accum of them; work and hidden-able bytes split evenly) and per phase, with
+C the phase's compute time, O its hidden-able communication time, and n the FSDP units: a prefetch
+pipeline of n stages exposes the first stage's transfer and whatever the transfers exceed the compute by,
 
     exposed(O, C) = O / n + max(0, (n - 1) / n * (O - C))          (= O / n when O <= C)
 
-The HSDP all-reduce runs once, behind the last micro-batch's backward. Then
+The HSDP all-reduce (and, under pp, the reduce-scatter: once per step) runs behind the last
+micro-batch's backward. One rank's busy time is compute + critical + exposed. With pp > 1 each stage
+is timed so, t_s = its busy time / m per microbatch, and with t the slowest stage's
 
-    step = compute + critical + sum of exposed,    compute = FLOPs (with recomputation) / (peak x eff)
+    step = m t + bubble,   bubble = (pp - 1) / v x t      (GPipe and 1F1B v = 1; interleaved v stages)
 
-for eff in ``Hardware.efficiency`` (low, high): the step-time range, with its middle for ranking.
-MFU = model FLOPs (no recomputation) / (step x peak). Ignored: the optimizer step, kernel-launch gaps
-beyond ``eff``, contention between collectives on different links (summed as if they shared one).
+so bubble / step = (pp - 1) / (v m + pp - 1), ``pipeline.bubble_fraction``. The range: the compute
+``band`` (20 %) faster and slower. Ignored: contention between collectives on different links.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -33,8 +39,9 @@ from hyper_parallel.cost_model import CostEstimate
 from hyper_parallel.cost_model.compute import StepFlops, step_flops
 from hyper_parallel.cost_model.hardware import Hardware
 from hyper_parallel.cost_model.layouts import TimedCollective, timed_collectives
+from hyper_parallel.cost_model.work import WorkTime, work_time
 
-CRITICAL_GROUPS = ("tp", "etp", "cp", "ep")
+CRITICAL_GROUPS = ("tp", "etp", "cp", "ep", "pp")
 
 
 def is_critical(group: str) -> bool:
@@ -44,9 +51,9 @@ def is_critical(group: str) -> bool:
 
 @dataclass(frozen=True)
 class StepTime:
-    """One rank's step at one compute efficiency; seconds."""
+    """One rank's step at one end of the range; seconds."""
 
-    efficiency: float
+    factor: float  # compute time x factor (1: the model's, 1 -+ band: the range)
     compute: float
     critical: float
     exposed: float  # hidden-able communication the compute did not cover
@@ -54,10 +61,12 @@ class StepTime:
     mfu: float
     exposed_by_group: dict[str, float]
     hidden_by_group: dict[str, float]
+    bubble: float = 0.0  # the pipeline's fill and drain
+    work: WorkTime | None = None
 
     @property
     def total(self) -> float:
-        return self.compute + self.critical + self.exposed
+        return self.compute + self.critical + self.exposed + self.bubble
 
 
 def _pipeline_exposed(comm: float, compute: float, stages: int) -> float:
@@ -67,21 +76,24 @@ def _pipeline_exposed(comm: float, compute: float, stages: int) -> float:
     return comm / stages + max(0.0, (stages - 1) / stages * (comm - compute))
 
 
-def step_time(
-    cost: CostEstimate, timed: list[TimedCollective], flops: StepFlops, hardware: Hardware, efficiency: float
+def _rank_step(
+    cost: CostEstimate, units, timed: list[TimedCollective], work: WorkTime, flops: StepFlops, peak: float
 ) -> StepTime:
-    """The module docstring's step at one efficiency."""
+    """compute + critical + exposed of one rank (module docstring), no bubble."""
     m = cost.config.accumulation(cost.dims)[1]
-    rate = hardware.peak_flops * efficiency
-    forward_c = flops.forward / m / rate
-    backward_c = (flops.backward + flops.recompute) / m / rate
-    stages = max(1, sum(1 for u in cost.units if u.shard_size > 1 or u.dp_size > 1))
-    per_phase: dict[str, list[TimedCollective]] = defaultdict(list)  # hidden-able, per micro-batch or once
+    forward_share = 1 / 3  # forward : backward (with recomputation) work, as the FLOPs split
+    if flops.total:
+        forward_share = flops.forward / flops.total
+    forward_c = work.total * forward_share / m
+    backward_c = work.total * (1 - forward_share) / m
+    stages = max(1, sum(1 for u in units if u.shard_size > 1 or u.dp_size > 1))
+    once_ops = ("all_reduce", "reduce_scatter") if cost.dims.pp > 1 else ("all_reduce",)
+    per_phase: dict[str, list[TimedCollective]] = defaultdict(list)
     critical, per_group = 0.0, defaultdict(float)
     for c in timed:
         if is_critical(c.group):
             critical += c.seconds
-        elif c.op == "all_reduce":
+        elif c.op in once_ops:
             per_phase["once"].append(c)
         else:
             per_phase[c.phase].append(c)
@@ -103,33 +115,40 @@ def step_time(
             share = seconds / hideable if hideable else 0.0
             exposed_by_group[group] = exposed * share
             hidden_by_group[group] = (hideable - exposed) * share
-    compute = m * (forward_c + backward_c)
+    compute = work.total
     total = compute + critical + exposed
     return StepTime(
-        efficiency,
+        1.0,
         compute,
         critical,
         exposed,
         hideable - exposed,
-        flops.model / (total * hardware.peak_flops),
+        flops.model / (total * peak),
         exposed_by_group,
         hidden_by_group,
+        0.0,
+        work,
     )
 
 
 @dataclass(frozen=True)
 class StepEstimate:
-    """A layout's step on ``hardware``: the fast end (high efficiency), the middle, the slow end."""
+    """A layout's step on ``hardware``: the fast end, the model's step (middle), the slow end."""
 
     fast: StepTime
     middle: StepTime
     slow: StepTime
-    flops: StepFlops
-    timed: list[TimedCollective]
+    flops: StepFlops  # per rank, averaged over the pipeline's stages
+    timed: list[TimedCollective]  # the reported (worst-memory) stage's ranks
+    stage_seconds: tuple[float, ...] = ()  # per pp rank: busy time of one step, no bubble
 
     @property
     def seconds(self) -> float:
         return self.middle.total
+
+    @property
+    def bubble_seconds(self) -> float:
+        return self.middle.bubble
 
     @property
     def inter_node_bytes(self) -> float:
@@ -137,9 +156,55 @@ class StepEstimate:
         return sum(c.wire_bytes for c in self.timed if c.crosses_nodes)
 
 
+def _stage_costs(cost: CostEstimate) -> list[tuple]:
+    """(units, collectives, layers, head) per pp rank; the whole model as one stage when pp == 1."""
+    if not cost.stages:
+        return [(cost.units, cost.collectives, None, True)]
+    return [(s.units, s.collectives, s.layers, s.last) for s in cost.stages]
+
+
+def _at(step: StepTime, factor: float, peak: float, model_flops: float) -> StepTime:
+    compute = step.compute * factor
+    total = compute + step.critical + step.exposed + step.bubble * factor
+    return dataclasses.replace(
+        step, factor=factor, compute=compute, bubble=step.bubble * factor, mfu=model_flops / (total * peak)
+    )
+
+
 def estimate_step(cost: CostEstimate, gpus_per_node: int, hardware: Hardware) -> StepEstimate:
-    timed = timed_collectives(cost, gpus_per_node, hardware.bandwidth)
-    flops = step_flops(cost.config, cost.dims)
-    low, high = hardware.efficiency
-    times = [step_time(cost, timed, flops, hardware, eff) for eff in (high, (low + high) / 2, low)]
-    return StepEstimate(*times, flops, timed)
+    """The module docstring's step of ``cost`` on ``hardware``, and its range."""
+    config, dims = cost.config, cost.dims
+    flops = step_flops(config, dims)
+    per_stage = []
+    for units, collectives, layers, head in _stage_costs(cost):
+        timed = timed_collectives(dataclasses.replace(cost, collectives=collectives), gpus_per_node, hardware.bandwidth)
+        stage_flops = step_flops(config, dims, layers, head) if layers is not None else flops
+        work = work_time(config, dims, hardware, units, layers, head)
+        per_stage.append(
+            (
+                collectives is cost.collectives,
+                timed,
+                _rank_step(cost, units, timed, work, stage_flops, hardware.peak_flops),
+            )
+        )
+    slowest = max(per_stage, key=lambda item: item[2].total)[2]
+    reported = next(step for is_reported, _, step in per_stage if is_reported)
+    timed = next(t for is_reported, t, _ in per_stage if is_reported)
+    m = config.accumulation(dims)[1]
+    bubble = (dims.pp - 1) / config.virtual_stages * slowest.total / m if dims.pp > 1 else 0.0
+    middle = dataclasses.replace(
+        slowest,
+        compute=slowest.compute,
+        bubble=bubble,
+        exposed_by_group=reported.exposed_by_group if dims.pp == 1 else slowest.exposed_by_group,
+    )
+    middle = _at(middle, 1.0, hardware.peak_flops, flops.model)
+    band = hardware.band
+    return StepEstimate(
+        _at(middle, 1 - band, hardware.peak_flops, flops.model),
+        middle,
+        _at(middle, 1 + band, hardware.peak_flops, flops.model),
+        flops,
+        timed,
+        tuple(step.total for _, _, step in per_stage) if dims.pp > 1 else (),
+    )

@@ -115,19 +115,33 @@ def _param(name: str, shape: tuple[int, ...], splits: dict[int, int] | None = No
     return Param(name, shape, local, axes, partial)
 
 
-def _ffn(prefix: str, d: int, hidden: int, gated: bool, tp: int, partial: bool) -> list[Param]:
-    """w1 (and w3) colwise, w2 rowwise over ``tp`` (1: replicated plain weights)."""
+def _ffn(prefix: str, d: int, hidden: int, gated: bool, tp: int, partial: bool, bias: bool = False) -> list[Param]:
+    """w1 (and w3) colwise, w2 rowwise over ``tp`` (1: replicated plain weights); with ``bias`` the colwise
+    biases split like their rows, w2's bias is replicated (its gradient summed over the sequence shards)."""
     names = ("w1", "w3") if gated else ("w1",)
     params = [_param(f"{prefix}.{n}.weight", (hidden, d), {0: tp}, partial) for n in names]
-    return params + [_param(f"{prefix}.w2.weight", (d, hidden), {1: tp}, partial)]
+    params += [_param(f"{prefix}.{n}.bias", (hidden,), {0: tp}, partial) for n in names if bias]
+    params.append(_param(f"{prefix}.w2.weight", (d, hidden), {1: tp}, partial))
+    return params + ([_param(f"{prefix}.w2.bias", (d,), partial=partial or tp > 1)] if bias else [])
 
 
 def _attention(config: ModelConfig, tp: int) -> list[Param]:
     d, kv = config.d_model, config.kv_heads * config.head_dim
     kv_local = config.kv_heads_per_rank(tp) * config.head_dim
     kv_params = [Param(f"attention.{n}.weight", (kv, d), (kv_local, d), (0,) if tp > 1 else ()) for n in ("wk", "wv")]
-    return (
-        [_param("attention.wq.weight", (d, d), {0: tp})] + kv_params + [_param("attention.wo.weight", (d, d), {1: tp})]
+    params = [_param("attention.wq.weight", (d, d), {0: tp})] + kv_params
+    if config.attention_bias or config.linear_bias:
+        params.append(_param("attention.wq.bias", (d,), {0: tp}))
+        params += [Param(f"attention.{n}.bias", (kv,), (kv_local,), (0,) if tp > 1 else ()) for n in ("wk", "wv")]
+    params.append(_param("attention.wo.weight", (d, d), {1: tp}))
+    return params + ([_param("attention.wo.bias", (d,), partial=tp > 1)] if config.linear_bias else [])
+
+
+def _norm(name: str, config: ModelConfig, partial: bool) -> list[Param]:
+    """RMSNorm's weight, or LayerNorm's weight and bias (``linear_bias``, GPT-2)."""
+    d = config.d_model
+    return [_param(f"{name}.weight", (d,), partial=partial)] + (
+        [_param(f"{name}.bias", (d,), partial=partial)] if config.linear_bias else []
     )
 
 
@@ -135,19 +149,18 @@ def _transformer_block(config: ModelConfig, dims: ParallelDims, moe: bool) -> li
     tp = dims.tp
     sp = config.uses_sequence_parallel(dims)
     d = config.d_model
-    params = [
-        _param("attention_norm.weight", (d,), partial=sp),
-        *_attention(config, tp),
-        _param("ffn_norm.weight", (d,), partial=sp),
-    ]
+    params = [*_norm("attention_norm", config, sp), *_attention(config, tp), *_norm("ffn_norm", config, sp)]
     if not moe:
-        return params + _ffn("feed_forward", d, config.ffn_hidden, config.gated_ffn, tp, partial=False)
+        ffn = _ffn("feed_forward", d, config.ffn_hidden, config.gated_ffn, tp, False, config.linear_bias)
+        return params + ffn
     # router and shared expert (and experts without EP): replicated over tp; with etp == 1 they see
     # only the sequence shard, so their gradients are partial over tp
     partial = tp > 1 and dims.etp == 1
     params.append(_param("feed_forward.router.gate.weight", (config.num_experts, d), partial=partial))
     if config.shared_expert_hidden:
         params += _ffn("feed_forward.shared", d, config.shared_expert_hidden, config.gated_ffn, 1, partial)
+    if config.shared_expert_gate:
+        params.append(_param("feed_forward.shared_gate.weight", (1, d), partial=partial))
     if dims.ep == 1:
         params += [
             dataclasses.replace(p, name=f"feed_forward.experts.{p.name}", partial_over_tp=partial)
@@ -233,9 +246,14 @@ def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
             )
     sp = config.uses_sequence_parallel(dims)
     d, vocab, tp = config.d_model, config.vocab_size, dims.tp
-    root = [
-        _param("tok_embeddings.weight", (vocab, d), {0: tp}),
-        _param("norm.weight", (d,), partial=sp),
-        _param("output.weight", (vocab, d), {0: tp}),
-    ]
+    root = [_param("tok_embeddings.weight", (vocab, d), {0: tp})]
+    if config.position_embeddings:
+        root.append(_param("pos_embeddings.weight", (config.position_embeddings, d), partial=sp))
+    root += _norm("norm", config, sp)
+    root += [] if config.tied_embeddings else [_param("output.weight", (vocab, d), {0: tp})]
     return units + [_unit("root", root, dense, config.param_shard, is_root=True)]
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """Parameters of the whole model (global shapes, every unit once): what a model card calls its size."""
+    return sum(u.global_numel for u in build_units(config, ParallelDims(world_size=1)))

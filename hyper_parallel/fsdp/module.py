@@ -85,7 +85,7 @@ class FullyShardModule(FSDPModule):
         result = super(FSDPModule, self)._apply(*args, **kwargs)  # nn.Module's: FSDPModule's reads FSDP2 state
         with torch.no_grad():
             for group in self._hp_state.groups:
-                group.relink()
+                group.relink(strict=False)
         return result
 
     def unshard(self, async_op: bool = False) -> UnshardHandle | None:

@@ -115,14 +115,16 @@ class ParamGroup:
         self.owns_unsharded_storage = not alias
 
     # ----- the parameters the module holds -----
-    def relink(self) -> None:
+    def relink(self, strict: bool = True) -> None:
         """Take back the parameters the modules hold now, when something replaced or moved them: FSDP2's
         ``reset_sharded_param``, for ``to_empty`` / ``to`` (``nn.Module._apply``) and
         ``load_state_dict(assign=True)`` (meta-device initialisation, torchtune's state-dict broadcast).
 
         The registered parameters' data are copied into a new flat shard on their device and each keeps its
         identity, now a view into that buffer; the compute parameters are rebuilt there. Cheap when nothing
-        changed (one identity and storage check per parameter), so every unshard calls it."""
+        changed (one identity and storage check per parameter), so every unshard calls it. ``strict`` False
+        (from ``_apply``) leaves a group whose parameters are on several devices for the next call: the unit's
+        other modules have not been moved yet."""
         if self.sharded_state is not ShardedState.SHARDED:
             return
         current = [param.registered() for param in self.params]
@@ -138,6 +140,8 @@ class ParamGroup:
         devices = {now._local_tensor.device for now in current}
         dtypes = {now._local_tensor.dtype for now in current}
         if len(devices) > 1 or len(dtypes) > 1:
+            if not strict:  # a unit of several modules that nn.Module._apply has moved only in part so far
+                return
             raise RuntimeError(
                 f"{self.name}: the parameters of one fully_shard group are now on {sorted(map(str, devices))} "
                 f"with dtypes {sorted(map(str, dtypes))}; move or cast the whole module at once "

@@ -14,8 +14,12 @@ keeps the part for the tokens it holds. The gathered keys stay in rank order (no
 softmax over keys is invariant to their order as long as each key keeps its position, so the mask
 is built from the gathered key positions and no reordering copy is needed. ``impl="ring"`` instead
 passes K/V blocks around the ring (cp-1 shifts) with an online (flash-style) softmax; its backward
-shifts the gradients the other way. Memory is not saved here (autograd keeps every block); it shows
-the communication pattern and is checked against the same numbers.
+shifts the gradients the other way. It is a synchronous **emulation** of ring attention: each shift
+is one blocking ``all_to_all_single`` with a single non-empty split each way (send my block to the
+next rank, receive the previous rank's), so it moves exactly a ring's bytes in a ring's cp-1 steps,
+but the transfer of block i+1 does not overlap the attention of block i, and no memory is saved
+(autograd keeps every block's K/V and scores for backward, where a production ring recomputes them).
+It shows the communication pattern and the online softmax, checked against the same numbers.
 
 Every collective goes through ``hyper_parallel.comm``, so it appears in traces on the cp group.
 """

@@ -1,11 +1,19 @@
 """Tensor (+ sequence) parallelism for the mini transformer on ``torch.distributed.tensor.parallel``.
 
-The plan of TorchTitan's llama / pytorch examples ``fsdp_tp_example.py``: attention wq/wk/wv and
-feed-forward w1 colwise, wo and w2 rowwise; embeddings rowwise and the output head colwise. With
-sequence parallelism the residual stream between blocks is sharded along the sequence (dim 1) over
-tp: norms run ``SequenceParallel`` and each block's input is all-gathered by ``PrepareModuleInput``,
-each block's output reduce-scattered by the rowwise layer. Norm weights then get ``Partial``
-gradients over tp, which fully_shard sums over the tp group.
+The plan of TorchTitan's llama and PyTorch's TP tutorial: attention wq/wk/wv and feed-forward w1
+colwise, wo and w2 rowwise; embeddings rowwise and the output head colwise. ``PrepareModuleInput`` on
+``attention`` and ``feed_forward`` hands each block input to its colwise layers as one DTensor, so in
+backward their partial input gradients are summed locally and reduced once per block input (Megatron's
+f operator): without SP one all-reduce, with SP one reduce-scatter. Without that, each colwise layer
+would turn the plain tensor into a DTensor of its own and all-reduce its own input gradient (wq, wk,
+wv, w1: 4 per layer instead of 2).
+
+With sequence parallelism the residual stream between blocks is sharded along the sequence (dim 1)
+over tp: norms run ``SequenceParallel``, each block's input is all-gathered by ``PrepareModuleInput``,
+each block's output reduce-scattered by the rowwise layer. An all-reduce is a reduce-scatter plus an
+all-gather, so TP and TP+SP put the same bytes on the wire; SP saves activation memory (norms and
+residuals hold 1/tp of the sequence). Norm weights then get ``Partial`` gradients over tp, which
+fully_shard sums over the tp group.
 """
 
 from __future__ import annotations
@@ -59,19 +67,15 @@ def parallelize_transformer_tp(
         if sequence_parallel:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-            plan["attention"] = PrepareModuleInput(
-                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        plan["attention"] = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
+        if isinstance(layer.feed_forward, FeedForward):
+            plan["feed_forward"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+        elif sequence_parallel:  # a MoE computes on local tensors
+            plan["feed_forward"] = PrepareModuleInput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate() if moe_tokens_replicated else Shard(1),),
+                use_local_output=True,
             )
-            if isinstance(layer.feed_forward, FeedForward):
-                plan["feed_forward"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                )
-            else:  # a MoE computes on local tensors
-                plan["feed_forward"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),),
-                    desired_input_layouts=(Replicate() if moe_tokens_replicated else Shard(1),),
-                    use_local_output=True,
-                )
         parallelize_module(layer, tp_mesh, plan)
         if sequence_parallel and moe_tokens_replicated and not isinstance(layer.feed_forward, FeedForward):
             parallelize_module(
@@ -85,7 +89,9 @@ def parallelize_transformer_tp(
 def count_tp_collectives_per_block(sequence_parallel: bool) -> dict[str, int]:
     """Hand-derived TP communication of one dense block in forward (for tests and figures):
     without SP each rowwise layer all-reduces its output; with SP each block input is all-gathered
-    (attention, feed-forward) and each rowwise output reduce-scattered."""
+    (attention, feed-forward) and each rowwise output reduce-scattered. Backward mirrors it: without SP
+    one all-reduce per block input, with SP one reduce-scatter per block input and one all-gather per
+    block output gradient."""
     if sequence_parallel:
         return {"all_gather": 2, "reduce_scatter": 2}
     return {"all_reduce": 2}

@@ -7,8 +7,12 @@ before attention one all-to-all turns "my tokens, all my heads" into "all tokens
 each rank then runs ordinary attention over the whole sequence for its heads, and the inverse
 all-to-all turns the output back into sequence shards. Each rank sends (cp-1)/cp of four activations
 of its own tokens (q, k, v, out) per direction: per rank that falls as 1/cp, while K/V all-gather
-stays near the size of K and V of the whole sequence. The price is a head constraint: ``n_heads``
-(per tp rank) must split over cp, so ``n_heads % (tp * cp) == 0`` (``ParallelDims.check_model``).
+stays near the size of K and V of the whole sequence. The prices: whole heads per rank, so ``n_heads``
+(per tp rank) must split over cp, ``n_heads % (tp * cp) == 0`` (``ParallelDims.check_model``): cp is
+capped by the head count; under GQA the few K/V heads must split over cp as well; and an all-to-all
+needs every cp rank to reach every other at full speed (a uniform fabric, in practice inside a node),
+where a ring needs only neighbours. Score memory is not one of them: (heads/cp) x S x S per rank is
+what K/V all-gather holds too, heads x (S/cp) x S.
 
 Why CP's load-balanced chunks. Ulysses does not need them (every rank attends over the whole
 sequence), but keeping CP's token layout (rank i holds chunks i and 2cp-1-i) means the data loading,

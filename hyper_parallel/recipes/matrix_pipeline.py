@@ -10,8 +10,8 @@ PIPELINE_ROWS: list[dict] = [
         name="P1",
         title="pipeline (1F1B) x FSDP",
         description="The transformer cut by layers into pp stages on torch.distributed.pipelining; each stage "
-        "is fully_shard over its own (dp_replicate, fsdp) ranks. Schedule1F1B: after pp-1 warm-up "
-        "forwards each rank alternates one forward, one backward; activations and their gradients "
+        "is fully_shard over its own (dp_replicate, fsdp) ranks. Schedule1F1B: stage s runs pp-1-s warm-up "
+        "forwards (the last stage none), then alternates one forward, one backward; activations and their gradients "
         "cross stages by send/recv, 4 microbatches per step.",
         matrix_row="P1 | dense | TP 1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP 0 | ETP 0 | PP >1, 1F1B, n_layers % pp | mini transformer (4 layers)",
         tier="l1",

@@ -150,7 +150,8 @@ def pipeline_workload(
 ) -> Workload:
     """TP (without SP) on the whole model, EP on its MoE layers, then the cut into this rank's stages and
     fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage
-    module the root when it holds the embedding or the head."""
+    module the root (holding the embedding or the head, if any), so that torch's schedule sees an FSDPModule
+    and turns gradient sync off until the step's last microbatch."""
     torch.manual_seed(seed)
     model = Transformer(config)
     reference = copy.deepcopy(model)
@@ -169,8 +170,7 @@ def pipeline_workload(
                 experts = fully_shard(layer.feed_forward.experts, mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP])
                 experts.set_gradient_divide_factor(dims.dp_cp)
             fully_shard(layer, mesh=fsdp_mesh)
-        if stage.first or stage.last:
-            fully_shard(stage, mesh=fsdp_mesh)
+        fully_shard(stage, mesh=fsdp_mesh)  # the stage an FSDPModule: torch's schedule reduces once per step
     microbatches = int(os.environ.get(MICROBATCHES_ENV, MICROBATCHES))
     dims.check_model(
         global_batch=GLOBAL_BATCH, n_layers=config.n_layers, microbatches=microbatches, stages_per_rank=stages_per_rank

@@ -85,3 +85,16 @@ def get(name: str) -> Recipe:
     if name.upper() not in by_key:
         raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
     return by_key[name.upper()]
+
+
+def markdown_table() -> str:
+    """The matrix as the Markdown table docs/recipes.md shows (tests/test_docs.py keeps the two equal)."""
+    rows = ["| recipe | tier | what | default ranks: dims | constraints |", "|---|---|---|---|---|"]
+    for recipe in RECIPES.values():
+        degrees = {k: v for k, v in recipe.default.items() if k != "world_size" and v != 1}
+        dims = " x ".join(f"{k}={v}" for k, v in degrees.items()) or "-"
+        rows.append(
+            f"| {recipe.name} | {recipe.tier or '-'} | {recipe.title} | {recipe.default['world_size']}: {dims} "
+            f"| {recipe.constraints() or '-'} |"
+        )
+    return "\n".join(rows)

@@ -19,6 +19,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from hyper_parallel import trace
+from hyper_parallel.recipes.activation_memory import SavedActivations
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -56,11 +57,13 @@ def train_and_compare(
     optimizer = torch.optim.SGD(model.parameters(), lr=workload.lr)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=workload.lr) if rank == 0 else None
     losses, ref_losses, step_times = [], [], []
+    saved = SavedActivations(model)
     for step in range(steps):
         trace.set_step(step)
         start = time.perf_counter()
         with trace_torch_collectives():
-            loss = workload.loss_fn(model(*workload.inputs), workload.targets)
+            with saved.measure():
+                loss = workload.loss_fn(model(*workload.inputs), workload.targets)
             loss.backward()
             trace.set_phase("optimizer")
             optimizer.step()
@@ -100,5 +103,6 @@ def train_and_compare(
         "mismatched_params": mismatched,
         "ok": losses_ok and not mismatched,
         "step_times": step_times,
+        "saved_activation_bytes": saved.bytes,  # rank 0, last step (recipes.activation_memory)
         "notes": workload.notes,
     }

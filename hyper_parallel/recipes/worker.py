@@ -1,8 +1,10 @@
 """Entry point of every torchrun worker: ``python -m hyper_parallel.recipes.worker --recipe M4 ...``.
 
 Builds the meshes, applies the recipe, trains next to the single-process reference and writes into
-the run directory: ``trace_rank{r}.json`` from every rank and ``metrics.json`` from rank 0. Rank 0
-prints one ``[progress] {...}`` JSON line per step for the launcher's progress bar.
+the run directory (``--out``, on the node of each rank): ``trace_rank{r}.json`` from every rank and
+``metrics.json`` from rank 0. Rank 0 prints one ``[progress] {...}`` JSON line per step for the
+launcher's progress bar. Rank 0 exits with ``EXIT_MISMATCH`` when a run did not match its reference,
+so a cluster job (Slurm, Kubernetes) fails on wrong numbers instead of reporting success.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hyper_parallel.mesh_views import build_mesh
 from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.training import train_and_compare
-from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX, trace_path
+from hyper_parallel.run_files import EXIT_MISMATCH, METRICS_FILE, PROGRESS_PREFIX, trace_path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -52,8 +54,10 @@ def _load(implementation: str):
     return getattr(importlib.import_module(module_name), function)
 
 
-def run_one(spec: dict, device_type: str) -> None:
-    """Build, train and check one recipe run; write its trace (every rank) and metrics (rank 0)."""
+def run_one(spec: dict, device_type: str) -> bool:
+    """Build, train and check one recipe run; write its trace (every rank) and metrics (rank 0).
+
+    Whether it matched its reference (rank 0 knows; the other ranks return True)."""
     rank = dist.get_rank()
     recipe = registry.get(spec["recipe"])
     dims = recipe.validate(world_size=dist.get_world_size(), **spec["degrees"])
@@ -85,7 +89,8 @@ def run_one(spec: dict, device_type: str) -> None:
             "steps": spec["steps"],
             "seed": spec["seed"],
             "overlap": next(
-                (m._hp_state.overlap for m in workload.model.modules() if isinstance(m, FullyShardModule)), None
+                (m._hp_state.settings.overlap for m in workload.model.modules() if isinstance(m, FullyShardModule)),
+                None,
             ),
             "backend": dist.get_backend(),
             "units": describe_units(workload.model),
@@ -97,6 +102,8 @@ def run_one(spec: dict, device_type: str) -> None:
             f"max |param - reference| = {metrics['max_param_diff']:.3g}, ok={metrics['ok']}",
             flush=True,
         )
+        return bool(metrics["ok"])
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,12 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
+    matched = []
     try:
         for spec in specs:
-            run_one(spec, "cuda" if use_cuda else "cpu")
+            matched.append(run_one(spec, "cuda" if use_cuda else "cpu"))
             dist.barrier()
     finally:
         dist.destroy_process_group()
+    if not all(matched):
+        print(f"{matched.count(False)} of {len(matched)} run(s) did not match the reference", file=sys.stderr)
+        return EXIT_MISMATCH
     return 0
 
 

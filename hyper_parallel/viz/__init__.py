@@ -35,7 +35,7 @@ from hyper_parallel.viz.placements import (
     representative_param,
 )
 from hyper_parallel.viz.style import rank_color
-from hyper_parallel.viz.timeline import clock_offsets, timeline
+from hyper_parallel.viz.timeline import clock_offsets, timeline, timeline_notes
 from hyper_parallel.viz.volume import (
     comm_volume,
     theoretical_bytes,
@@ -67,6 +67,7 @@ __all__ = [
     "save",
     "theoretical_bytes",
     "timeline",
+    "timeline_notes",
     "wire_bytes",
     "wire_factor",
 ]

@@ -150,7 +150,10 @@ def _draw_split(ax, style: str) -> str:
     if style == "tp":
         _tensor(ax, 0, 0.6, 4, 4, lambda r, c: r // 2, "wq/wk/wv/w1 colwise: S(0)", 2)
         _tensor(ax, 2.6, 0.6, 4, 4, lambda r, c: c // 2, "wo/w2 rowwise: S(1)", 2)
-        return "colwise layers split output features, rowwise ones input features: partial sums, all-reduced"
+        return (
+            "colwise layers split output features, rowwise ones input features: partial sums, all-reduced; "
+            "in backward one all-reduce per block input"
+        )
     if style == "sp":
         _tensor(ax, 0, 0.6, 4, 2, lambda r, c: r // 2, "between blocks: sequence split", 2)
         _tensor(ax, 1.8, 0.6, 4, 2, lambda r, c: both, "inside a block: whole sequence", 2)

@@ -133,7 +133,9 @@ def ideal_schedule(
                 bwd.append(Slot("backward", "w2 output gradient", "all_gather", "tp"))
             bwd.append(Slot("backward", f"feed-forward {layer}"))
             if tp:
-                bwd.append(Slot("backward", "w1 input gradient", "reduce_scatter" if sp else "all_reduce", "tp"))
+                bwd.append(
+                    Slot("backward", "feed-forward input gradient", "reduce_scatter" if sp else "all_reduce", "tp")
+                )
         if model == "mlp":
             bwd.append(Slot("backward", name))
         else:
@@ -142,12 +144,8 @@ def ideal_schedule(
             bwd.append(Slot("backward", f"attention {layer}"))
             if cp:
                 bwd.append(Slot("backward", "K/V gradients back to their chunks", "reduce_scatter", "cp"))
-            if tp:
-                bwd += (
-                    [Slot("backward", "wq/wk/wv input gradient", "reduce_scatter", "tp")]
-                    if sp
-                    else [Slot("backward", f"{w} input gradient", "all_reduce", "tp") for w in ("wq", "wk", "wv")]
-                )
+            if tp:  # wq, wk, wv's partial input gradients summed first: one collective per block input
+                bwd.append(Slot("backward", "attention input gradient", "reduce_scatter" if sp else "all_reduce", "tp"))
         unit_grads(name)
     if root:
         if sp:

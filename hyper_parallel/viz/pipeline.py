@@ -46,6 +46,12 @@ def measured_bubble(traces: Traces, step: int) -> dict[int, float]:
     return {rank: 1.0 - sum(e["t_end"] - e["t_start"] for e in evs) / (end - start) for rank, evs in events.items()}
 
 
+def row_label(rank: int, events: list[dict]) -> str:
+    """ "stage s · rank r" (the text speaks in stages, the trace in ranks); interleaved "stages 0, 2 · rank r"."""
+    stages = sorted({e["stage"] for e in events})
+    return f"stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))} · rank {rank}"
+
+
 def pipeline_schedule(
     traces: Traces,
     step: int = 1,
@@ -76,12 +82,16 @@ def pipeline_schedule(
             label = str(e["microbatch"]) if stages_per_rank == 1 else f"{e['microbatch']}s{e['stage']}"
             ax.text(x + width / 2, row, label, ha="center", va="center", fontsize=7, color="white", clip_on=True)
         ax.text(span * 1e3 * 1.01, row, f"idle {bubble[rank]:.0%}", va="center", fontsize=8)
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_yticks(range(len(ranks)), [row_label(r, events[r]) for r in ranks])
     ax.invert_yaxis()
     ax.set_xlim(0, span * 1e3 * 1.12)
     ax.set_xlabel("ms since the step's first action")
-    ax.legend(
-        handles=[Patch(color=c, label=a) for a, c in ACTION_COLORS.items()], loc="upper right", fontsize=8, ncol=2
+    ax.legend(  # outside the axes: it never covers a bar
+        handles=[Patch(color=c, label=a) for a, c in ACTION_COLORS.items()],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        frameon=False,
     )
     mean = sum(bubble.values()) / len(bubble)
     text = f"measured bubble {mean:.0%} (mean over ranks)"

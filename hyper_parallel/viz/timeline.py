@@ -143,15 +143,22 @@ def timeline(
     degrees=None,
     label_modules: bool = True,
     align: bool = True,
+    ranks: str | list[int] | tuple[int, ...] | None = None,
 ) -> Figure:
-    """Every rank's collectives of one step (default: the last) against time.
+    """The collectives of one step (default: the last) against time, for rank 0 and one peer by default.
 
-    One row per rank (``by_group=True``: one row per rank and group; None: split when there are
-    several groups and at most 32 rows). A bar spans t_start..t_end (ms from the step's first event,
+    ``ranks``: which ranks get rows (None: ``default_ranks``, rank 0 and the next rank; ``"all"``: every
+    rank). On a 2-core machine extra rows mostly show ranks waiting for a core, not the lesson; the
+    clocks are still aligned with every rank's trace. One row per rank (``by_group=True``: one row per
+    rank and group; None: split when there are several groups and at most 32 rows). A bar spans t_start..t_end (ms from the step's first event,
     at least ``MIN_BAR`` of the step wide), its colour is the op, its hatch the group; the background
     of each row is shaded by phase (forward / backward / optimizer). Collective bars have
     ``gid="collective"``; ``label_modules`` writes the fully_shard unit over rank 0's bars.
     ``align`` corrects the ranks' clock offsets first (``clock_offsets``).
+
+    The figure carries a one-line title and the legend below the axes; what is too long for a title
+    (rank 0's counts, how the clocks were aligned, which bars are widened) is in ``fig.notes``, a list
+    of sentences a notebook prints in its Markdown or output where it wants them (``timeline_notes``).
     """
     offsets = clock_offsets(traces) if align else {}
     if align:
@@ -163,8 +170,10 @@ def timeline(
     if step not in steps:
         raise ValueError(f"no collectives in step {step}; steps with collectives: {steps}")
     chosen = collectives(traces, step)
+    all_ranks = sorted(traces)
+    ranks = _chosen_ranks(all_ranks, ranks)
+    chosen = [(r, e) for r, e in chosen if r in ranks]
     groups = sorted({e["group"] for _, e in chosen}, key=lambda g: (g not in ("fsdp", "efsdp"), g))
-    ranks = sorted(traces)
     if by_group is None:
         by_group = len(groups) > 1 and len(ranks) * len(groups) <= 32
     lanes = [(r, g) for r in ranks for g in groups] if by_group else [(r, None) for r in ranks]
@@ -177,7 +186,7 @@ def timeline(
     def ms(t):
         return (t - t0) * 1e3
 
-    fig = new_figure(13, 1.9 + 0.3 * len(lanes) + (0.3 if by_group else 0))
+    fig = new_figure(13, 2.6 + 0.3 * len(lanes) + (0.3 if by_group else 0))
     ax = fig.add_subplot()
     ax.set_label("timeline")
     for r in ranks:
@@ -294,30 +303,65 @@ def timeline(
             Patch(facecolor="#1f77b4", alpha=IN_FLIGHT_ALPHA, label="in flight, not yet waited for"),
         ]
     fig.legend(
-        handles=handles, loc="outside right upper", fontsize=8, title="colour = op, hatch = group", title_fontsize=8
+        handles=handles,
+        loc="outside lower center",
+        ncols=min(len(handles), 6),
+        fontsize=8,
+        title="colour = op, hatch = group",
+        title_fontsize=8,
     )
     counts = ", ".join(f"{sum(e['op'] == op for r, e in chosen if r == ranks[0])} {OP_SHORT[op]}" for op in ops)
     shift = max((abs(v) for v in offsets.values()), default=0.0) * 1e3
-    clocks = (
-        (
-            f"clocks aligned on the ends of synchronous collectives (largest correction {shift:.1f} ms): a "
-            "collective ends together on its ranks, and starts when each rank arrives"
-        )
-        if align
-        else "raw clocks"
-    )
     exposed = ""
     if computing:
-        per_rank = exposure(traces, step)
+        per_rank = exposure({r: traces[r] for r in ranks}, step)
         exposed = "\nexposed / in-flight communication: " + ", ".join(
-            f"r{r} {v['exposed'] * 1e3:.1f}/{v['in_flight'] * 1e3:.1f} ms" for r, v in list(per_rank.items())[:8]
+            f"r{r} {v['exposed'] * 1e3:.1f}/{v['in_flight'] * 1e3:.1f} ms" for r, v in per_rank.items()
         )
+    shown = "" if ranks == all_ranks else f", ranks {', '.join(map(str, ranks))} of {len(all_ranks)}"
     fig.suptitle(
-        title(f"{'Compute and c' if computing else 'C'}ollectives per rank, step {step}", recipe, degrees)
-        + f"\nrank 0: {counts}{exposed}\n{clocks}; bars under {MIN_BAR:.1%} of the step are widened and outlined",
+        title(f"{'Compute and c' if computing else 'C'}ollectives, step {step}{shown}", recipe, degrees) + exposed,
         fontsize=10,
     )
+    fig.notes = [
+        f"rank {ranks[0]} in step {step}: {counts}.",
+        (
+            f"Clocks aligned on the ends of synchronous collectives (largest correction {shift:.1f} ms): a "
+            "collective ends together on its ranks and starts when each rank arrives."
+        )
+        if align
+        else "Raw clocks (not aligned).",
+        f"Bars under {MIN_BAR:.1%} of the step are widened and outlined so they stay visible.",
+    ]
+    if ranks != all_ranks:
+        fig.notes.append(
+            f'Drawn: ranks {", ".join(map(str, ranks))} of {len(all_ranks)}; `ranks="all"` draws every rank '
+            "(on 2 cores the other rows mostly show ranks waiting for a core)."
+        )
     return fig
+
+
+def default_ranks(all_ranks: list[int]) -> list[int]:
+    """Rank 0 and one peer (the next rank): enough to see a collective start when each rank arrives."""
+    return all_ranks[:2]
+
+
+def _chosen_ranks(all_ranks: list[int], ranks) -> list[int]:
+    if ranks is None:
+        return default_ranks(all_ranks)
+    if ranks == "all":
+        return all_ranks
+    if isinstance(ranks, str):
+        raise ValueError(f"ranks must be None, 'all' or a list of ranks, got {ranks!r}")
+    missing = sorted(set(ranks) - set(all_ranks))
+    if missing or not ranks:
+        raise ValueError(f"ranks {sorted(ranks)} are not all in the traces (ranks there: {all_ranks})")
+    return sorted(set(ranks))
+
+
+def timeline_notes(fig: Figure) -> str:
+    """The timeline's notes (``fig.notes``) as Markdown bullets, for the cell that shows the figure."""
+    return "\n".join(f"* {note}" for note in getattr(fig, "notes", []))
 
 
 def _label_units(ax, events, ms, span) -> None:

@@ -14,6 +14,7 @@ import io
 import json
 
 from hyper_parallel.cost_model import ModelConfig
+from hyper_parallel.cost_model.assumptions import assumptions
 from hyper_parallel.cost_model.hardware import Hardware
 from hyper_parallel.cost_model.layouts import GIB
 from hyper_parallel.cost_model.review import RESOLUTION, CandidateReview
@@ -113,9 +114,10 @@ def explanation(reviews: list[CandidateReview], hardware: Hardware) -> str:
     """A paragraph a reviewer can paste: the common compute, then per candidate what bounds its step."""
     first = reviews[0].step
     parts = [
-        f"Every candidate does the same {first.flops.total / 1e12:.0f} TFLOP per rank per step "
-        f"({first.fast.compute:.2f}-{first.slow.compute:.2f} s of compute at "
-        f"{hardware.efficiency[0]:.0%}-{hardware.efficiency[1]:.0%} of {hardware.peak_tflops:g} TFLOPS)."
+        f"The first candidate does {first.flops.total / 1e12:.0f} TFLOP per rank per step in "
+        f"{first.middle.compute:.2f} s of compute ({first.fast.compute:.2f}-{first.slow.compute:.2f} s), timed "
+        f"from its GEMM shapes, attention and memory-bound work on {hardware.peak_tflops:g} TFLOPS GPUs; "
+        "the others' compute differs with their shapes."
     ]
     for r in sorted(reviews, key=lambda r: (r.rank, r.step.seconds)):
         s, m = r.step.middle, r.cost.memory
@@ -176,6 +178,7 @@ def to_markdown(
     ]
     for r in reviews:
         out += [f"#### {r.label}", "", _by_group(r) + ".", "", _table_md(GROUP_HEADER, group_rows(r)), ""]
+    out += ["#### Assumptions", "", *(f"- {line}" for line in assumptions(config, hardware)), ""]
     return "\n".join(out)
 
 
@@ -191,6 +194,7 @@ def to_text(
     ]
     for r in reviews:
         out += ["", f"{r.label}: {_by_group(r)}", _table_text(GROUP_HEADER, group_rows(r))]
+    out += ["", "assumptions:", *(f"  - {line}" for line in assumptions(config, hardware))]
     return "\n".join(out)
 
 
@@ -209,7 +213,8 @@ def to_json(
         "precision": config.precision.name,
         "world_size": world_size,
         "gpus_per_node": gpus_per_node,
-        "hardware": hardware.__dict__ | {"efficiency": list(hardware.efficiency)},
+        "hardware": dict(hardware.__dict__),
+        "assumptions": assumptions(config, hardware),
         "memory_budget_bytes": hardware.budget_bytes,
         "resolution": RESOLUTION,
         "candidates": candidates,
@@ -217,9 +222,11 @@ def to_json(
     }
 
 
-def to_csv(reviews: list[CandidateReview]) -> str:
-    """One row per candidate, exact values; per-group seconds as ``exposed_s:GROUP`` / ``hidden_s:GROUP``."""
+def to_csv(reviews: list[CandidateReview], config: ModelConfig | None = None, hardware: Hardware | None = None) -> str:
+    """One row per candidate, exact values; per-group seconds as ``exposed_s:GROUP`` / ``hidden_s:GROUP``; the
+    last column, ``assumptions``, carries the assumptions and calibration sources (joined by ' | ')."""
     rows = [r.row() for r in reviews]
+    notes = " | ".join(assumptions(config, hardware)) if config is not None and hardware is not None else ""
     groups = sorted({g for row in rows for g in row["exposed_by_group_s"]})
     flat = []
     for row in rows:
@@ -227,6 +234,8 @@ def to_csv(reviews: list[CandidateReview]) -> str:
         row["warnings"] = " | ".join(row["warnings"])
         row |= {f"exposed_s:{g}": exposed.get(g, 0.0) for g in groups}
         row |= {f"hidden_s:{g}": hidden.get(g, 0.0) for g in groups}
+        row["stage_memory_bytes"] = " ".join(str(b) for b in row["stage_memory_bytes"])
+        row["assumptions"] = notes
         flat.append(row)
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(flat[0]), lineterminator="\n")
@@ -244,7 +253,7 @@ def render(
     gpus_per_node: int,
 ) -> str:
     if fmt == "csv":
-        return to_csv(reviews)
+        return to_csv(reviews, config, hardware)
     if fmt == "json":
         return json.dumps(to_json(reviews, config, hardware, world_size, gpus_per_node), indent=1)
     writer = {"md": to_markdown, "text": to_text}[fmt]
@@ -298,12 +307,13 @@ def to_html(
 <section><h2>Comparison</h2>{table(SUMMARY_HEADER, summary_rows(reviews))}
 <p>{esc(explanation(reviews, hardware))}</p>
 <figure><img alt="step time against memory per candidate" src="{image}"><figcaption><b>Candidates.</b> Step time
-(the bar: compute at {hardware.efficiency[0]:.0%}-{hardware.efficiency[1]:.0%} of peak) against memory per rank;
+(the bar: the step's range, +-{hardware.band:.0%} of its compute) against memory per rank;
 the green line joins the Pareto front within the budget.</figcaption></figure></section>
 <section><h2>Per candidate</h2>{"".join(sections)}</section>
 <section><h2>Model</h2><p class="note">FLOPs: hyper_parallel.cost_model.compute; overlap and step time:
 hyper_parallel.cost_model.step_time; memory: hyper_parallel.cost_model.memory (sharded state exact, activations
 estimated); bytes per collective: hyper_parallel.cost_model.communication.</p>
+<ul>{"".join(f"<li>{esc(line)}</li>" for line in assumptions(config, hardware))}</ul>
 <pre>{esc(command)}</pre></section>
 </main><footer>generated {stamp} by python -m launch plan --layouts</footer></body></html>
 """

@@ -68,7 +68,11 @@ class DegreePicker(widgets.VBox):
         preview: bool = True,
         **degrees: int,
     ) -> None:
-        spec = registry.get(recipe)
+        from launch import inputs  # the same rules as launch.run and the CLI
+
+        spec = registry.get(inputs.recipe_name(recipe))
+        steps = None if steps is None else inputs.steps(steps)
+        inputs.positive_int(max_world_size, "max_world_size")
         names = [registry.get(name).name for name in (recipes or [spec.name])]
         if spec.name not in names:
             names.insert(0, spec.name)

@@ -3,6 +3,7 @@
     widget = PlanWidget("llama-8b-like", world_size=4096, dp_replicate=8, cp=2, tp=16)   # display it
     widget.degrees, widget.dims, widget.error, widget.cost, widget.command, widget.figure
     widget.set(tp=8)            # what the selectors do
+    PlanWidget(model_config="config.json", world_size=512)   # your own model's Hugging Face config.json
 
 The degree selectors offer only values that occur in a valid layout of the chosen model and world size
 (``cost_model.layouts.candidate_layouts``, i.e. ``valid_choices``, screened by the model's shape rules);
@@ -17,7 +18,7 @@ import html
 
 import ipywidgets as widgets
 
-from hyper_parallel.cost_model import CLI_MODELS, CostEstimate, ModelConfig, estimate, get_model
+from hyper_parallel.cost_model import CLI_MODELS, CostEstimate, ModelConfig, estimate, get_model, load_model_config
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.layouts import candidate_layouts, nearest_valid, nodes_spanned
 from hyper_parallel.cost_model.step_time import estimate_step
@@ -48,12 +49,18 @@ class PlanWidget(widgets.VBox):
         world_size: int = 4096,
         gpus_per_node: int = 8,
         memory_gib: float = 80.0,
+        model_config: str | None = None,
         **degrees: int,
     ) -> None:
         unknown = set(degrees) - set(DEGREES)
         if unknown:
             raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {', '.join(DEGREES)}")
         self.memory_gib = memory_gib
+        self._own_models = {}  # name -> ModelConfig read from a config.json (cost_model.load_model_config)
+        if model_config is not None:
+            own = load_model_config(model_config)
+            self._own_models[own.name] = own
+            model = own.name
         self._layouts: dict[tuple[str, int], list[ParallelDims]] = {}
         self._updating = False
         self._suggestion: dict[str, int] = {}
@@ -63,7 +70,9 @@ class PlanWidget(widgets.VBox):
         self.step = None  # the step-time estimate (cost_model.step_time) of a valid layout
         self.command, self.figure = "", None
         style = {"description_width": "initial"}
-        self.model_selector = widgets.Dropdown(options=CLI_MODELS, value=model, description="model", style=style)
+        self.model_selector = widgets.Dropdown(
+            options=(*self._own_models, *CLI_MODELS), value=model, description="model", style=style
+        )
         self.world_selector = widgets.Dropdown(
             options=sorted(set(WORLD_SIZES) | {world_size}),
             value=world_size,
@@ -116,7 +125,8 @@ class PlanWidget(widgets.VBox):
     # ------------------------------------------------------------------ public API
     @property
     def config(self) -> ModelConfig:
-        return get_model(self.model_selector.value)
+        name = self.model_selector.value
+        return self._own_models[name] if name in self._own_models else get_model(name)
 
     @property
     def degrees(self) -> dict[str, int]:

@@ -1,0 +1,119 @@
+"""Every bad input the reliability review found handled badly is refused before anything starts:
+exit status 2 and ``error: <rule>`` from the CLI, ``ValueError`` naming the rule from Python and the
+magic (``launch.inputs``, one validation layer). Nothing here starts a worker: the pool and torchrun
+are replaced by a stub that fails the test if it is reached.
+
+(``plan``'s own flags -- ``--seq-len``, ``--batch``, ``--top`` -- are checked by tests/test_plan.py.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import pytest
+
+import launch
+from launch import cli, inputs, magic
+from launch.pool import Pool
+
+
+@pytest.fixture(autouse=True)
+def nothing_starts(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a bad input reached a launch: {args[:2]}")
+
+    monkeypatch.setattr(Pool, "_start", refuse)
+    monkeypatch.setattr("launch.runner.torchrun_claimed", refuse)
+    monkeypatch.setattr("launch.supervisor._launch", refuse)
+
+
+CLI_CASES = [
+    (["command", "M4", "--dp-shard", "4", "--nnodes", "-2", "--nproc-per-node", "-2"], "--nnodes must be"),
+    (["command", "M4", "--dp-shard", "4", "--nnodes", "2", "--nproc-per-node", "2", "--steps", "0"], "steps must be"),
+    (["command", "M4", "--dp-shard", "4", "--nnodes", "2", "--nproc-per-node", "2", "--steps", "-3"], "steps must be"),
+    (["command", "M4", "--dp-shard", "4", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", "noport"],
+     "HOST:PORT"),
+    (["run", "M4", "--timeout", "-5"], "timeout must be a positive number"),
+    (["run", "M4", "--timeout", "0"], "timeout must be a positive number"),
+    (["run", "M4", "--timeout", "nan"], "timeout must be a positive number"),
+    (["run", "M4", "--out", "/dev/null"], "exists and is not a directory"),
+    (["run", "M4", "--steps", "0"], "steps must be"),
+    (["run", "M4", "--dp-shard", "100000"], "must divide 16: choose dp_replicate\\*dp_shard from \\[1, 2, 4, 8, 16\\]"),
+    (["run", "M4", "--world", "3", "--dp-shard", "-1"], "must divide 16"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, rule", CLI_CASES, ids=[" ".join(a) for a, _ in CLI_CASES])
+def test_the_cli_exits_2_with_the_rule(argv, rule, capsys):
+    assert cli.main(argv) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert re.search(rule, err), err
+
+
+def test_a_degree_flag_given_twice_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["run", "M4", "--dp-shard", "2", "--dp-shard", "4"])
+    assert exit.value.code == 2 and "--dp-shard given twice" in capsys.readouterr().err
+
+
+PYTHON_CASES = [
+    ({"recipe": None}, "recipe must be a recipe name"),
+    ({"steps": 2.5}, "steps must be a whole number"),
+    ({"steps": "3"}, "steps must be a whole number"),
+    ({"steps": True}, "steps must be a whole number"),
+    ({"seed": "x"}, "seed must be a whole number"),
+    ({"seed": 1.5}, "seed must be a whole number"),
+    ({"timeout": -5}, "timeout must be a positive number"),
+    ({"timeout": 0}, "timeout must be a positive number"),
+    ({"timeout": math.nan}, "timeout must be a positive number"),
+    ({"timeout": -5, "pool": False}, "timeout must be a positive number"),
+    ({"timeout": math.nan, "pool": False}, "timeout must be a positive number"),
+    ({"out": "/dev/null"}, "exists and is not a directory"),
+    ({"world_size": 3}, "must divide 16"),
+    ({"world_size": 10000}, "must divide 16"),
+]
+
+
+@pytest.mark.parametrize("given, rule", PYTHON_CASES, ids=[repr(g) for g, _ in PYTHON_CASES])
+def test_launch_run_raises_value_error_with_the_rule(given, rule):
+    given = dict(given)
+    recipe = given.pop("recipe", "M4")
+    with pytest.raises(ValueError, match=rule):
+        launch.run(recipe, **given)
+
+
+MAGIC_CASES = [
+    ("-n 2 --timeout -5", "1", "--timeout must be a positive number"),
+    ("-n 2 --timeout 0", "1", "--timeout must be a positive number"),
+    ("-n 2 --timeout nan", "1", "--timeout must be a positive number"),
+    ("-n 10000", "1", "more ranks than this machine can run"),
+    ("-n 2 --out 'not a name'", "1", "--out must be a Python variable name"),
+    ("-n 2 --send d", "1", "dict key 1 is not a string"),
+    ("-n 2", "x = (", "SyntaxError"),
+]
+
+
+@pytest.mark.parametrize("line, cell, rule", MAGIC_CASES, ids=[f"{line} | {cell}" for line, cell, _ in MAGIC_CASES])
+def test_the_magic_shows_the_rule_and_starts_nothing(line, cell, rule, capsys, monkeypatch):
+    monkeypatch.setattr(magic, "_user_namespace", lambda: {"d": {1: "a"}})
+    assert magic.torchrun_magic(line, cell) is None
+    assert rule in capsys.readouterr().err
+
+
+def test_the_rank_cap_follows_the_cores_and_can_be_raised(monkeypatch):
+    cap = (os.cpu_count() or 1) * inputs.RANKS_PER_CORE
+    assert inputs.rank_count(cap) == cap
+    with pytest.raises(ValueError, match=f"set {inputs.MAX_RANKS_ENV}={cap + 1}"):
+        inputs.rank_count(cap + 1)
+    monkeypatch.setenv(inputs.MAX_RANKS_ENV, str(cap + 1))
+    assert inputs.rank_count(cap + 1) == cap + 1
+
+
+@pytest.mark.parametrize("value", [0, -1, math.nan, "3", True, None])
+def test_one_timeout_rule_everywhere(value):
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        inputs.timeout(value)
+    assert inputs.timeout(math.inf) == math.inf and inputs.timeout(2) == 2.0
