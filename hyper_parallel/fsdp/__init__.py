@@ -1,6 +1,8 @@
 """The extended fully_shard, laid out like torch.distributed.fsdp._fully_shard:
-api (entry point) / module (the methods a managed module gains) / roles (mesh dims) / param (one
-layout per parameter) / param_group (bucketed collectives) / state (forward and backward hooks)."""
+api (entry point) / layouts (which parameters, where) / roles (mesh dims) / param (one layout per parameter) /
+param_group (one flat buffer per dtype: gather, reshard, start a reduction) / reduction (what is reduced, sums
+across micro-steps, the reduction in flight) / step (training states, per-unit progress) / state (the hooks of
+one step) / module (torch's FSDPModule surface) / torch_interop (what torch's pipelining reads) / state_dict."""
 
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp.api import fully_shard
