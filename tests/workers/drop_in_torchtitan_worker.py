@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torchtitan.distributed.fsdp as titan_fsdp
 import torchtitan.distributed.parallel_dims as titan_parallel_dims
+from case_runner import run_cases
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 from torch.distributed.tensor import DTensor
@@ -214,18 +213,8 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
-    names = list(CASES) if args.cases == "all" else args.cases.split(",")
-    results = {}
-    for name in names:
-        try:
-            results[name] = run_case(CASES[name])
-        except Exception:  # recorded: the test reports the traceback of the failing case
-            results[name] = {"error": traceback.format_exc()}
-        dist.barrier()
-    out = Path(args.out) / f"torchtitan_rank{dist.get_rank()}.json"
-    out.write_text(json.dumps(results, indent=1, default=str))
-    dist.barrier()
-    dist.destroy_process_group()
+    cases = {name: (lambda case=case: run_case(case)) for name, case in CASES.items()}
+    run_cases(cases, args.cases, Path(args.out) / f"torchtitan_rank{dist.get_rank()}.json")
 
 
 if __name__ == "__main__":

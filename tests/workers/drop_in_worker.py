@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import json
 import os
-import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from case_runner import run_cases
 from drop_in_training import CASES
 
 DEFAULT_MODULES = "drop_in_parameter_cases,drop_in_unit_cases,drop_in_mesh_cases"
@@ -38,18 +37,7 @@ def main() -> None:
     os.environ["DROP_IN_OUT"] = args.out
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
-    names = list(CASES) if args.cases == "all" else args.cases.split(",")
-    results = {}
-    for name in names:
-        try:
-            results[name] = CASES[name]()
-        except Exception:  # recorded: the test reports the traceback of the failing case
-            results[name] = {"error": traceback.format_exc()}
-        dist.barrier()
-    out = Path(args.out) / f"drop_in_rank{dist.get_rank()}.json"
-    out.write_text(json.dumps(results, indent=1, default=str))
-    dist.barrier()
-    dist.destroy_process_group()
+    run_cases(CASES, args.cases, Path(args.out) / f"drop_in_rank{dist.get_rank()}.json")
 
 
 if __name__ == "__main__":
