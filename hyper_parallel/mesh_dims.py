@@ -36,3 +36,8 @@ DEGREE_NAMES = (
     MeshDim.ETP,
 )
 DERIVED_NAMES = (MeshDim.FSDP, MeshDim.DP, MeshDim.DP_CP, MeshDim.EFSDP)
+
+# fully_shard's all-reduce group when a unit does not shard: the replicate and shard dims joined.
+UNSHARDED_DP_GROUP = f"{MeshDim.DP_REPLICATE}+{MeshDim.FSDP}"
+# The groups a dense fully_shard unit's collectives run on (all-gather / reduce-scatter, HSDP's all-reduce).
+FSDP_GROUPS = (MeshDim.FSDP, MeshDim.DP_REPLICATE, UNSHARDED_DP_GROUP)

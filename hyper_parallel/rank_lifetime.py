@@ -20,7 +20,7 @@ destroys its process groups, runs the ``atexit`` handlers, flushes its output an
 An uncaught exception is recorded first, as torch's ``@record`` does, in the JSON error file torchrun's
 agent names in ``TORCHELASTIC_ERROR_FILE`` (``<log dir>/<run id>/attempt_N/<rank>/error.json``:
 ``{"message": {"message": "Type: text", "extraInfo": {"py_callstack": ..., "timestamp": ...}}}``),
-which the launcher reads to name the failing rank and its traceback (``launch.failure_report``).
+which the launcher reads to name the failing rank and its traceback (``launch.processes.failure_report``).
 """
 
 from __future__ import annotations

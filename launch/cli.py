@@ -26,8 +26,9 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from launch import inputs
-from launch.run_dirs import RunDirError
-from launch.text_table import multinode_command, print_table
+from launch.processes.multinode import multinode_command
+from launch.processes.run_dirs import RunDirError
+from launch.tables import print_table
 
 DEGREE_FLAGS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP, MeshDim.PP)
 EXIT_INVALID = 2
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500", help="HOST:PORT of the rendezvous")
     command.add_argument("--steps", type=int, action=_Once)
     command.add_argument("--out", help="run directory each node writes into (default: runs/RECIPE-<rdzv id>)")
-    from launch.plan import add_arguments as add_plan_arguments
+    from launch.plan.flags import add_arguments as add_plan_arguments
 
     plan = sub.add_parser("plan", help="check and cost a layout of up to thousands of ranks (no workers)")
     _add_degrees(plan)
@@ -160,7 +161,7 @@ def cmd_list() -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from launch.runner import validate
+    from launch.runs import validate
 
     if args.recipe:
         _, dims = validate(args.recipe, **_degrees(args))
@@ -191,7 +192,7 @@ def _progress_bar(progress: dict) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from launch.runner import run, validate
+    from launch.runs import run, validate
 
     spec, dims = validate(args.recipe, **_degrees(args))
     steps = None if args.steps is None else inputs.steps(args.steps)
@@ -243,7 +244,7 @@ def _endpoint(value: str) -> str:
 
 
 def cmd_command(args: argparse.Namespace) -> int:
-    from launch.runner import validate
+    from launch.runs import validate
 
     nnodes = inputs.positive_int(args.nnodes, "--nnodes")
     per_node = inputs.positive_int(args.nproc_per_node, "--nproc-per-node")
@@ -271,7 +272,7 @@ def cmd_command(args: argparse.Namespace) -> int:
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:
-    from launch.workbook import run_workbook
+    from launch.notebook.papermill import run_workbook
 
     return run_workbook(Path(args.out))
 
@@ -293,7 +294,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from launch.bench import print_bench, run_bench
+    from launch.bench.fsdp2 import print_bench, run_bench
 
     def show(rank: int, line: str) -> None:
         if rank <= 0:
@@ -330,12 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "command":
             return cmd_command(args)
         if args.command == "plan":
-            from launch.plan import cmd_plan
+            from launch.plan.flags import cmd_plan
 
             args.argv = sys.argv[2:] if argv is None else list(argv[1:])  # the review page quotes its command
             return cmd_plan(args)
         if args.command == "bench-latency":
-            from launch.latency import measure, measure_resources, print_latency, print_resources
+            from launch.bench.latency import measure, measure_resources, print_latency, print_resources
 
             print_latency(measure(args.repeats), args.repeats)
             print_resources(measure_resources(args.runs))

@@ -20,7 +20,7 @@ from fully_shard_expectations import TOLERANCES
 import launch
 from hyper_parallel import ParallelDims
 from hyper_parallel.recipes import RECIPES
-from launch.supervisor import torchrun
+from launch.processes.supervisor import torchrun
 
 OVERLAP_OFF = ("M4", "M7", "M6", "S2")
 
@@ -74,7 +74,7 @@ def result_of(recipe: str, degrees: dict, recipe_results) -> launch.RunResult:
 
 @pytest.fixture
 def no_warm_pool():
-    """End the warm pool (launch.pool) other tests left running: for tests that watch every process this
+    """End the warm pool (launch.processes.pool) other tests left running: for tests that watch every process this
     one starts."""
     launch.shutdown_pool()
     yield

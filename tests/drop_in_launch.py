@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.supervisor import torchrun
+from launch.processes.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "drop_in_worker.py"
 

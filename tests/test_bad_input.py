@@ -15,8 +15,9 @@ import re
 import pytest
 
 import launch
-from launch import cli, inputs, magic
-from launch.pool import Pool
+from launch import cli, inputs
+from launch.notebook import magic
+from launch.processes.pool import Pool
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +26,8 @@ def nothing_starts(monkeypatch):
         raise AssertionError(f"a bad input reached a launch: {args[:2]}")
 
     monkeypatch.setattr(Pool, "_start", refuse)
-    monkeypatch.setattr("launch.runner.torchrun_claimed", refuse)
-    monkeypatch.setattr("launch.supervisor._launch", refuse)
+    monkeypatch.setattr("launch.runs.torchrun_claimed", refuse)
+    monkeypatch.setattr("launch.processes.supervisor._launch", refuse)
 
 
 CLI_CASES = [

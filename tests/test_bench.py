@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from hyper_parallel.run_files import load_traces
-from launch.bench import TABLE_HEADER, run_bench, table_rows
+from launch.bench.fsdp2 import TABLE_HEADER, run_bench, table_rows
 
 pytestmark = pytest.mark.distributed
 

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from launch.workbook import NOTEBOOKS_DIR, execute_notebook
+from launch.notebook.papermill import NOTEBOOKS_DIR, execute_notebook
 
 BLOCKS, UNITS = 2, 3
 

@@ -13,7 +13,8 @@ import pytest
 from hyper_parallel.cost_model import estimate, recipe_model
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.viz import concept_figure, cp_chunks, ideal_schedule, ideal_timeline
-from hyper_parallel.viz.concepts import STYLES, schedule_counts
+from hyper_parallel.viz.concepts import STYLES
+from hyper_parallel.viz.ideal_step import schedule_counts
 
 RECIPES = {  # recipe: (its default degrees, the schedule's flags for it)
     "M1": (dict(world_size=2, dp_shard=2), dict(model="mlp", shard=False, replicate=True)),

@@ -23,7 +23,7 @@ from hyper_parallel.parallel.cp import (
     unshard_sequence,
 )
 from hyper_parallel.parallel.ulysses import ulysses_attention
-from launch.supervisor import torchrun
+from launch.processes.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "cp_attention_cases.py"
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}

@@ -85,7 +85,7 @@ def expected_collectives(case: dict, rank: int, dispatch: str) -> dict[str, list
 # ----- the launches ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from launch.supervisor import torchrun
+    from launch.processes.supervisor import torchrun
 
     run_dirs = {world: tmp_path_factory.mktemp(f"ep{world}") for world in (2, 4)}  # not in the threads
 

@@ -16,8 +16,8 @@ import ast
 import nbformat
 import pytest
 
-from launch.exercises import EXERCISES
-from launch.workbook import notebooks
+from launch.notebook.exercises import EXERCISES
+from launch.notebook.papermill import notebooks
 
 NOTEBOOKS = {path.stem: path for path in notebooks()}
 

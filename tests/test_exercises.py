@@ -1,4 +1,4 @@
-"""The exercises' checkers (launch.exercises) and what the notebooks put on the page (launch.lessons).
+"""The exercises' checkers (launch.notebook.exercises) and what the notebooks put on the page (launch.notebook.lessons).
 
 Every exercise is checked with a right and a wrong answer against a truth computed independently of
 the checker: the cost model's counts for the recipes' default meshes, hand-made traces with known
@@ -17,7 +17,7 @@ import pytest
 from hyper_parallel.cost_model import estimate, get_model, recipe_model
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.viz import cp_chunks
-from launch.exercises import (
+from launch.notebook.exercises import (
     EXERCISES,
     RIGHT,
     UNANSWERED,
@@ -34,7 +34,7 @@ from launch.exercises import (
     units_not_regathered,
     wire_bytes_per_rank,
 )
-from launch.lessons import recipe_sources, tradeoff_rows
+from launch.notebook.lessons import recipe_sources, tradeoff_rows
 
 DEFAULTS = {
     "M1": dict(world_size=2, dp_shard=2),
@@ -198,7 +198,7 @@ def test_95_1_block_collectives_of_a_benchmark_row():
         "communication": {"ours": {"per_unit": {"root": root, "layers.0": block, "layers.1": block}}},
     }
     bench = SimpleNamespace(rows=[row])
-    from launch.exercises import block_collectives
+    from launch.notebook.exercises import block_collectives
 
     truth = block_collectives(bench, "HSDP")
     assert truth == 4
@@ -222,7 +222,7 @@ def test_every_exercise_is_tested_and_unanswered_passes(capsys):
         check("99.9", 1, 1)
 
 
-# ---------------------------------------------------------------- launch.lessons
+# ---------------------------------------------------------------- launch.notebook.lessons
 
 
 @pytest.mark.parametrize("recipe", ["M1", "M3", "M7", "S1", "P1"])

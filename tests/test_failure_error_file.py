@@ -1,7 +1,7 @@
 """The failing rank and its traceback from torchrun's per-rank error file, the logs only without one.
 
 A rank that raises records its exception in ``TORCHELASTIC_ERROR_FILE`` (``hyper_parallel.rank_lifetime``);
-``launch.failure_report`` reads those files first.  The launches reuse tests/workers/fault_worker.py:
+``launch.processes.failure_report`` reads those files first.  The launches reuse tests/workers/fault_worker.py:
 rank 1 faults after ``init_process_group`` (its store barrier) while every other rank waits in an
 all_reduce and then fails with gloo's "Connection closed by peer", writing an error file of its own.
 The unit tests lay out a torchrun log directory by hand.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.failure_report import ERROR_FILE_GLOB, failure, rank_errors
-from launch.supervisor import torchrun
+from launch.processes.failure_report import failure, rank_errors
+from launch.processes.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "fault_worker.py"
 RUN_TIMEOUT = 120.0
@@ -122,7 +122,7 @@ def test_a_raising_rank_is_named_from_its_error_file(tmp_path, nproc):
     rank_error = result.rank_error
     assert rank_error is not None, f"the error did not come from an error file:\n{result.error}"
     assert (rank_error.rank, rank_error.exception, rank_error.message) == (1, "RuntimeError", INJECTED)
-    assert rank_error.path.match(f"{tmp_path}/torchrun_logs_*/{ERROR_FILE_GLOB}")
+    assert rank_error.path.match(f"{tmp_path}/torchrun_logs_*/*/attempt_*/*/error.json")  # torchrun's own layout
     assert rank_error.path.parent.name == "1" and rank_error.path.parent.parent.name == "attempt_0"
     recorded = json.loads(rank_error.path.read_text())["message"]["extraInfo"]["py_callstack"]
     assert result.error == "\n".join(["rank 1 failed: exit code 1", *recorded.splitlines()])

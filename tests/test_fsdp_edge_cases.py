@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.supervisor import torchrun
+from launch.processes.supervisor import torchrun
 
 pytestmark = pytest.mark.distributed
 

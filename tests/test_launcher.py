@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import process_alive
 
-from launch.supervisor import torchrun
+from launch.processes.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "fault_worker.py"
 RUN_TIMEOUT = 120.0  # generous: other jobs may share the 2 cores
@@ -76,7 +76,7 @@ def test_success_streams_lines_attributed_to_their_rank(tmp_path):
         assert f"rank {rank} sum 2" in result.logs[rank]  # a rank's last line is not lost
         assert not [line for line in result.logs[rank] if f"rank {other}" in line]
     assert {rank for rank, _ in seen} >= {0, 1}
-    assert result.command[1:3] == ["-m", "launch.local_agent"]
+    assert result.command[1:3] == ["-m", "launch.processes.local_agent"]
     assert result.run_dir == tmp_path.resolve()
 
 

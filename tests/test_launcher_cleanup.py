@@ -24,7 +24,7 @@ import pytest
 from conftest import process_alive
 
 import launch
-from launch import run_dirs
+from launch.processes import run_dirs
 
 WORKER = Path(__file__).parent / "workers" / "fault_worker.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ START_TIMEOUT = 180.0  # generous: other jobs may share the 2 cores
 GONE_WITHIN = 10.0  # the issue's bound from the kernel's death to the last process gone
 KERNEL = """
 import sys
-from launch.supervisor import torchrun
+from launch.processes.supervisor import torchrun
 torchrun(sys.argv[1], 2, args=["hang"], timeout=900, run_dir=sys.argv[2],
          on_line=lambda rank, line: print(rank, line, flush=True))
 """

@@ -18,8 +18,9 @@ from hyper_parallel.cost_model import estimate, recipe_model
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.models.mlp import MLP, MLPConfig
 from hyper_parallel.viz.style import fmt_bytes
-from launch.lessons import GATHERED_LABEL, tradeoff_rows
-from launch.workbook import NOTEBOOKS_DIR, gradient_reduction
+from launch.notebook.lessons import GATHERED_LABEL, tradeoff_rows
+from launch.notebook.papermill import NOTEBOOKS_DIR
+from launch.notebook.tables import gradient_reduction
 
 
 def _rows(recipe: str, degrees: dict, traces: dict | None = None) -> dict[str, list]:
@@ -101,7 +102,7 @@ def _scatters(units: list[str], times: int) -> list[dict]:
 
 def test_pipeline_reduction_text_counts_what_the_trace_holds():
     """3 units on rank 0 of P1, 4 microbatches: 3 reduce-scatters is once per step, 12 once per microbatch."""
-    from launch.workbook import pipeline_reduction_text
+    from launch.notebook.tables import pipeline_reduction_text
 
     units = ["root", "layers.0", "layers.1"]
     once = pipeline_reduction_text({0: _scatters(units, 1)}, microbatches=4)
@@ -113,7 +114,7 @@ def test_pipeline_reduction_text_counts_what_the_trace_holds():
 def test_15_1_smallest_microbatches_for_a_bubble():
     """p = 2: 1/(m+1) <= 0.1 first holds at m = 9 (m = 8 leaves 11 %)."""
     from hyper_parallel.cost_model.pipeline import bubble_fraction
-    from launch.exercises import EXERCISES, RIGHT, WRONG, check, microbatches_for_bubble
+    from launch.notebook.exercises import EXERCISES, RIGHT, WRONG, check, microbatches_for_bubble
 
     truth = microbatches_for_bubble("1f1b", 2, 0.10)
     assert truth == 9 and bubble_fraction("1f1b", 2, 8) > 0.10 >= bubble_fraction("1f1b", 2, 9)
@@ -147,7 +148,7 @@ def test_00_offers_the_short_route_in_order():
 def test_a_benchmark_ratio_inside_its_quartiles_is_called_noise():
     """95's line per configuration: 1.06 [0.97-1.18] contains 1 (no measurable difference); [1.02-1.10]
     does not (ours slower in at least 3 of 4 pairs), nor [0.80-0.95] (ours faster)."""
-    from launch.workbook import ratio_verdict
+    from launch.notebook.tables import ratio_verdict
 
     assert "within the noise" in ratio_verdict({"q1": 0.97, "median": 1.06, "q3": 1.18})
     assert "ours slower" in ratio_verdict({"q1": 1.02, "median": 1.05, "q3": 1.10})
@@ -158,8 +159,8 @@ def test_hint_13_2_state_is_the_cost_models_unsharded_state():
     """13.2's hint: 8.0e9 parameters x 16 B are about 120 GiB before sharding: the cost model's ZeRO-0 state of
     llama-8b-like (bf16-adam: 4 + 4 + 8 B per parameter) rounds to the same 120 GiB."""
     from hyper_parallel.cost_model import get_model
-    from launch.exercises import EXERCISES
-    from launch.memory_lesson import zero_stages
+    from launch.notebook.exercises import EXERCISES
+    from launch.notebook.memory_lesson import zero_stages
 
     hint = EXERCISES["13.2"].hint
     assert "8.0e9 parameters x 16 B" in hint and "about 120 GiB" in hint

@@ -1,6 +1,6 @@
 """Notebook 16_memory: its predictions are the cost model's, and a run measures the same bytes.
 
-The predictions (``launch.memory_lesson``) are checked against counts derived by hand for M4's MLP
+The predictions (``launch.notebook.memory_lesson``) are checked against counts derived by hand for M4's MLP
 (d_in 16, d_model 32, hidden 64, d_out 8, 2 blocks, biases; Adam; 2 ranks): the root unit holds
 inp (16*32 + 32) + head (32*8 + 8) = 808 parameters, each block norm 32 + w1 (32*64 + 64) + w2
 (64*32 + 32) = 4224, 9256 in all. The run (``hyper_parallel.benchmark.memory_probe`` on 2 torchrun
@@ -17,7 +17,7 @@ import pytest
 
 from hyper_parallel.cost_model import PRECISIONS, estimate, get_model
 from hyper_parallel.mesh import ParallelDims
-from launch.memory_lesson import bytes_per_parameter, comparison_rows, predicted, zero_stages
+from launch.notebook.memory_lesson import bytes_per_parameter, comparison_rows, predicted, zero_stages
 
 ROOT, BLOCK = 16 * 32 + 32 + 32 * 8 + 8, 32 + 32 * 64 + 64 + 64 * 32 + 32
 TOTAL = ROOT + 2 * BLOCK
@@ -68,7 +68,7 @@ def test_a_run_on_two_ranks_measures_what_the_cost_model_predicts(tmp_path):
     from pathlib import Path
 
     from hyper_parallel.benchmark.memory_probe import new_model, rank_rows, saved_activation_bytes
-    from launch.supervisor import torchrun
+    from launch.processes.supervisor import torchrun
 
     worker = Path(__file__).parent / "workers" / "memory_probe_worker.py"
     result = torchrun(str(worker), 2, timeout=300, run_dir=tmp_path)

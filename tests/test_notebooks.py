@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from launch.workbook import NOTEBOOKS_DIR, READING_ORDER, execute_notebook, notebooks, run_workbook
+from launch.notebook.papermill import NOTEBOOKS_DIR, READING_ORDER, execute_notebook, notebooks, run_workbook
 
 NOTEBOOKS = {path.stem: path for path in notebooks()}
 EXPECTED = [  # in reading order: name: (text the closing cell prints, minimum image/png outputs)
@@ -81,7 +81,7 @@ def test_no_notebook_cites_documents_a_learner_does_not_have():
 
 def test_progress_lines_number_steps_as_the_figures_do():
     """A 2-step run's progress lines say steps 0 and 1, like the timelines' "step 1" and the tables."""
-    from launch.widgets.display import step_text
+    from launch.notebook.widgets.display import step_text
 
     lines = [step_text({"step": done, "steps": 2, "loss": 1.0, "reference": 1.0}) for done in (1, 2)]
     assert lines[0].startswith("step 0 (1/2 done)") and lines[1].startswith("step 1 (2/2 done)")

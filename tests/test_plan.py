@@ -231,8 +231,8 @@ def test_text_output_and_the_command_of_launch_command():
 
 
 def test_plan_widget_offers_only_valid_values_and_explains_invalid_ones():
-    from launch.plan import torchrun_command
-    from launch.widgets.plan_widget import PlanWidget
+    from launch.notebook.widgets.plan_widget import PlanWidget
+    from launch.plan.build import torchrun_command
 
     widget = PlanWidget("llama-8b-like", world_size=64, tp=8)  # dp_shard inferred: 8
     assert widget.error is None and widget.degrees["dp_shard"] == 8

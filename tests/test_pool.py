@@ -1,4 +1,4 @@
-"""The warm pool (``launch.pool``) and ``%%torchrun`` (``launch.magic``).
+"""The warm pool (``launch.processes.pool``) and ``%%torchrun`` (``launch.notebook.magic``).
 
 * A warm run equals a fresh torchrun launch bit for bit: the same losses, the same parameter
   differences and the same collectives (op, group, bytes, unit, step) on every rank, for M4 on 2
@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 import launch
-from launch import magic
-from launch.pool import PoolError, current, shutdown_pool
+from launch.notebook import magic
+from launch.processes.pool import PoolError, current, shutdown_pool
 
 pytestmark = pytest.mark.distributed
 
@@ -40,7 +40,7 @@ def pool_workers() -> list[psutil.Process]:
     return [
         p
         for p in psutil.Process().children(recursive=True)
-        if any("launch.pool_worker" in part for part in _cmdline(p))
+        if any("launch.processes.pool_worker" in part for part in _cmdline(p))
     ]
 
 

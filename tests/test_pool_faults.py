@@ -1,4 +1,4 @@
-"""The warm pool under interrupts, slow starts and strangers (``launch.pool``, ``launch.pool_listener``).
+"""The warm pool under interrupts, slow starts and strangers (``launch.processes.pool``, ``launch.processes.pool_listener``).
 
 * SIGINT (what Jupyter's "interrupt kernel" sends) during the cold start ends everything the start began,
   and the next run starts a new pool; during a run it ends the pool and the next run says why the names
@@ -21,8 +21,8 @@ from multiprocessing.connection import AuthenticationError, Client
 import pytest
 from test_pool import pool_workers
 
-from launch import magic
-from launch.pool import PoolError, current, shutdown_pool
+from launch.notebook import magic
+from launch.processes.pool import PoolError, current, shutdown_pool
 
 pytestmark = pytest.mark.distributed
 

@@ -1,5 +1,5 @@
 """A warm pool left open: 20 recipe runs and 20 ``%%torchrun`` cells in one process hold nothing more
-than run 2 did, and the idle workers use no CPU (``launch.pool_worker.release_run``).
+than run 2 did, and the idle workers use no CPU (``launch.processes.pool_worker.release_run``).
 
 Before the fix each warm M4 run left ~27 threads, ~37 fds and 9 listening gloo sockets per rank (541
 threads after run 20; the 28th run failed at ``ulimit -n 1024``), and the idle workers used 18-27 % of
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 import launch
-from launch import magic
-from launch.pool import current, shutdown_pool
-from launch.pool_health import idle_cpu_percent, worker_resources
+from launch.notebook import magic
+from launch.processes.pool import current, shutdown_pool
+from launch.processes.pool_health import idle_cpu_percent, worker_resources
 
 pytestmark = pytest.mark.distributed
 

@@ -73,7 +73,7 @@ def test_volume_rows_carry_the_cost_model_for_tp_collectives_too(tmp_path):
     computed here) and no fully_shard minimum (not an FSDP collective)."""
     from hyper_parallel import ParallelDims
     from hyper_parallel.cost_model import estimate, recipe_model
-    from launch.report.build import _volume_rows
+    from launch.report.predicted import volume_rows
     from launch.report.run_data import read_run
 
     run_dir = failed_run(tmp_path / "m3", with_logs=False)
@@ -96,7 +96,7 @@ def test_volume_rows_carry_the_cost_model_for_tp_collectives_too(tmp_path):
     ]
     for rank in (0, 1):
         (run_dir / f"trace_rank{rank}.json").write_text(json.dumps({"rank": rank, "events": events}))
-    rows = _volume_rows(read_run(run_dir))
+    rows = volume_rows(read_run(run_dir))
     expected = model.by_op_group()
     assert {(r["op"], r["group"]): r["predicted"] for r in rows} == expected
     assert {(r["op"], r["group"]): r["measured"] for r in rows} == pytest.approx(expected)

@@ -268,7 +268,7 @@ def test_design_review_example_documents_are_current():
     import re
     from pathlib import Path
 
-    from launch.report import design_review_example
+    from launch.plan import review_example as design_review_example
 
     docs = Path(__file__).resolve().parents[1] / "docs"
 

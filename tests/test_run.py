@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 import launch
-import launch.runner as launch_run
+import launch.runs as launch_run
 
 
 def collectives(result, rank: int, step: int) -> Counter:

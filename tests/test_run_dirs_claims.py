@@ -14,7 +14,7 @@ import stat
 import pytest
 
 import launch
-from launch.run_dirs import RunDirError, claimed, new_scratch_dir, scratch_root
+from launch.processes.run_dirs import RunDirError, claimed, new_scratch_dir, scratch_root
 
 OTHER_UID = 65534  # nobody
 

@@ -16,7 +16,7 @@ import launch
 from hyper_parallel.models.transformer import Transformer, lm_loss, token_batch
 from hyper_parallel.recipes.activation_memory import SavedActivations
 from hyper_parallel.recipes.transformer import DENSE_CONFIG, GLOBAL_BATCH
-from launch.exercises import fewer_saved_activations, tp_wire_bytes
+from launch.notebook.exercises import fewer_saved_activations, tp_wire_bytes
 
 pytestmark = pytest.mark.distributed
 

@@ -1,6 +1,6 @@
 """The mesh widget in-process (no kernel, no browser): choices, live validation, preview, Launch wiring.
 
-No worker is started here: ``launch.runner.torchrun`` is replaced by a function that fails the test,
+No worker is started here: ``launch.runs.torchrun`` is replaced by a function that fails the test,
 and the Launch tests inject a fake runner that writes a tiny run directory.
 """
 
@@ -15,8 +15,8 @@ import pytest
 from hyper_parallel.mesh import valid_choices
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX
-from launch import runner as launch_runner
-from launch.widgets import DEGREES, MeshWidget, Stopped, cli_command, recipe_card, valid_meshes
+from launch import runs as launch_runs
+from launch.notebook.widgets import DEGREES, MeshWidget, Stopped, cli_command, recipe_card, valid_meshes
 
 
 @pytest.fixture(autouse=True)
@@ -24,8 +24,8 @@ def no_workers(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a widget test tried to start torchrun workers")
 
-    monkeypatch.setattr(launch_runner, "torchrun_claimed", refuse)  # a fresh launch
-    monkeypatch.setattr(launch_runner, "_run_on_pool", refuse)  # the warm pool
+    monkeypatch.setattr(launch_runs, "torchrun_claimed", refuse)  # a fresh launch
+    monkeypatch.setattr(launch_runs, "_run_on_pool", refuse)  # the warm pool
 
 
 def title(widget: MeshWidget) -> str:
@@ -40,7 +40,7 @@ def test_default_selection_is_the_recipe_default_and_valid():
     assert "✔ valid" in widget.status.value and widget.fix_button.layout.display == "none"
     assert "M7" in title(widget) and "dp_replicate 2" in title(widget)
     assert bytes(widget.preview.value).startswith(b"\x89PNG")
-    assert launch_runner.validate(widget.recipe, **widget.degrees)[1].world_size == 4  # notebooks rebind with it
+    assert launch_runs.validate(widget.recipe, **widget.degrees)[1].world_size == 4  # notebooks rebind with it
 
 
 def test_selectors_offer_only_values_of_valid_meshes_for_the_world_size_and_recipe():
@@ -262,7 +262,7 @@ def test_export_report_writes_the_finished_runs_report_next_to_it(tmp_path):
 
 
 def test_bench_widget_offers_only_the_configurations_of_its_world_size_and_runs_them():
-    from launch.widgets import BenchWidget
+    from launch.notebook.widgets import BenchWidget
 
     calls = []
 

@@ -82,7 +82,7 @@ def summarize(config_result: dict[str, Any]) -> dict[str, Any]:
     are adjacent steps, so a slow phase of a loaded machine hits both) with their quartiles, the same
     for forward + backward alone (where the two implementations differ; the optimizer is the same
     code on the same DTensors) and peak memory per implementation. Communication is read from the
-    traced step's files by the launcher (``launch.bench``)."""
+    traced step's files by the launcher (``launch.bench.fsdp2``)."""
     step, forward_backward = config_result["step_times"], config_result["forward_backward_times"]
     return {
         "config": config_result["name"],

@@ -24,7 +24,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.viz.concepts import concept_figure, cp_chunks, ideal_schedule, ideal_timeline
+from hyper_parallel.viz.concepts import concept_figure, ideal_timeline
+from hyper_parallel.viz.ideal_step import cp_chunks, ideal_schedule
 from hyper_parallel.viz.layout import ownership, parse_placements, rank_ranges
 from hyper_parallel.viz.mesh_map import mesh_map, parameters_sharded
 from hyper_parallel.viz.numerics import numerics

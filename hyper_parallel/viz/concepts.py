@@ -25,7 +25,6 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from hyper_parallel.viz.ideal_step import Slot, cp_chunks, ideal_schedule
-from hyper_parallel.viz.ideal_step import schedule_counts as schedule_counts  # importable from here as before
 from hyper_parallel.viz.style import OP_COLORS, OP_SHORT, PHASE_COLORS, new_figure, rank_color
 
 STYLES = ("ddp", "fsdp", "hsdp", "tp", "sp", "cp", "moe")

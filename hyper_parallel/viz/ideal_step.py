@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from hyper_parallel.mesh_dims import UNSHARDED_DP_GROUP, MeshDim
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -62,7 +64,7 @@ def ideal_schedule(
         raise ValueError(f"model must be 'mlp' or 'transformer', got {model!r}")
     if sp and not tp:
         raise ValueError("sequence parallelism (sp) needs tp")
-    ar_group = "dp_replicate" if shard else "dp_replicate+fsdp"
+    ar_group = MeshDim.DP_REPLICATE if shard else UNSHARDED_DP_GROUP
     fwd, bwd = [], []
 
     def unit_grads(unit: str, shard_group: str = "fsdp", replica_group: str = ar_group, partial: bool = sp):

@@ -16,7 +16,6 @@ gets a report too, with the error first. Torch is never imported (this runs in t
     summary.py    the first screen (verdict, numerics, communication against the cost model, the layout
                   at scale) and the tables as CSV downloads;  predicted.py  the cost model's side of it
     compare.py    two runs side by side (python -m launch report --compare RUN_A RUN_B)
-    design_review.py  named layouts side by side from the planner (python -m launch plan --layouts)
 """
 
 from launch.report.build import REPORT_FILE, build_report, find_run_dirs, write_report, write_reports

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hyper_parallel.run_files import SUMMARY_FILE, load_traces
+from hyper_parallel.run_files import SUMMARY_FILE
 from launch.report.page import render_page
-from launch.report.predicted import at_scale, predicted_bytes
+from launch.report.predicted import at_scale, volume_rows
 from launch.report.run_data import RunData, read_run
 from launch.report.summary import losses_csv, summary_section, volume_csv
 
@@ -40,33 +40,6 @@ def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
     return figures, {name: reason for name in FIGURES if name not in figures}
 
 
-def _volume_rows(run: RunData) -> list[dict] | None:
-    """Rank 0's bytes per (op, group) in the last step next to the cost model's prediction (every op) and
-    fully_shard's minimum (the figure's numbers, FSDP/HSDP only)."""
-    from hyper_parallel.viz.timeline import steps_of
-    from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
-
-    traces = load_traces(run.run_dir) if run.trace_ranks else {}
-    steps = steps_of(traces) if 0 in traces else []
-    if not steps:
-        return None
-    measured, counts = measured_bytes(traces, steps[-1], 0)
-    minimum = theoretical_bytes(run.metrics.get("units", []))
-    predicted = predicted_bytes(run) or {}
-    keys = sorted(minimum) + sorted((set(measured) | set(predicted)) - set(minimum))
-    return [
-        {
-            "op": op,
-            "group": group,
-            "calls": counts.get((op, group), 0),
-            "measured": measured.get((op, group)),
-            "predicted": predicted.get((op, group)),
-            "minimum": minimum.get((op, group)),
-        }
-        for op, group in keys
-    ]
-
-
 def build_report(
     run_dir: str | Path, *, logs: dict[int, list[str]] | None = None, figures: dict[str, Any] | None = None
 ) -> str:
@@ -76,7 +49,7 @@ def build_report(
     missing: dict[str, str] = {}
     if figures is None:
         figures, missing = _draw_figures(run)
-    volume = _volume_rows(run) if "comm_volume" in figures else None  # same inputs as the figure, which was drawn
+    volume = volume_rows(run) if "comm_volume" in figures else None  # same inputs as the figure, which was drawn
     summary = summary_section(run, volume, at_scale(run))
     downloads = {"numerics": losses_csv(run), "volume": volume_csv(volume)}
     return render_page(run, figures, missing=missing, volume=volume, summary=summary, downloads=downloads)

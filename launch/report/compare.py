@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.report.build import _volume_rows
 from launch.report.markup import degrees_text, esc, num_cell
-from launch.report.predicted import at_scale, at_scale_sentence
+from launch.report.predicted import at_scale, at_scale_sentence, volume_rows
 from launch.report.run_data import RunData, read_run
 from launch.report.style import STYLESHEET
 from launch.report.summary import communication_check, csv_link
@@ -55,7 +54,7 @@ def comparison_rows(volume_a: list[dict] | None, volume_b: list[dict] | None) ->
 
 def build_comparison(run_dir_a: str | Path, run_dir_b: str | Path) -> str:
     runs = [read_run(run_dir_a), read_run(run_dir_b)]
-    volumes = [_volume_rows(run) for run in runs]
+    volumes = [volume_rows(run) for run in runs]
     facts = [_facts(run, volume) for run, volume in zip(runs, volumes)]
     names = [f"A: {esc(runs[0].run_dir.name)}", f"B: {esc(runs[1].run_dir.name)}"]
     fact_rows = "".join(

@@ -1,7 +1,7 @@
 """The markup every page of the report shares: escaping, a figure as a data URI, number cells, degrees.
 
-``page`` (one run), ``summary`` (its first screen), ``compare`` (two runs) and ``design_review`` (the
-planner's candidates) all build their HTML from these, so a number or a piece of run text looks and
+``page`` (one run), ``summary`` (its first screen), ``compare`` (two runs) and the planner's review page
+(``launch.plan.review_page``) all build their HTML from these, so a number or a piece of run text looks and
 escapes the same on each. Torch is never imported.
 """
 

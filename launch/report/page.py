@@ -16,14 +16,9 @@ import datetime
 from typing import Any
 
 from hyper_parallel.mesh import ParallelDims
-from launch.report.figure_blocks import CAPTIONS as CAPTIONS
-from launch.report.figure_blocks import MISSING as MISSING
 from launch.report.figure_blocks import figure_blocks, other_figures_section
 from launch.report.log_section import logs_section
 from launch.report.markup import DEGREE_ORDER, esc, facts_table, num_cell
-from launch.report.markup import FIGURE_DPI as FIGURE_DPI  # the moved names stay importable from here
-from launch.report.markup import degrees_text as degrees_text
-from launch.report.markup import png_data_uri as png_data_uri
 from launch.report.run_data import RunData
 from launch.report.style import PRINT_SCRIPT, STYLESHEET
 

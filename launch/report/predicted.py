@@ -4,6 +4,8 @@
                              ``estimate(recipe_model(recipe), dims)``: FSDP, HSDP, TP/SP, CP and EP alike (the
                              model equals the traces exactly for the recipes, tests/test_cost_model.py; EP's
                              all-to-all and ETP's all-reduce are the balanced value, exact summed over ranks)
+    volume_rows(run)         rank 0's measured bytes per (op, group) beside the prediction and fully_shard's
+                             minimum (the communication-volume figure's numbers; the report's and compare's table)
     at_scale(run, 512)       the run's layout grown to N ranks for the matching model at scale (a dense recipe:
                              llama-8b-like, a MoE one: moe-16e): the same cp, tp, ep, etp; with HSDP the same
                              dp_shard and more replicas, otherwise a wider dp_shard. Costed and timed by
@@ -20,6 +22,7 @@ from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.review import CandidateReview, review_layouts, short_label
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.run_files import load_traces
 from launch.report.run_data import RunData
 
 AT_SCALE_WORLD = 512
@@ -87,3 +90,30 @@ def at_scale_sentence(scaled: AtScale) -> str:
         f"({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%}, exposed communication "
         f"{step.middle.exposed + step.middle.critical:.2f} s on {DEFAULT_HARDWARE.name}"
     )
+
+
+def volume_rows(run: RunData) -> list[dict] | None:
+    """Rank 0's bytes per (op, group) in the last step next to the cost model's prediction (every op) and
+    fully_shard's minimum (the figure's numbers, FSDP/HSDP only)."""
+    from hyper_parallel.viz.timeline import steps_of
+    from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
+
+    traces = load_traces(run.run_dir) if run.trace_ranks else {}
+    steps = steps_of(traces) if 0 in traces else []
+    if not steps:
+        return None
+    measured, counts = measured_bytes(traces, steps[-1], 0)
+    minimum = theoretical_bytes(run.metrics.get("units", []))
+    predicted = predicted_bytes(run) or {}
+    keys = sorted(minimum) + sorted((set(measured) | set(predicted)) - set(minimum))
+    return [
+        {
+            "op": op,
+            "group": group,
+            "calls": counts.get((op, group), 0),
+            "measured": measured.get((op, group)),
+            "predicted": predicted.get((op, group)),
+            "minimum": minimum.get((op, group)),
+        }
+        for op, group in keys
+    ]

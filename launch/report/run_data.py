@@ -18,8 +18,8 @@ from typing import Any
 
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, SUMMARY_FILE, TRACE_FILE
+from launch.processes.log_layout import log_dirs, rank_log_files
 
-LOG_DIR_GLOB = "torchrun_logs_*"
 BATCH_FILE = "batch.json"  # written by run_many into the launch directory
 MAX_LOG_LINES = 2000  # per log file; the tail is kept (a traceback is at the end)
 FAILED_RANK_RE = re.compile(r"^rank (\d+) failed")
@@ -138,10 +138,9 @@ def _launch_log_dir(run_dir: Path) -> Path | None:
     Several launches can share a parent (one per world size in a notebook): each log directory's
     mtime is its launch's start, so the right one is the latest started before the run's summary.
     """
-    candidates = sorted(run_dir.glob(LOG_DIR_GLOB))
+    candidates = log_dirs(run_dir)
     if not candidates and (run_dir.parent / BATCH_FILE).exists():
-        candidates = sorted(run_dir.parent.glob(LOG_DIR_GLOB))
-    candidates = [path for path in candidates if path.is_dir()]
+        candidates = log_dirs(run_dir.parent)
     if not candidates:
         return None
     finished = [run_dir / name for name in (SUMMARY_FILE, METRICS_FILE) if (run_dir / name).exists()]
@@ -162,9 +161,8 @@ def read_log_files(run_dir: Path, limit: int = MAX_LOG_LINES) -> list[LogFile]:
     if log_dir is None:
         return []
     latest: dict[tuple[int, str], Path] = {}
-    for path in sorted(log_dir.glob("*/attempt_*/*/std*.log")):
-        if path.parent.name.isdigit():
-            latest[(int(path.parent.name), path.stem)] = path  # sorted: a later attempt wins
+    for rank, path in rank_log_files(log_dir):
+        latest[(rank, path.stem)] = path  # in path order: a later attempt wins
     logs = []
     for (rank, stream), path in sorted(latest.items(), key=lambda item: (item[0][0], item[0][1] != "stdout")):
         lines, omitted = _tail(path.read_text(errors="replace").splitlines(), limit)

@@ -1,0 +1,243 @@
+"""What the notebooks put on the page besides figures: a recipe's own code, and its trade-offs in numbers.
+
+    recipe_code("M4")          the functions that parallelize the recipe (``inspect.getsource``), and the
+                               torch calls they make or stand for
+    tradeoff_table(result)     what shrinks, what grows and what is communicated, one rank against this
+                               run: the cost model's numbers next to the run's own traced bytes
+
+A learner should never have to trust a black box: ``run_recipes({...})`` runs exactly the code shown
+here, and the trade-off table's bytes are checked against the trace of the same run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+from hyper_parallel.recipes import registry
+
+_TRANSFORMER = "hyper_parallel.recipes.transformer"
+_DENSE_TP = ["hyper_parallel.parallel.tp:parallelize_transformer_tp", f"{_TRANSFORMER}:apply_fully_shard"]
+RECIPE_CODE: dict[str, list[str]] = {  # besides the registry's implementation, the functions it calls
+    "M1": ["hyper_parallel.recipes.dense:_mlp_workload"],
+    "M4": ["hyper_parallel.recipes.dense:_mlp_workload"],
+    "M2": [f"{_TRANSFORMER}:transformer_workload", *_DENSE_TP],
+    "M3": [f"{_TRANSFORMER}:transformer_workload", *_DENSE_TP],
+    "M5": [
+        f"{_TRANSFORMER}:transformer_workload",
+        f"{_TRANSFORMER}:apply_context_parallel",
+        f"{_TRANSFORMER}:apply_fully_shard",
+    ],
+    "M6": [f"{_TRANSFORMER}:transformer_workload", f"{_TRANSFORMER}:apply_context_parallel", *_DENSE_TP],
+    "M7": [f"{_TRANSFORMER}:transformer_workload", f"{_TRANSFORMER}:apply_fully_shard"],
+    "S1": [
+        "hyper_parallel.recipes.moe:moe_workload",
+        "hyper_parallel.recipes.moe:apply_expert_parallel",
+        "hyper_parallel.recipes.moe:apply_dual_stack_fully_shard",
+    ],
+}
+RECIPE_CODE["S2"] = RECIPE_CODE["S3"] = RECIPE_CODE["S1"]
+RECIPE_CODE["P1"] = [
+    "hyper_parallel.recipes.pipeline:pipeline_workload",
+    "hyper_parallel.parallel.pipeline:split_transformer",
+    "hyper_parallel.parallel.pipeline:build_schedule",
+]
+
+_FSDP2 = (
+    '`fully_shard(unit, mesh=views["dp_replicate", "fsdp"])`',
+    '`torch.distributed.fsdp.fully_shard(unit, mesh=mesh["fsdp"])` (a 2-D mesh `(replicate, shard)` makes it HSDP)',
+)
+_TP = (
+    '`parallelize_transformer_tp(model, views["tp"], ...)`',
+    'torch\'s own `parallelize_module(layer, tp_mesh, {"attention.wq": ColwiseParallel(), ..., '
+    '"attention.wo": RowwiseParallel()})`, called as is',
+)
+TORCH_CALLS: dict[str, list[tuple[str, str]]] = {
+    "M1": [
+        (
+            "`fully_shard(unit, mesh=..., enable_param_shard=False)`",
+            "`DistributedDataParallel(model)` / `torch.distributed._composable.replicate(model)`: whole "
+            "parameters, one gradient all-reduce",
+        )
+    ],
+    "M4": [_FSDP2],
+    "M2": [
+        _TP,
+        (
+            "`fully_shard(..., enable_param_shard=False)`",
+            "no torch FSDP2 equivalent: replicas all-reduce, TP-partial gradients are summed over tp",
+        ),
+    ],
+    "M5": [
+        (
+            "`apply_context_parallel(model, views)`",
+            "`torch.distributed.tensor.experimental.context_parallel` "
+            "(no CPU path in torch, so the workbook has its own attention)",
+        ),
+        _FSDP2,
+    ],
+    "M7": [_FSDP2],
+    "S1": [
+        (
+            '`parallelize_moe(moe, views["ep"])`',
+            "TorchTitan's `ExpertParallel()` style through `parallelize_module(experts, ep_mesh, ExpertParallel())`",
+        ),
+        (
+            '`fully_shard(experts, mesh=views["dp_replicate", "efsdp"])`',
+            "`fully_shard(experts, mesh=edp_mesh)` with TorchTitan's dual FSDP meshes",
+        ),
+    ],
+}
+TORCH_CALLS["P1"] = [
+    (
+        "`build_schedule('1f1b', stages, microbatches, lm_loss)`",
+        "`torch.distributed.pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=lm_loss)`, called as is",
+    ),
+    (
+        "`TracedPipelineStage(stage, index, num_stages, device, ...)`",
+        "`torch.distributed.pipelining.PipelineStage` (ours records each forward and backward for the figures)",
+    ),
+    (
+        '`fully_shard(layer, mesh=views["dp_replicate", "fsdp"])`',
+        "`torch.distributed.fsdp.fully_shard(layer, mesh=dp_mesh)` per stage",
+    ),
+]
+TORCH_CALLS["M3"] = TORCH_CALLS["M2"]
+TORCH_CALLS["M6"] = [_TP, *TORCH_CALLS["M5"]]
+TORCH_CALLS["S2"] = TORCH_CALLS["S3"] = TORCH_CALLS["S1"]
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository: launch/notebook/lessons.py
+
+
+def function_source(path: str) -> str:
+    """The source of ``"module:function"`` read from its file (``ast``; the same text as
+    ``inspect.getsource``) without importing the module: a recipe module imports torch and the
+    distributed stack, seconds on a loaded machine for a cell that only shows code."""
+    module, name = path.split(":")
+    file = PACKAGE_ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    if not file.exists():
+        raise ValueError(f"no module file {file} for {path!r}")
+    text = file.read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return "".join(text.splitlines(keepends=True)[start - 1 : node.end_lineno])
+    raise ValueError(f"no function {name!r} in {file}")
+
+
+def recipe_sources(recipe: str) -> list[tuple[str, str]]:
+    """(``module:function``, its source) of the recipe's implementation and of the functions it calls."""
+    spec = registry.get(recipe)
+    if recipe not in RECIPE_CODE:
+        raise ValueError(f"no code listing for recipe {recipe!r}; listed: {sorted(RECIPE_CODE)}")
+    paths = [spec.implementation, *RECIPE_CODE[recipe]]
+    return [(path, function_source(path)) for path in paths]
+
+
+def recipe_code(recipe: str):
+    """The recipe's parallelize code as Markdown, and the torch calls it makes or stands for."""
+    from IPython.display import Markdown
+
+    parts = [f"#### The code of {recipe}: what `run_recipes` runs in every worker"]
+    for path, source in recipe_sources(recipe):
+        parts.append(f"`{path}`\n```python\n{source.rstrip()}\n```")
+    calls = TORCH_CALLS.get(recipe, [])
+    if calls:
+        parts.append(
+            "| our call | the torch call it makes or stands for |\n| --- | --- |\n"
+            + "\n".join(f"| {ours} | {theirs} |" for ours, theirs in calls)
+        )
+    return Markdown("\n\n".join(parts))
+
+
+# ---------------------------------------------------------------- trade-offs from the cost model
+
+
+def _measured_bytes(result, rank: int = 0) -> dict[tuple[str, str], float]:
+    traces = result if isinstance(result, dict) else result.traces
+    events = [e for e in traces.get(rank, []) if e.get("kind") == "collective" and e.get("phase") != "init"]
+    if not events:
+        return {}
+    last = max(e["step"] for e in events)
+    measured: dict[tuple[str, str], float] = {}
+    for event in events:
+        if event["step"] == last:
+            key = (event["op"], event["group"])
+            measured[key] = measured.get(key, 0.0) + event["bytes"]
+    return measured
+
+
+GATHERED_LABEL = "gathered parameters + one unit's full gradients (transient)"
+"""The cost model's ``memory.gathered``: the all-gathered parameters (none without sharding) plus the
+largest unit's unsharded gradients, which every style holds while that unit's backward runs (DDP too)."""
+
+
+def _measured_cell(model_bytes: float, result, key: tuple[str, str]) -> str:
+    """Rank 0's traced bytes, ✔ when they equal the model. Where routing decides the bytes (an MoE's
+    all-to-alls: each rank receives the rows its tokens' experts send back), the model gives the balanced
+    value, which is exactly the mean over the ranks: rank 0's bytes are shown with that mean checked."""
+    from hyper_parallel.viz.style import fmt_bytes
+
+    traced = _measured_bytes(result).get(key, 0.0)
+    if abs(model_bytes - traced) < 0.5:
+        return fmt_bytes(traced) + " ✔"
+    traces = result if isinstance(result, dict) else result.traces
+    per_rank = [_measured_bytes(traces, rank).get(key, 0.0) for rank in sorted(traces)]
+    mean = sum(per_rank) / len(per_rank) if per_rank else 0.0
+    if len(per_rank) > 1 and abs(model_bytes - mean) < 0.5:
+        return f"{fmt_bytes(traced)} (routing; mean over ranks {fmt_bytes(mean)} ✔)"
+    return fmt_bytes(traced) + " ≠ model"
+
+
+def tradeoff_rows(result) -> list[list[Any]]:
+    """Rows of ``tradeoff_table``: memory per rank (one rank, this run, change) and bytes per (op, group)
+    (cost model, this run's trace on rank 0, last step)."""
+    from hyper_parallel.cost_model import estimate, recipe_model
+    from hyper_parallel.mesh import ParallelDims
+    from hyper_parallel.viz.style import fmt_bytes
+
+    metrics = result.metrics
+    recipe, degrees = metrics["recipe"], metrics["degrees"]
+    dims = ParallelDims(**{k: v for k, v in degrees.items() if k in ParallelDims.__dataclass_fields__})
+    config = recipe_model(recipe)
+    here, alone = estimate(config, dims), estimate(config, ParallelDims(world_size=1))
+    rows = []
+    for name, label in (
+        ("parameters", "parameters per rank"),
+        ("gradients", "gradients per rank"),
+        ("gathered", GATHERED_LABEL),
+        ("activations", "activations (estimate)"),
+    ):
+        a, b = getattr(alone.memory, name), getattr(here.memory, name)
+        change = (
+            "same" if a == b else (f"shrinks ÷{a / b:.3g}" if b and b < a else f"grows ×{b / a:.3g}" if a else "grows")
+        )
+        rows.append([label, fmt_bytes(a), fmt_bytes(b), change, ""])
+    measured = _measured_bytes(result)
+    for key in sorted(set(here.by_op_group()) | set(measured)):
+        model_bytes = here.by_op_group().get(key, 0.0)
+        rows.append(
+            [
+                f"communicated: {key[0]} on {key[1]}",
+                "—",
+                fmt_bytes(model_bytes),
+                "new",
+                _measured_cell(model_bytes, result, key),
+            ]
+        )
+    return rows
+
+
+def tradeoff_table(result, label: str | None = None):
+    """What shrinks, what grows, what is communicated: this run against one rank training alone."""
+    from launch.tables import table
+
+    label = label or result.metrics["recipe"]
+    return table(
+        ["per rank, one step", "one rank alone", label, "change", "measured (rank 0, last step)"],
+        tradeoff_rows(result),
+        caption=f"{label}: the cost model (hyper_parallel.cost_model.estimate) for one rank and for this "
+        "mesh; bytes are full collective buffers, the last column the run's own trace",
+    )

@@ -1,0 +1,160 @@
+"""The workbook: run the notebooks headless (``make workbook``) in reading order.
+
+    python -m launch workbook --out runs      every notebook in notebooks/ through papermill into
+                                              runs/<timestamp>/: executed .ipynb, figures/, run data,
+                                              a report.html in every run directory
+
+The helpers the notebooks call (so their cells stay one call each) live in ``launch.notebook.runs``
+(running recipes, figures, invalid meshes, the CLI) and ``launch.notebook.tables`` (result tables);
+the notebooks import them from here:
+
+    run_recipes({"M4": m4, "M7": m7}, steps=2, out=runs_dir)   one torchrun launch per world size
+    figures(result, figures_dir)          every figure of a run (saved as PNG + SVG when figures_dir is set)
+    show_figures(result, figures_dir)     the same, displayed with a heading each
+    groupinfo_table(results)              per fully_shard unit: shard/dp/rank sizes, RS and AR groups
+    collective_table(results)             collectives of the last step per (op, group)
+    numbers_table(results)                loss per step against the single-process reference
+    expect_invalid(recipe, **degrees)     the ValueError message of an invalid mesh (fails if it is valid)
+    cli("check", "--world", "3", ...)     ``python -m launch ...`` in a subprocess: exit code and output
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # launch/notebook/papermill.py
+FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
+
+
+READING_ORDER = (
+    "00_start_here",
+    "10_ddp_fsdp",
+    "16_memory",
+    "11_tensor_sequence_parallel",
+    "12_context_parallel",
+    "13_hsdp",
+    "01_mesh_algebra",
+    "02_fully_shard_groupinfo",
+    "14_moe_expert_parallel",
+    "15_pipeline_parallel",
+    "03_pure_tp_fix",
+    "04_planning_at_scale",
+    "05_your_own_model",
+    "90_negative_cases",
+    "95_performance",
+    "91_recipe_matrix",
+)
+"""The learning path: concepts before mechanics, each notebook after every one it builds on (13's
+second run stacks 12's CP under HSDP; 14's dual-stack meshes need 01's efsdp and 02's GroupInfo;
+pipelines, 15, once the mesh of 01 is known), the appendix last. File names keep their numbers (tests and links use them); 00 and every notebook's
+"Next:" link give this order."""
+
+
+def notebooks(folder: str | Path = NOTEBOOKS_DIR) -> list[Path]:
+    """The workbook's notebooks in reading order (``READING_ORDER``; any other notebook after them, by name)."""
+    found = sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
+    rank = {name: i for i, name in enumerate(READING_ORDER)}
+    return sorted(found, key=lambda p: (rank.get(p.stem, len(rank)), p.name))
+
+
+def execute_notebook(
+    path: str | Path, output: str | Path, parameters: Mapping[str, Any] | None = None, timeout: float = 900.0
+) -> tuple[bool, str]:
+    """Run one notebook with papermill (cwd: its folder); returns (ok, error summary or "")."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    path, output = Path(path), Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        papermill.execute_notebook(
+            str(path),
+            str(output),
+            parameters=dict(parameters or {}),
+            cwd=str(path.parent),
+            progress_bar=False,
+            log_output=False,
+            request_save_on_cell_execute=False,
+            execution_timeout=timeout,
+            # the kernel's own log is noise here (TCP-without-encryption warning on loopback,
+            # the KeyboardInterrupt of jupyter_client's shutdown); cell errors still fail the run
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
+        )
+    except PapermillExecutionError as error:
+        return (
+            False,
+            f"cell {error.exec_count}: {error.ename}: {str(error.evalue).splitlines()[0] if error.evalue else ''}",
+        )
+    except Exception as error:  # kernel died, timeout, bad notebook
+        return False, f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return True, ""
+
+
+def run_workbook(
+    out: str | Path,
+    only: Iterable[str] | None = None,
+    parameters: Mapping[str, Mapping] | None = None,
+    notebooks_dir: str | Path = NOTEBOOKS_DIR,
+) -> int:
+    """Execute every notebook into ``out/<timestamp>/``; print one status line per notebook; 1 if any failed.
+
+    Each notebook gets ``figures_dir=<root>/figures/<notebook>`` and ``runs_dir=<root>/runs/<notebook>``;
+    ``only`` restricts to notebooks whose name starts with one of the given prefixes; ``parameters``
+    maps a notebook name (stem) to extra papermill parameters.
+    """
+    only = list(only) if only is not None else None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    root = (Path(out) / stamp).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    chosen = [p for p in notebooks(notebooks_dir) if only is None or any(p.stem.startswith(prefix) for prefix in only)]
+    if not chosen:
+        print(
+            f"found no notebooks in {Path(notebooks_dir).resolve()}"
+            + (f" starting with {only}" if only else "")
+            + ": the notebooks live in the repository's notebooks/ folder, not in the installed package; "
+            "run this from a clone of the repository",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"running {len(chosen)} notebooks into {root}", flush=True)
+    from launch.report import write_reports
+
+    start, failed, reports = time.monotonic(), [], []
+    for path in chosen:
+        params = {
+            FIGURE_PARAMETER: str(root / "figures" / path.stem),
+            RUNS_PARAMETER: str(root / "runs" / path.stem),
+            **dict((parameters or {}).get(path.stem, {})),
+        }
+        began = time.monotonic()
+        ok, error = execute_notebook(path, root / path.name, params)
+        pngs = len(list((root / "figures" / path.stem).rglob("*.png")))
+        written, problems = write_reports(root / "runs" / path.stem)  # one report.html per run directory
+        reports += written
+        status = "OK    " if ok else "FAILED"
+        print(
+            f"{status} {path.stem:<30} {time.monotonic() - began:6.1f}s  {pngs:3d} figures  {len(written):2d} reports"
+            + (f"  {error}" if error else ""),
+            flush=True,
+        )
+        for problem in problems:
+            print(f"       no report for {problem}", flush=True)
+        if not ok:
+            failed.append(path.stem)
+    total = time.monotonic() - start
+    print(f"workbook written to {root} ({len(chosen)} notebooks, {len(failed)} failed, {total:.0f}s)")
+    print(
+        f"  executed notebooks: {root}/*.ipynb\n  figures (PNG + SVG): {root}/figures/<notebook>/<run>/"
+        f"\n  run data (metrics, traces, Chrome traces): {root}/runs/<notebook>/<run>/"
+    )
+    print(f"  reports (self-contained HTML, one per run): {len(reports)}")
+    for report in reports:
+        print(f"    {report.relative_to(root)}")
+    if failed:
+        print("failed: " + ", ".join(failed) + " (open the executed notebook to see the failing cell)")
+    return 1 if failed else 0

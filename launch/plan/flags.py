@@ -1,0 +1,213 @@
+"""``python -m launch plan``: a layout of up to thousands of ranks, checked and costed in one process.
+
+    python -m launch plan --world 4096 --dp-replicate 8 --dp-shard 16 --cp 2 --tp 16 --model llama-8b-like
+    python -m launch plan --world 4096 --tp 8 --model llama-8b-like --gpus-per-node 8 --compare
+
+Validates the degrees with ``ParallelDims`` and the model's shapes (the messages of ``launch check``;
+exit status 2 when invalid), builds every DeviceMesh view on torch's fake process group (one process
+plays rank ``--rank`` of the world, no worker starts), and prints each dim's group size, example rank
+lists read from the DeviceMeshes, which groups cross node boundaries for ``--gpus-per-node``, the cost
+model's per-rank memory and per-step communication (``hyper_parallel.cost_model``), and the multi-node
+torchrun command. ``--compare`` ranks every valid layout of the same world size by step time (compute
+and overlap: ``hyper_parallel.cost_model.step_time``) within the memory budget; ``--json`` prints all of
+it as one JSON document.
+
+    python -m launch plan --world 512 --model llama-8b-like --layouts "dp_shard=512; dp_shard=64,tp=8" \
+        --format md --out review.html
+
+``--layouts`` reviews named candidates side by side (``launch.plan.review_page``: text, md, csv,
+json; ``--out X.html`` writes the self-contained page, another suffix the ``--format`` text). Training
+knobs (``--micro-batch``, ``--grad-accum``, ``--ac``, ``--loss-parallel``, ``--reshard-after-forward``,
+``--expert-shard-dim``, ``--pp-schedule``, ``--virtual-stages``) and the machine (``--hardware`` preset, ``--peak-tflops``, ``--intra-node-gbs``,
+``--inter-node-gbs``, ``--memory-gib``, ``--memory-reserve-gib``) apply to every view.
+
+``--model-config config.json`` plans your own model from its Hugging Face config (``cost_model.hf_config``).
+Bad input (sizes <= 0, --top < 1, a degree that does not divide the world, pp that does not split the
+layers, NaN machine numbers, a degree named twice in --layouts) is refused with the rule and the
+nearest valid value: the checks live in the cost model (``cost_model.validation``, ``ModelConfig``,
+``Hardware``), and ``launch.cli`` maps their ``ValueError`` to exit status 2.
+
+This module is the command line (flags, what runs for which of them); ``launch.plan.build`` builds a
+plan (mesh groups, cost, torchrun command) and ``launch.plan.render`` prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hyper_parallel.cost_model import CLI_MODELS, PRECISIONS, ModelConfig, get_model, load_model_config
+from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, HARDWARE, Hardware, get_hardware
+from hyper_parallel.cost_model.layouts import check_gpus_per_node
+from hyper_parallel.cost_model.model_configs import AC_MODES
+from hyper_parallel.cost_model.ranking import rank_layouts
+from hyper_parallel.cost_model.review import parse_layouts, review_layouts
+from hyper_parallel.cost_model.validation import check_degrees_divide, check_step_sizes
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import DEGREE_NAMES
+from launch.plan.build import make_plan, torchrun_command
+from launch.plan.render import compare_json, plan_json, print_compare, print_plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plan subcommand's own flags (the degrees come from ``launch.cli``)."""
+    parser.add_argument("--model", default="small", choices=CLI_MODELS, help="model preset (default: small)")
+    parser.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="a Hugging Face config.json (Llama, Mistral, Qwen2, Mixtral, Qwen2-MoE, DeepSeekMoE, GPT-2) instead of --model",
+    )
+    parser.add_argument(
+        "--pp-schedule",
+        choices=("gpipe", "1f1b", "interleaved-1f1b", "interleaved_1f1b"),
+        default="1f1b",
+        help="pipeline schedule with --pp > 1 (default: 1f1b)",
+    )
+    parser.add_argument(
+        "--virtual-stages", type=int, help="interleaved_1f1b: stages per pp rank (default 2 for interleaved, else 1)"
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: 8)")
+    parser.add_argument("--seq-len", type=int, help="override the preset's sequence length")
+    parser.add_argument("--batch", type=int, help="override the preset's global batch (sequences per step)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="override the preset's precision")
+    parser.add_argument("--rank", type=int, default=0, help="the rank whose groups are shown (default: 0)")
+    parser.add_argument("--compare", action="store_true", help="rank every valid layout of this world size")
+    parser.add_argument("--sort", choices=("time", "memory"), default="time", help="--compare order (default: time)")
+    parser.add_argument("--top", type=int, default=10, help="--compare: layouts shown (default: 10)")
+    parser.add_argument(
+        "--hardware",
+        choices=sorted(HARDWARE),
+        default=DEFAULT_HARDWARE.name,
+        help=f"machine preset (default: {DEFAULT_HARDWARE.name}); the flags below override it",
+    )
+    parser.add_argument("--peak-tflops", type=float, help="dense bf16 TFLOPS per GPU")
+    parser.add_argument("--intra-node-gbs", type=float, help="GB/s per rank inside a node")
+    parser.add_argument("--inter-node-gbs", type=float, help="GB/s per rank across nodes")
+    parser.add_argument("--memory-gib", type=float, help="memory per GPU (the preset's by default)")
+    parser.add_argument(
+        "--memory-reserve-gib",
+        type=float,
+        help="memory kept free of the model: CUDA context, NCCL buffers, fragmentation (default 8)",
+    )
+    parser.add_argument("--micro-batch", type=int, help="rows per rank per forward (grad-accum derived)")
+    parser.add_argument("--grad-accum", type=int, help="micro-batches per step (micro-batch derived)")
+    parser.add_argument("--ac", choices=AC_MODES, default="none", help="activation checkpointing (default: none)")
+    parser.add_argument("--loss-parallel", action="store_true", help="TP keeps the logits sharded for the loss")
+    parser.add_argument(
+        "--reshard-after-forward",
+        choices=("true", "false"),
+        default="true",
+        help="false: keep gathered parameters from forward to backward (default: true)",
+    )
+    parser.add_argument(
+        "--expert-shard-dim",
+        type=int,
+        choices=(0, 1, 2),
+        default=0,
+        help="axis of the expert tensors [E, d, h] FSDP shards (default: 0, the experts)",
+    )
+    parser.add_argument(
+        "--layouts", help='named candidates side by side, e.g. "dp_shard=512; dp_replicate=64,dp_shard=8"'
+    )
+    parser.add_argument(
+        "--format", choices=("text", "md", "csv", "json"), default="text", help="--layouts output (default: text)"
+    )
+    parser.add_argument("--out", help="--layouts: write the review here (.html: the self-contained page)")
+    parser.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+
+
+def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) -> ModelConfig:
+    """The preset (or ``--model-config`` file) with the flags' changes; the step's sizes are checked against
+    ``layouts`` first, so a bad one is refused with the smallest size all of them accept."""
+    check_step_sizes(args.seq_len, args.batch, list(layouts))
+    config = load_model_config(args.model_config) if args.model_config else get_model(args.model)
+    schedule = args.pp_schedule.replace("-", "_")
+    virtual = args.virtual_stages or (2 if schedule == "interleaved_1f1b" else 1)
+    changes = {
+        "pp_schedule": schedule,
+        "virtual_stages": virtual,
+        "seq_len": args.seq_len,
+        "global_batch": args.batch,
+        "precision": PRECISIONS[args.precision] if args.precision else None,
+        "micro_batch": args.micro_batch,
+        "grad_accum": args.grad_accum,
+        "activation_checkpointing": args.ac,
+        "loss_parallel": args.loss_parallel or None,
+        "reshard_after_forward": args.reshard_after_forward == "true",
+        "expert_shard_dim": args.expert_shard_dim,
+    }
+    return config.replace(**{k: v for k, v in changes.items() if v is not None})
+
+
+def hardware_from_args(args: argparse.Namespace) -> Hardware:
+    """The preset with the flags given on the command line replacing its numbers."""
+    return get_hardware(args.hardware).replace(
+        peak_tflops=args.peak_tflops,
+        intra_node_gbs=args.intra_node_gbs,
+        inter_node_gbs=args.inter_node_gbs,
+        memory_gib=args.memory_gib,
+        reserve_gib=args.memory_reserve_gib,
+    )
+
+
+def cmd_review(args: argparse.Namespace, config: ModelConfig, hardware: Hardware, layouts: list[ParallelDims]) -> int:
+    """``--layouts``: the named candidates side by side, printed in ``--format`` and written to ``--out``."""
+    from launch.plan.review_page import render, to_html
+
+    check_gpus_per_node(args.world_size, args.gpus_per_node)
+    reviews = review_layouts(config, layouts, args.gpus_per_node, hardware)
+    fmt = "json" if args.json else args.format
+    text = render(fmt, reviews, config, hardware, args.world_size, args.gpus_per_node)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix.lower() in (".html", ".htm"):
+            command = "python -m launch plan " + " ".join(_quoted(a) for a in getattr(args, "argv", []))
+            out.write_text(
+                to_html(reviews, config, hardware, args.world_size, args.gpus_per_node, command), encoding="utf-8"
+            )
+        else:
+            out.write_text(text + "\n", encoding="utf-8")
+        print(f"review: {out}", file=sys.stderr)  # stdout stays one parseable document
+    return 0
+
+
+def _quoted(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.world_size is None:
+        raise ValueError("--world is required (the number of ranks)")
+    if args.top < 1:
+        raise ValueError(f"--top (layouts shown by --compare) must be >= 1, got {args.top}; nearest valid --top: 1")
+    hardware = hardware_from_args(args)
+    if args.layouts is not None:
+        layouts = parse_layouts(args.layouts, args.world_size)
+        return cmd_review(args, model_from_args(args, layouts), hardware, layouts)
+    if args.out:
+        raise ValueError('--out writes a --layouts review; give --layouts "CANDIDATE; CANDIDATE"')
+    degrees = {k: getattr(args, k) for k in ("world_size", *DEGREE_NAMES)}
+    check_degrees_divide(args.world_size, degrees)
+    dims = ParallelDims(**{k: v for k, v in degrees.items() if v is not None})
+    config = model_from_args(args, [dims])
+    plan = make_plan(config, dims, args.gpus_per_node, args.rank, hardware)
+    command = torchrun_command(config, dims, args.gpus_per_node, args.rdzv_endpoint)
+    ranked = rank_layouts(config, dims.world_size, args.gpus_per_node, hardware, args.sort) if args.compare else None
+    if args.json or args.format == "json":
+        payload = {"plan": plan_json(plan, command)}
+        if ranked is not None:
+            payload["compare"] = compare_json(ranked, args.top)
+            payload["compare_total"] = len(ranked)
+        print(json.dumps(payload, indent=1))
+        return 0
+    print_plan(plan, command)
+    if ranked is not None:
+        print_compare(ranked, dims, args.top, hardware.budget_bytes, args.sort)
+    return 0

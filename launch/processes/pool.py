@@ -1,0 +1,303 @@
+"""The warm pool: torchrun workers that stay up between runs, so a notebook relaunches in a fraction of
+a second instead of paying torchrun, N interpreters importing torch and a rendezvous every time.
+
+    pool = launch.processes.pool.current()           # one per Python process, started on first use
+    replies = pool.run(2, {"kind": "recipes", "specs": [...]}, timeout=600, on_line=print)
+    launch.shutdown_pool()                 # also at interpreter exit
+
+The workers (``launch.processes.pool_worker``) run under the same loopback agent as every launch
+(``launch.processes.local_agent``: dies with this process, listens on 127.0.0.1 only) and talk to this process
+over an authenticated local connection (``launch.processes.pool_listener``; JSON messages; only values a cell
+returns travel as ``torch.save`` bytes, read back with ``weights_only=True``). The pool grows to the
+largest world size asked for; a smaller run uses ranks 0..n-1. One machine only (docs/multi_node.md).
+
+What ends the pool, and what does not (docs/warm_pool.md):
+
+* A Python exception on one or all ranks is reported (``PoolError``, ``kept=True``) and the pool stays
+  up with every name a ``%%torchrun`` cell defined: each rank finished its task and freed its groups.
+* A rank that died or hung past the timeout, an interrupt during a run, the agent's end, or growing to
+  more ranks end it with every process; the next run starts a new pool and ``restarted_because``
+  says why the names are gone.
+* ``timeout`` counts the run only; the cold start has its own limit (``start_timeout``, default
+  ``$HYPER_PARALLEL_POOL_START_TIMEOUT`` or 300 s), and its failure carries the workers' last lines.
+* An interrupt during the cold start ends everything it started (nothing is left half-up).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import secrets
+import subprocess
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from launch import inputs
+from launch.processes.failure_report import PEER_LOSS, timeout_error
+from launch.processes.pool_listener import PoolListener
+from launch.processes.run_dirs import claimed, new_scratch_dir
+from launch.processes.supervisor import (
+    LOOPBACK,
+    AgentOutput,
+    LineCallback,
+    ProcessTree,
+    start_agent,
+    without_rank_prefix,
+)
+
+WORKER_MODULE = "launch.processes.pool_worker"
+ADDRESS_ENV, KEY_ENV = "HYPER_PARALLEL_POOL_ADDRESS", "HYPER_PARALLEL_POOL_KEY"  # read by launch.processes.pool_worker
+POLL_SECONDS = 0.05
+LOG_TAIL_LINES = 20
+NAMES_GONE = "the warm workers were ended, so names defined by earlier %%torchrun cells are gone"
+
+
+class PoolError(RuntimeError):
+    """A run on the pool failed; ``rank`` is the rank to blame (-1: none), ``logs`` every rank's lines,
+    ``kept`` whether the pool (and a cell's names) survived it."""
+
+    def __init__(self, message: str, rank: int, logs: dict[int, list[str]], kept: bool = False) -> None:
+        super().__init__(message)
+        self.rank, self.logs, self.kept = rank, logs, kept
+
+
+def _tails(logs: dict[int, list[str]]) -> str:
+    """The last lines of every rank (-1: the agent), for an error a user can act on."""
+    parts = []
+    for rank, lines in sorted(logs.items()):
+        if lines:
+            label = "agent (torchrun)" if rank < 0 else f"rank {rank}"
+            parts.append(f"--- {label}, last lines:\n" + "\n".join(lines[-LOG_TAIL_LINES:]))
+    return "\n".join(parts) or "(no output from the workers)"
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Pool:
+    def __init__(self) -> None:
+        self.size = 0
+        self.runs = 0
+        self.ended_because: str | None = None
+        """Why the last pool ended (None: none ended, or it was ended on purpose by ``shutdown``)."""
+        self.restarted_because: str | None = None
+        """Set by the run that started a new pool after one ``ended_because``; cleared by the next run."""
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._tree: ProcessTree | None = None
+        self._output: AgentOutput | None = None
+        self._conns: dict[int, Connection] = {}
+        self._pids: dict[int, int] = {}
+        self._listener: PoolListener | None = None
+        self._claim: contextlib.ExitStack | None = None
+        self._on_line: LineCallback | None = None
+        self._logs: dict[int, list[str]] = {}
+        self.run_dir: Path | None = None
+
+    # ----- lifecycle -----
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def worker_pids(self) -> dict[int, int]:
+        """Each rank's process id (what ``launch.processes.pool_health`` counts threads and fds of)."""
+        return dict(self._pids)
+
+    def _emit(self, rank: int, line: str) -> None:
+        line = without_rank_prefix(rank, line)
+        self._logs.setdefault(rank, []).append(line)
+        if self._on_line is not None:
+            self._on_line(rank, line)
+
+    def _start(self, size: int, start_timeout: float) -> None:
+        """Start ``size`` workers; anything raised here (an interrupt included) ends what was started."""
+        try:
+            key = secrets.token_bytes(16)
+            self._listener = PoolListener(LOOPBACK, key, backlog=size + 8)
+            host, port = self._listener.address
+            self.run_dir = new_scratch_dir("pool-")
+            self._claim = contextlib.ExitStack()
+            self._claim.enter_context(claimed(self.run_dir))  # never pruned while the pool lives
+            self._logs = {}
+            self._proc, self._tree, self._output, _ = start_agent(
+                ["-m", WORKER_MODULE],
+                size,
+                [],
+                self.run_dir,
+                self._emit,
+                {ADDRESS_ENV: f"{host}:{port}", KEY_ENV: key.hex()},
+            )
+            deadline = time.monotonic() + start_timeout
+            while len(self._listener.ready) < size:
+                self._output.pump(POLL_SECONDS)
+                self._tree.refresh()
+                self._listener.poll()
+                if not self.alive:
+                    self._output.drain(1.0)
+                    raise PoolError(
+                        f"the pool's agent (torchrun) exited before its {size} workers connected:\n"
+                        + _tails(self._logs),
+                        -1,
+                        self._logs,
+                    )
+                if time.monotonic() > deadline:
+                    raise PoolError(
+                        f"the pool's {size} workers did not connect within {start_timeout:g} s (the cold-start "
+                        f"limit: start_timeout=..., or ${inputs.START_TIMEOUT_ENV}, raises it on a slow machine); "
+                        f"{len(self._listener.ready)} had connected.\n" + _tails(self._logs),
+                        -1,
+                        self._logs,
+                    )
+            ready = dict(self._listener.ready)
+            self._conns = {rank: conn for rank, (conn, _) in ready.items()}
+            self._pids = {rank: pid for rank, (_, pid) in ready.items()}
+            self.size = size  # only once every worker is connected
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """End every worker and the agent (idempotent)."""
+        for conn in self._conns.values():
+            with contextlib.suppress(OSError):
+                conn.send_bytes(json.dumps({"kind": "exit"}).encode())
+        if self._tree is not None:
+            self._tree.end()
+        if self._output is not None:
+            self._output.close()
+        if self._listener is not None:
+            self._listener.close()
+        for conn in self._conns.values():
+            conn.close()
+        if self._claim is not None:
+            self._claim.close()
+        self._proc = self._tree = self._output = self._listener = self._claim = None
+        self._conns, self._pids, self.size = {}, {}, 0
+
+    def _end(self, reason: str) -> None:
+        """End the pool because of ``reason`` (the next run says so)."""
+        self.shutdown()
+        self.ended_because = reason
+
+    def _check_before_run(self, world_size: int) -> None:
+        """End a pool that cannot serve this run (an agent or rank gone, too few ranks), saying why."""
+        if self._proc is None:
+            return
+        if not self.alive:
+            self._end("the pool's agent (torchrun) had ended since the last run")
+        elif dead := [rank for rank, pid in sorted(self._pids.items()) if not _is_running(pid)]:
+            self._end(f"rank(s) {dead} had ended since the last run (killed from outside?)")
+        elif self.size < world_size:
+            self._end(f"a run on {world_size} ranks needed more than the pool's {self.size}")
+
+    # ----- runs -----
+    def run(
+        self,
+        world_size: int,
+        task: dict[str, Any],
+        timeout: float,
+        on_line: LineCallback | None = None,
+        start_timeout: float | None = None,
+    ) -> tuple[list[dict], dict[int, list[str]], float]:
+        """Run ``task`` on ranks 0..world_size-1 (started or grown first); every rank's reply, every rank's
+        lines of this run, and the seconds the run took (after the start). ``PoolError`` on failure."""
+        world_size = inputs.rank_count(world_size, "world_size")
+        timeout = inputs.timeout(timeout)
+        start_limit = inputs.start_timeout(start_timeout)
+        with self._lock:
+            self.restarted_because = None
+            self._check_before_run(world_size)
+            if not self.alive:
+                self._start(world_size, start_limit)
+                self.restarted_because, self.ended_because = self.ended_because, None
+            self.runs += 1
+            self._logs, self._on_line = {}, on_line
+            start = time.monotonic()  # the run's deadline: the cold start above has its own
+            message = json.dumps({**task, "world_size": world_size, "prefix": f"hp-pool-run{self.runs}/"}).encode()
+            try:
+                for conn in self._conns.values():
+                    conn.send_bytes(message)
+                replies = self._collect(start + timeout, timeout)
+            except PoolError:
+                raise
+            except BaseException as error:  # an interrupt (or a failing on_line): the ranks are mid-task
+                self._end(f"{type(error).__name__} during run {self.runs}")
+                raise
+            finally:
+                self._on_line = None
+            failed = [rank for rank, reply in sorted(replies.items()) if not reply["ok"]]
+            if failed:
+                # blame a rank that raised on its own, not one whose peer's group went away (gloo's error)
+                first = next((r for r in failed if not any(p in replies[r]["traceback"] for p in PEER_LOSS)), failed[0])
+                raise PoolError(
+                    f"rank {first} failed:\n{replies[first]['traceback']}\n"
+                    f"(every rank finished its task: the warm workers and their names are kept)",
+                    first,
+                    self._logs,
+                    kept=True,
+                )
+            return [replies[rank] for rank in range(world_size)], self._logs, time.monotonic() - start
+
+    def _fail(self, reason: str, message: str, rank: int) -> PoolError:
+        logs = self._logs
+        self._end(reason)
+        return PoolError(f"{message}\n({NAMES_GONE}; the next run starts new ones)", rank, logs)
+
+    def _collect(self, deadline: float, timeout: float) -> dict[int, dict]:
+        replies: dict[int, dict] = {}
+        waiting = dict(self._conns)
+        while waiting:
+            self._output.pump(0.0)
+            for conn in wait(list(waiting.values()), timeout=POLL_SECONDS):
+                rank = next(r for r, c in waiting.items() if c is conn)
+                try:
+                    replies[rank] = json.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    self._output.drain(1.0)
+                    who = f"rank {rank}" if self.alive else f"the pool's agent (torchrun) and rank {rank}"
+                    raise self._fail(
+                        f"{who} died during run {self.runs}",
+                        f"{who} died during the run (its process ended):\n"
+                        + "\n".join(self._logs.get(rank, [])[-LOG_TAIL_LINES:]),
+                        rank,
+                    ) from None
+                del waiting[rank]
+            if waiting and time.monotonic() > deadline:
+                self._tree.refresh()
+                self._tree.dump_worker_stacks()
+                self._output.drain(1.0)
+                raise self._fail(
+                    f"run {self.runs} timed out", timeout_error(self._logs, sorted(waiting), timeout), min(waiting)
+                )
+        self._output.pump(0.05)
+        return replies
+
+
+_POOL: Pool | None = None
+
+
+def current() -> Pool:
+    """This process's pool (created on first use; its workers start with the first run)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = Pool()
+        atexit.register(shutdown_pool)
+    return _POOL
+
+
+def shutdown_pool() -> None:
+    """End the warm workers now (the next run starts new ones)."""
+    if _POOL is not None:
+        _POOL.shutdown()
+        _POOL.ended_because = None

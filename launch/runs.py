@@ -1,0 +1,345 @@
+"""``launch.run``: validate a recipe's degrees in this process, run its workers, collect the results.
+
+Validation happens before any process starts, so a bad mesh costs milliseconds and a clear
+``ValueError``, not a crashed torchrun. The workers write ``metrics.json`` (rank 0) and one trace
+per rank into the run directory; the result object carries both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.recipes import registry
+from hyper_parallel.run_files import (
+    EXIT_MISMATCH,
+    METRICS_FILE,
+    PROGRESS_PREFIX,
+    SUMMARY_FILE,
+    TRACE_FILE,
+    load_json,
+    load_traces,
+)
+from launch import inputs
+from launch.processes.log_layout import write_pool_logs
+from launch.processes.run_dirs import claimed, new_scratch_dir
+from launch.processes.supervisor import TorchrunResult, torchrun_claimed
+
+WORKER_MODULE = "hyper_parallel.recipes.worker"
+
+
+@dataclass
+class RunResult:
+    recipe: str
+    dims: ParallelDims
+    process: TorchrunResult
+    metrics: dict[str, Any] = field(default_factory=dict)
+    traces: dict[int, list[dict]] = field(default_factory=dict)
+    directory: Path | None = None  # this run's own folder (a launch of several runs shares process.run_dir)
+
+    @property
+    def ok(self) -> bool:
+        """Workers exited cleanly and the run matched its single-process reference."""
+        return self.process.ok and bool(self.metrics.get("ok"))
+
+    @property
+    def run_dir(self) -> Path:
+        return self.directory if self.directory is not None else self.process.run_dir
+
+    @property
+    def logs(self) -> dict[int, list[str]]:
+        return self.process.logs
+
+    @property
+    def error(self) -> str | None:
+        if not self.process.ok and not (self.process.returncode == EXIT_MISMATCH and self.metrics):
+            return self.process.error
+        if not self.metrics:
+            return f"the workers wrote no {METRICS_FILE} into {self.run_dir}"
+        if not self.metrics.get("ok"):
+            return (
+                f"result differs from the single-process reference: max |loss diff| = "
+                f"{self.metrics.get('max_abs_diff')}, parameters off: {self.metrics.get('mismatched_params')}"
+            )
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "degrees": self.dims.degrees(),
+            "ok": self.ok,
+            "losses": self.metrics.get("losses", []),
+            "reference_losses": self.metrics.get("reference_losses", []),
+            "max_abs_diff": self.metrics.get("max_abs_diff"),
+            "max_param_diff": self.metrics.get("max_param_diff"),
+            "step_times": self.metrics.get("step_times", []),
+            "returncode": self.process.returncode,
+            "duration": self.process.duration,
+            "error": self.error,
+        }
+
+    def save_summary(self) -> Path:
+        path = self.run_dir / SUMMARY_FILE
+        path.write_text(json.dumps(self.summary(), indent=1))
+        return path
+
+    def __repr__(self) -> str:
+        """Status, recipe, degrees, numerics, run directory: what a notebook cell should show (the metrics,
+        traces and logs are fields to read, not to print)."""
+        degrees = ", ".join(f"{k}={v}" for k, v in self.dims.degrees().items() if k == "world_size" or v != 1)
+        if self.ok:
+            numbers = (
+                f"max |loss - ref| {self.metrics.get('max_abs_diff'):.3g}, "
+                f"max |param - ref| {self.metrics.get('max_param_diff'):.3g}"
+            )
+        else:
+            numbers = "FAILED: " + ((self.error or "").strip().splitlines() or [""])[-1][:200]
+        return (
+            f"RunResult({self.recipe}, {degrees}, {len(self.metrics.get('losses', []))} steps, {numbers}, "
+            f"{self.process.duration:.1f} s, {self.run_dir})"
+        )
+
+    def _repr_html_(self) -> str:
+        summary = self.summary()
+        color = "#2e7d32" if self.ok else "#c62828"
+        rows = [
+            ("status", "matches the single-process reference" if self.ok else "FAILED"),
+            ("degrees", ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k == "world_size" or v != 1)),
+            ("losses", ", ".join(f"{x:.6f}" for x in summary["losses"])),
+            ("reference", ", ".join(f"{x:.6f}" for x in summary["reference_losses"])),
+            (
+                "max |loss - ref| / |param - ref|",
+                f"{_short(summary['max_abs_diff'])} / {_short(summary['max_param_diff'])}",
+            ),
+            ("wall time", f"{summary['duration']:.1f} s"),
+            ("run directory", str(self.run_dir)),
+        ]
+        if not self.ok:
+            rows.append(("error", summary["error"] or ""))
+        body = "".join(
+            f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th>"
+            f"<td style='text-align:left;white-space:pre-wrap'>{html.escape(str(v))}</td></tr>"
+            for k, v in rows
+        )
+        return (
+            f"<div><b style='color:{color}'>{'PASSED' if self.ok else 'FAILED'}</b> "
+            f"<b>{html.escape(self.recipe)}</b><table>{body}</table></div>"
+        )
+
+
+def _short(value: float | None) -> str:
+    """A difference as 3 significant digits (the full float repr hides its magnitude); '-' when absent."""
+    return "-" if value is None else f"{value:.3g}"
+
+
+def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> dict[str, int]:
+    """The degrees of a run: the recipe's defaults when none are given; otherwise the given ones, with
+    world_size (when not given) the product of the dense degrees given (``--tp 4`` alone: 4 ranks,
+    dp_shard 1). ep and etp borrow ranks and do not count; given alone they keep the recipe's world."""
+    degrees = {k: v for k, v in given.items() if v is not None}
+    if not degrees:
+        return dict(recipe.default)
+    dense = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.PP)
+    if "world_size" not in degrees:
+        if any(name in degrees for name in dense):
+            world = 1
+            for name in dense:
+                world *= max(degrees.get(name, 1), 1)  # dp_shard -1 (infer) counts as 1
+            degrees["world_size"] = world
+        else:  # only ep / etp given: they borrow ranks of the recipe's default world
+            degrees["world_size"] = recipe.default["world_size"]
+    return degrees
+
+
+def validate(recipe: str, **degrees: int | None) -> tuple[registry.Recipe, ParallelDims]:
+    """The recipe and its ParallelDims, or ``ValueError`` (unknown recipe, invalid mesh, bad shapes)."""
+    spec = registry.get(inputs.recipe_name(recipe))
+    resolved = resolve_degrees(spec, degrees)
+    global_batch = spec.shapes.get("global_batch")
+    dims = None
+    if global_batch:
+        with contextlib.suppress(ValueError, TypeError):  # an invalid mesh: spec.validate says why below
+            dims = ParallelDims(**{k: v for k, v in resolved.items() if k in ParallelDims.__dataclass_fields__})
+    if dims is not None:
+        inputs.batch_fits(spec.name, global_batch, dims.dp)
+    return spec, spec.validate(**resolved)
+
+
+def run(
+    recipe: str,
+    *,
+    steps: int | None = None,
+    timeout: float = 300.0,
+    out: str | Path | None = None,
+    seed: int = 0,
+    overlap: bool | None = None,
+    on_line: Callable[[int, str], None] | None = None,
+    on_progress: Callable[[dict], None] | None = None,
+    pool: bool = True,
+    **degrees: int | None,
+) -> RunResult:
+    """Run ``recipe`` on ``torchrun`` workers and compare with its single-process reference.
+
+    ``overlap=False`` issues every fully_shard collective synchronously (no prefetch, no reduce-scatter
+    in flight): the same numbers, a timeline without overlap; None follows ``HYPER_PARALLEL_OVERLAP``
+    (on unless it is 0). ``degrees``: world_size, dp_replicate,
+    dp_shard, cp, tp, pp (pipeline recipes only), ep, etp. Raises
+    ``ValueError`` before any worker starts when they are invalid.
+    """
+    spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **degrees}
+    run_dir = inputs.out_dir(out)
+    return run_many(
+        [spec],
+        timeout=timeout,
+        out=run_dir,
+        on_line=on_line,
+        on_progress=on_progress,
+        run_dirs=[run_dir] if run_dir is not None else None,
+        pool=pool,
+    )[0]
+
+
+def run_many(
+    runs: list[dict],
+    *,
+    timeout: float = 600.0,
+    out: str | Path | None = None,
+    on_line: Callable[[int, str], None] | None = None,
+    on_progress: Callable[[dict], None] | None = None,
+    run_dirs: list[Path] | None = None,
+    pool: bool = True,
+) -> list[RunResult]:
+    """Several recipe runs of the same world size in ONE process group, one after another.
+
+    Each run is ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees}`` and gets its own directory
+    (``out/NN-RECIPE`` unless ``run_dirs`` says otherwise). All runs are validated before anything
+    starts. ``pool=True`` (default) runs them on this process's warm workers (``launch.processes.pool``: started
+    on first use, grown to the largest world size asked for; a fresh process group, reseeded RNGs and a
+    fresh trace per run); ``pool=False`` starts a torchrun launch for them and ends it after.
+    """
+    if not runs:
+        raise ValueError("run_many needs at least one run")
+    timeout = inputs.timeout(timeout)
+    out = inputs.out_dir(out)
+    prepared = []
+    for spec in runs:
+        spec = dict(spec)
+        name, steps, seed = spec.pop("recipe", None), spec.pop("steps", None), inputs.seed(spec.pop("seed", 0))
+        overlap = spec.pop("overlap", None)
+        if overlap not in (None, True, False):
+            raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
+        recipe, dims = validate(name, **spec)
+        steps = recipe.steps if steps is None else inputs.steps(steps)
+        prepared.append((recipe, dims, steps, seed, overlap))
+    worlds = {dims.world_size for _, dims, *_ in prepared}
+    if len(worlds) != 1:
+        raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
+    root = out if out is not None else new_scratch_dir("hp-run-")
+    dirs = run_dirs or [root / f"{index:02d}-{recipe.name}" for index, (recipe, *_) in enumerate(prepared)]
+    with contextlib.ExitStack() as claims:
+        for directory in dict.fromkeys(path.resolve() for path in [root, *dirs]):
+            _make_dir(directory)
+            claims.enter_context(claimed(directory))  # before anything in it is deleted or written
+        process = _launch_batch(prepared, dirs, root, timeout, on_line, on_progress, pool)
+        results = []
+        for (recipe, dims, *_), run_dir in zip(prepared, dirs):
+            result = RunResult(
+                recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir), run_dir
+            )
+            result.save_summary()
+            results.append(result)
+    return results
+
+
+def _make_dir(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"cannot create the run directory {directory}: {error.strerror}; choose another out="
+        ) from None
+
+
+def _launch_batch(
+    prepared: list[tuple],
+    dirs: list[Path],
+    root: Path,
+    timeout: float,
+    on_line: Callable[[int, str], None] | None,
+    on_progress: Callable[[dict], None] | None,
+    pool: bool,
+) -> TorchrunResult:
+    """Clear the claimed directories of an earlier run's results, write batch.json, run the batch."""
+    batch = []
+    for (recipe, dims, steps, seed, overlap), run_dir in zip(prepared, dirs):
+        for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
+            stale.unlink(missing_ok=True)
+        explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
+        batch.append(
+            {
+                "recipe": recipe.name,
+                "degrees": explicit,
+                "steps": steps,
+                "seed": seed,
+                "overlap": overlap,
+                "out": str(run_dir),
+            }
+        )
+    batch_file = root / "batch.json"
+    batch_file.write_text(json.dumps(batch, indent=1))
+
+    def forward_line(rank: int, line: str) -> None:
+        if rank == 0 and line.startswith(PROGRESS_PREFIX) and on_progress is not None:
+            on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
+        if on_line is not None:
+            on_line(rank, line)
+
+    world_size = prepared[0][1].world_size
+    if pool:
+        return _run_on_pool(world_size, batch, timeout, forward_line, root)
+    args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, min(timeout, 3600.0)))]
+    return torchrun_claimed(WORKER_MODULE, world_size, args=args, timeout=timeout, on_line=forward_line, run_dir=root)
+
+
+def _run_on_pool(
+    world_size: int, batch: list[dict], timeout: float, on_line: Callable[[int, str], None], run_dir: Path
+) -> TorchrunResult:
+    """The batch on the warm pool, reported like a launch (a failure ends the pool, as it would a launch)."""
+    from launch.processes.pool import PoolError, current
+
+    start = time.monotonic()
+    try:
+        _, logs, seconds = current().run(world_size, {"kind": "recipes", "specs": batch}, timeout, on_line)
+    except PoolError as error:
+        write_pool_logs(run_dir, error.logs, world_size)
+        return TorchrunResult(
+            ok=False,
+            returncode=1,
+            logs=error.logs,
+            run_dir=run_dir,
+            failed_rank=error.rank,
+            error=str(error),
+            timed_out=str(error).startswith("timed out after"),
+            duration=time.monotonic() - start,
+            command=["warm pool"],
+        )
+    write_pool_logs(run_dir, logs, world_size)
+    return TorchrunResult(
+        ok=True,
+        returncode=0,
+        logs=logs,
+        run_dir=run_dir,
+        failed_rank=None,
+        error=None,
+        timed_out=False,
+        duration=seconds,
+        command=["warm pool"],
+    )
