@@ -48,12 +48,6 @@ def alive_microbatches(schedule: str, pp: int, microbatches: int, stage: int) ->
     return microbatches if schedule == "gpipe" else min(microbatches, pp - stage)
 
 
-def activation_memory(schedule: str, pp: int, microbatches: int, stage: int, bytes_per_microbatch: int) -> int:
-    """Peak saved-activation bytes of one stage: alive microbatches x one microbatch's activations there
-    (``bytes_per_microbatch``, e.g. ``memory.activation_bytes`` of the stage's layers at the microbatch size)."""
-    return alive_microbatches(schedule, pp, microbatches, stage) * bytes_per_microbatch
-
-
 def boundary_bytes(rows: int, seq_len: int, d_model: int, element_size: int = 4) -> int:
     """Bytes of the tensor one microbatch sends across a stage boundary (hidden states or their gradient)."""
     return rows * seq_len * d_model * element_size

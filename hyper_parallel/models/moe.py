@@ -119,9 +119,3 @@ class MoE(nn.Module):
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.reshape(shape)
-
-
-def moe_batch(config: MoEConfig, batch: int, seq_len: int, seed: int) -> torch.Tensor:
-    """A fixed input [batch, seq_len, d_model] from its own generator (does not touch the global RNG)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, seq_len, config.d_model, generator=generator)

@@ -84,14 +84,3 @@ def parallelize_transformer_tp(
                 PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)),
             )
     return model
-
-
-def count_tp_collectives_per_block(sequence_parallel: bool) -> dict[str, int]:
-    """Hand-derived TP communication of one dense block in forward (for tests and figures):
-    without SP each rowwise layer all-reduces its output; with SP each block input is all-gathered
-    (attention, feed-forward) and each rowwise output reduce-scattered. Backward mirrors it: without SP
-    one all-reduce per block input, with SP one reduce-scatter per block input and one all-gather per
-    block output gradient."""
-    if sequence_parallel:
-        return {"all_gather": 2, "reduce_scatter": 2}
-    return {"all_reduce": 2}

@@ -6,7 +6,6 @@ close, safe in scripts, tests and threads; Jupyter's inline backend displays a r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import matplotlib
@@ -105,15 +104,3 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
-
-
-def ranks_text(ranks: Iterable[int], world_size: int | None = None) -> str:
-    """'0,2,4' or 'all 8 ranks' or '0-3' for a run of consecutive ranks."""
-    ranks = sorted(ranks)
-    if not ranks:
-        return "nobody"
-    if world_size is not None and len(ranks) == world_size and world_size > 1:
-        return f"all {world_size}"
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(map(str, ranks))
