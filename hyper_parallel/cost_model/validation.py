@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import math
 
-SPLIT_DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")  # their product is the world size
+from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
+
+SPLIT_DEGREES = tuple(
+    d for d in DEGREE_NAMES if d not in (MeshDim.EP, MeshDim.ETP)
+)  # product = world size; ep, etp borrow
 
 
 def divisors(n: int) -> list[int]:

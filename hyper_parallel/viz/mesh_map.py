@@ -6,10 +6,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.style import group_color, new_figure, title
 
-DENSE_DIMS = ("dp_replicate", "dp_shard", "cp", "tp", "fsdp")
-SPARSE_DIMS = ("efsdp", "ep", "etp")
+DENSE_DIMS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.FSDP)
+SPARSE_DIMS = (MeshDim.EFSDP, MeshDim.EP, MeshDim.ETP)
 EXPLAIN = {
     "dp_replicate": "replicas: all-reduce gradients",
     "dp_shard": "shard parameters",

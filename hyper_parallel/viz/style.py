@@ -13,6 +13,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
+from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
+
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 OP_COLORS = {
     "all_gather": "#1f77b4",
@@ -44,7 +46,7 @@ PHASE_COLORS = {
     "optimizer": "#dff0d8",
     "other": "#f2f2f2",
 }
-DEGREE_ORDER = ("dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+DEGREE_ORDER = tuple(name for name in DEGREE_NAMES if name != MeshDim.PP)  # the degrees a figure title shows
 
 
 def rank_color(rank: int, world_size: int = 8) -> tuple[float, float, float, float]:

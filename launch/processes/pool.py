@@ -40,7 +40,7 @@ import psutil
 
 from launch import inputs
 from launch.processes.failure_report import PEER_LOSS, timeout_error
-from launch.processes.pool_listener import PoolListener
+from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, PoolListener
 from launch.processes.run_dirs import claimed, new_scratch_dir
 from launch.processes.supervisor import (
     LOOPBACK,
@@ -52,7 +52,6 @@ from launch.processes.supervisor import (
 )
 
 WORKER_MODULE = "launch.processes.pool_worker"
-ADDRESS_ENV, KEY_ENV = "HYPER_PARALLEL_POOL_ADDRESS", "HYPER_PARALLEL_POOL_KEY"  # read by launch.processes.pool_worker
 POLL_SECONDS = 0.05
 LOG_TAIL_LINES = 20
 NAMES_GONE = "the warm workers were ended, so names defined by earlier %%torchrun cells are gone"

@@ -18,6 +18,8 @@ import threading
 import time
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 
+# How a worker finds the listener: set by ``pool.Pool`` for every rank, read by ``pool_worker``.
+ADDRESS_ENV, KEY_ENV = "HYPER_PARALLEL_POOL_ADDRESS", "HYPER_PARALLEL_POOL_KEY"
 HANDSHAKE_SECONDS = 30.0
 HELLO_MAX_BYTES = 4096
 

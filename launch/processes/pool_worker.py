@@ -49,9 +49,8 @@ from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_r
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
+from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV
 
-POOL_ADDRESS_ENV = "HYPER_PARALLEL_POOL_ADDRESS"
-POOL_KEY_ENV = "HYPER_PARALLEL_POOL_KEY"
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKEND = "nccl" if DEVICE == "cuda" else "gloo"
@@ -115,8 +114,8 @@ def _encode(value: object) -> dict:
 
 
 def main() -> int:
-    host, port = os.environ[POOL_ADDRESS_ENV].rsplit(":", 1)
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[POOL_KEY_ENV]))
+    host, port = os.environ[ADDRESS_ENV].rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
     rank = int(os.environ["RANK"])
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
