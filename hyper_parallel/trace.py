@@ -99,6 +99,53 @@ def set_step(step: int) -> None:
 
 
 @contextlib.contextmanager
+def span(kind: str, **fields: Any) -> Iterator[None]:
+    """One timed event of ``kind`` around the block, e.g. a pipeline stage's forward of a microbatch.
+
+    Recorded when the block ends without an exception; ``fields`` are written as given, then the step
+    and the block's start and end."""
+    recorder = _current.get()
+    start = time.time()
+    yield
+    if recorder is not None:
+        recorder.events.append(
+            {
+                "kind": kind,
+                **fields,
+                "step": recorder.step,
+                "t_start": start - recorder.epoch,
+                "t_end": time.time() - recorder.epoch,
+            }
+        )
+
+
+def p2p(op: str, peers: list[int], nbytes: int, dtype: torch.dtype, *, group: str, **fields: Any) -> None:
+    """A point-to-point send or receive (``op``) to ``peers`` (global ranks), recorded when it is posted.
+
+    It is a collective event of zero duration on ``group``: the code that posted it waits later, and
+    the wait shows as the gap before its next event. ``fields`` carry the labels (phase, module, ...)."""
+    recorder = _current.get()
+    if recorder is None:
+        return
+    now = recorder.now()
+    recorder.events.append(
+        {
+            "kind": "collective",
+            "op": op,
+            "group": group,
+            "ranks": sorted({recorder.rank, *peers}),
+            "bytes": nbytes,
+            "dtype": str(dtype).removeprefix("torch."),
+            "step": recorder.step,
+            **fields,
+            "peer": sorted(peers)[0],
+            "t_start": now,
+            "t_end": now,
+        }
+    )
+
+
+@contextlib.contextmanager
 def labels(*, phase: str | None = None, step: int | None = None, module: str | None = None) -> Iterator[None]:
     """Label the events recorded inside the block (no-op when nothing records)."""
     recorder = _current.get()

@@ -1,15 +1,22 @@
-"""Named autograd functions, one per communication step of tensor / sequence parallelism.
+"""Named autograd functions, one per communication step of TP, SP, CP and EP.
 
 Each pairs a forward collective with its adjoint in backward (Megatron-LM, picotron):
 
-    copy_to_tp          forward identity            backward all-reduce
-    reduce_from_tp      forward all-reduce          backward identity
-    scatter_to_sp       forward keep my chunk       backward all-gather
-    gather_from_sp      forward all-gather          backward reduce-scatter (grad partial: feeds a
-                                                    colwise layer) or keep my chunk (grad replicated)
-    reduce_scatter_to_sp  forward reduce-scatter    backward all-gather
+    AllReduceBackward                    forward identity         backward all-reduce     (Megatron's f,
+                                         ``copy_to_tensor_model_parallel_region``)
+    AllReduceForward                     forward all-reduce       backward identity       (g,
+                                         ``reduce_from_tensor_model_parallel_region``)
+    SplitWithAllGatherBackward           forward keep my chunk    backward all-gather
+                                         (``scatter_to_sequence_parallel_region``)
+    AllGatherWithReduceScatterBackward   forward all-gather       backward reduce-scatter (the gradient is
+                                         partial: it feeds a colwise layer; ``gather_from_sequence_parallel_region``)
+    AllGatherWithSplitBackward           forward all-gather       backward keep my chunk  (the gradient is
+                                         replicated: every rank uses the gathered tensor alike)
+    ReduceScatterWithAllGatherBackward   forward reduce-scatter   backward all-gather
+                                         (``reduce_scatter_to_sequence_parallel_region``)
 
-Sequence chunks are along ``dim`` in rank order of the group.
+Named by what they do, not by the style that first used them: CP's K/V gather and EP's row exchange
+use them too. Chunks are along ``dim`` in rank order of the group.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ def chunk_along(tensor: torch.Tensor, dim: int, info: GroupInfo) -> torch.Tensor
     return tensor.chunk(info.size, dim=dim)[info.index].contiguous()
 
 
-class CopyToTensorParallel(torch.autograd.Function):
+class AllReduceBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, info):
         ctx.info = info
@@ -59,7 +66,7 @@ class CopyToTensorParallel(torch.autograd.Function):
         return comm.all_reduce(grad.contiguous().clone(), ctx.info), None
 
 
-class ReduceFromTensorParallel(torch.autograd.Function):
+class AllReduceForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, info):
         return comm.all_reduce(tensor.contiguous().clone(), info)
@@ -69,7 +76,7 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
-class ScatterToSequenceParallel(torch.autograd.Function):
+class SplitWithAllGatherBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dim, info):
         ctx.dim, ctx.info = dim, info
@@ -80,24 +87,36 @@ class ScatterToSequenceParallel(torch.autograd.Function):
         return gather_along(grad, ctx.dim, ctx.info), None, None
 
 
-class GatherFromSequenceParallel(torch.autograd.Function):
-    """``grad_is_partial``: True when the gathered tensor feeds a colwise layer (each rank's input
-    gradient is a partial sum: reduce-scatter it); False when every rank computes the same thing on
-    it (the gradient is replicated: keep this rank's chunk)."""
+class AllGatherWithReduceScatterBackward(torch.autograd.Function):
+    """All-gather along ``dim``; backward reduce-scatters. For a gathered tensor that feeds a colwise
+    layer: each rank's gradient of it is a partial sum (Megatron's ``gather_from_sequence_parallel_region``,
+    ``tensor_parallel_output_grad=True``)."""
 
     @staticmethod
-    def forward(ctx, tensor, dim, info, grad_is_partial=True):
-        ctx.dim, ctx.info, ctx.grad_is_partial = dim, info, grad_is_partial
+    def forward(ctx, tensor, dim, info):
+        ctx.dim, ctx.info = dim, info
         return gather_along(tensor, dim, info)
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.grad_is_partial:
-            return reduce_scatter_along(grad, ctx.dim, ctx.info), None, None, None
-        return chunk_along(grad, ctx.dim, ctx.info), None, None, None
+        return reduce_scatter_along(grad, ctx.dim, ctx.info), None, None
 
 
-class ReduceScatterToSequenceParallel(torch.autograd.Function):
+class AllGatherWithSplitBackward(torch.autograd.Function):
+    """All-gather along ``dim``; backward keeps this rank's chunk. For a gathered tensor every rank
+    uses the same way: its gradient is replicated (``tensor_parallel_output_grad=False``)."""
+
+    @staticmethod
+    def forward(ctx, tensor, dim, info):
+        ctx.dim, ctx.info = dim, info
+        return gather_along(tensor, dim, info)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return chunk_along(grad, ctx.dim, ctx.info), None, None
+
+
+class ReduceScatterWithAllGatherBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dim, info):
         ctx.dim, ctx.info = dim, info

@@ -32,7 +32,7 @@ import torch
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.parallel.autograd_comm import GatherFromSequenceParallel
+from hyper_parallel.parallel.autograd_comm import AllGatherWithReduceScatterBackward, AllGatherWithSplitBackward
 
 IMPLS = ("all_gather", "ring")
 """The K/V exchanges of this module; Ulysses (head resharding by all-to-all) is ``ulysses.py``."""
@@ -104,7 +104,7 @@ def unshard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo) -> torch.Ten
         return tensor
     dim = dim % tensor.dim()
     order = torch.argsort(gathered_positions(tensor.shape[dim] * cp.size, cp.size)).to(tensor.device)
-    gathered = GatherFromSequenceParallel.apply(tensor, dim, cp, False)
+    gathered = AllGatherWithSplitBackward.apply(tensor, dim, cp)
     return gathered.index_select(dim, order)
 
 
@@ -191,11 +191,11 @@ def context_parallel_attention(
     if same:  # one collective for both
         # the gathered K/V feed this rank's queries only: each rank's gradient of them is a partial sum,
         # reduce-scattered back in backward
-        k_all, v_all = GatherFromSequenceParallel.apply(torch.stack((k, v)), 3, cp, True).unbind(0)
+        k_all, v_all = AllGatherWithReduceScatterBackward.apply(torch.stack((k, v)), 3, cp).unbind(0)
     else:  # e.g. a different value head_dim (MLA-like): one each
         k_all, v_all = (
-            GatherFromSequenceParallel.apply(k, 2, cp, True),
-            GatherFromSequenceParallel.apply(v, 2, cp, True),
+            AllGatherWithReduceScatterBackward.apply(k, 2, cp),
+            AllGatherWithReduceScatterBackward.apply(v, 2, cp),
         )
     return attend(q, k_all, v_all, positions, layout, causal, scale, dtype)
 

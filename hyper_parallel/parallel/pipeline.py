@@ -13,8 +13,6 @@ microbatch), and the gradients accumulate in the sharded ``.grad``; the numbers 
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -82,61 +80,40 @@ class TracedPipelineStage(PipelineStage):
     next action.
     """
 
-    def _span(self, action: str, microbatch: int, start: float) -> None:
-        recorder = trace.current()
-        if recorder is not None:
-            recorder.events.append(
-                {
-                    "kind": "pipeline",
-                    "action": action,
-                    "phase": action,
-                    "stage": self.stage_index,
-                    "microbatch": microbatch,
-                    "step": recorder.step,
-                    "t_start": start - recorder.epoch,
-                    "t_end": time.time() - recorder.epoch,
-                }
-            )
+    def _action_span(self, action: str, microbatch: int):
+        return trace.span("pipeline", action=action, phase=action, stage=self.stage_index, microbatch=microbatch)
 
     def _p2p(self, op: str, phase: str, microbatch: int, ops: list[dist.P2POp]) -> list[dist.P2POp]:
-        recorder = trace.current()
-        if recorder is not None and ops:
-            now = recorder.now()
-            peer_ranks = sorted({op_.peer for op_ in ops})  # P2POp.peer is the global rank
-            recorder.events.append(
-                {
-                    "kind": "collective",
-                    "op": op,
-                    "group": MeshDim.PP,
-                    "ranks": sorted({recorder.rank, *peer_ranks}),
-                    "bytes": _nbytes(ops),
-                    "dtype": str(ops[0].tensor.dtype).removeprefix("torch."),
-                    "phase": phase,
-                    "module": f"stage{self.stage_index}",
-                    "step": recorder.step,
-                    "microbatch": microbatch,
-                    "peer": peer_ranks[0],
-                    "t_start": now,
-                    "t_end": now,
-                }
+        if ops:
+            peers = sorted({op_.peer for op_ in ops})  # P2POp.peer is the global rank
+            module = f"stage{self.stage_index}"
+            trace.p2p(
+                op,
+                peers,
+                _nbytes(ops),
+                ops[0].tensor.dtype,
+                group=MeshDim.PP,
+                phase=phase,
+                module=module,
+                microbatch=microbatch,
             )
         return ops
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
-        start = time.time()
-        with trace.labels(phase="forward", module=f"stage{self.stage_index}"):
-            out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
-        self._span("forward", fwd_chunk_id, start)
-        return out
+        with (
+            self._action_span("forward", fwd_chunk_id),
+            trace.labels(phase="forward", module=f"stage{self.stage_index}"),
+        ):
+            return super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
 
     def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
-        start = time.time()
-        with trace.labels(phase="backward", module=f"stage{self.stage_index}"):
-            out = super().backward_one_chunk(
+        with (
+            self._action_span("backward", bwd_chunk_id),
+            trace.labels(phase="backward", module=f"stage{self.stage_index}"),
+        ):
+            return super().backward_one_chunk(
                 bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward
             )
-        self._span("backward", bwd_chunk_id, start)
-        return out
 
     def get_fwd_send_ops(self, fwd_chunk_id):
         return self._p2p("send", "forward", fwd_chunk_id, super().get_fwd_send_ops(fwd_chunk_id))

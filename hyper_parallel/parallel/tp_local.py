@@ -24,9 +24,10 @@ from hyper_parallel.comm import GroupInfo
 from hyper_parallel.models.layers import rms_norm
 from hyper_parallel.models.mlp import MLP, MLPBlock
 from hyper_parallel.parallel.autograd_comm import (
-    GatherFromSequenceParallel,
-    ReduceScatterToSequenceParallel,
-    ScatterToSequenceParallel,
+    AllGatherWithReduceScatterBackward,
+    AllGatherWithSplitBackward,
+    ReduceScatterWithAllGatherBackward,
+    SplitWithAllGatherBackward,
 )
 from hyper_parallel.partial_grad import mark_partial
 
@@ -56,9 +57,9 @@ class LocalTensorParallelMLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, _local(self.norm.weight), self.norm.eps)
-        h = GatherFromSequenceParallel.apply(h, SEQ_DIM, self.tp)
+        h = AllGatherWithReduceScatterBackward.apply(h, SEQ_DIM, self.tp)
         h = torch.relu(F.linear(h, _local(self.w1.weight), _local(self.w1.bias)))
-        h = ReduceScatterToSequenceParallel.apply(F.linear(h, _local(self.w2.weight)), SEQ_DIM, self.tp)
+        h = ReduceScatterWithAllGatherBackward.apply(F.linear(h, _local(self.w2.weight)), SEQ_DIM, self.tp)
         return x + h + _local(self.w2.bias)
 
 
@@ -70,10 +71,10 @@ class LocalTensorParallelMLP(nn.Module):
         self.inp, self.blocks, self.head, self.tp = model.inp, blocks, model.head, tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = ScatterToSequenceParallel.apply(self.inp(x), SEQ_DIM, self.tp)
+        x = SplitWithAllGatherBackward.apply(self.inp(x), SEQ_DIM, self.tp)
         for block in self.blocks:
             x = block(x)
-        return self.head(GatherFromSequenceParallel.apply(x, SEQ_DIM, self.tp, False))
+        return self.head(AllGatherWithSplitBackward.apply(x, SEQ_DIM, self.tp))
 
 
 def parallelize_mlp_local(model: MLP, tp_mesh: DeviceMesh, mark_partial_grads: bool = True) -> LocalTensorParallelMLP:

@@ -9,14 +9,14 @@ rest; a reduce-scatter then sums the (disjoint) contributions and hands every so
       -> all_gather(counts) over ep               [ep, E]: what every rank routes to every expert;
                                                   capacity C = max_j N_j (the padded row count)
       -> pad routed to [C, d] with zero rows
-      -> GatherFromSequenceParallel along rows: all_gather over ep -> [ep * C, d]   (backward: reduce_scatter)
+      -> AllGatherWithReduceScatterBackward along rows: all_gather over ep -> [ep * C, d]   (backward: reduce_scatter)
       -> select the rows of this rank's experts, expert-major (source rank order inside an expert,
          each source's row order kept: the same rows in the same order as the all-to-all path)
-      [-> CopyToTensorParallel over etp           forward identity, backward all-reduce of the input grad]
+      [-> AllReduceBackward over etp         forward identity, backward all-reduce of the input grad]
       -> local experts on ``to_local()`` weights (ETP: w1 colwise / w2 rowwise hidden shard)
-      [-> ReduceFromTensorParallel over etp      forward all-reduce of the partial outputs, backward identity]
+      [-> AllReduceForward over etp          forward all-reduce of the partial outputs, backward identity]
       -> scatter the outputs into zeros [ep * C, d] at the selected positions
-      -> ReduceScatterToSequenceParallel along rows: reduce_scatter over ep -> [C, d]   (backward: all_gather)
+      -> ReduceScatterWithAllGatherBackward along rows: reduce_scatter over ep -> [C, d]   (backward: all_gather)
       -> drop the padding: [N_i, d], rows in the caller's order
 
 Every row is computed by exactly one rank of the ep group (its expert's owner) and the others add
@@ -48,10 +48,10 @@ from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.models.moe import grouped_mlp
 from hyper_parallel.parallel.autograd_comm import (
-    CopyToTensorParallel,
-    GatherFromSequenceParallel,
-    ReduceFromTensorParallel,
-    ReduceScatterToSequenceParallel,
+    AllGatherWithReduceScatterBackward,
+    AllReduceBackward,
+    AllReduceForward,
+    ReduceScatterWithAllGatherBackward,
 )
 from hyper_parallel.parallel.ep.all_to_all import ExpertParallelExperts, local_tensor
 
@@ -92,14 +92,14 @@ class AllGatherExpertParallelExperts(ExpertParallelExperts):
         num_rows = routed.shape[0]
         padded = F.pad(routed, (0, 0, 0, capacity - num_rows))  # [C, d]
         # each rank computes only its experts' rows of the gathered ones: its gradient of them is partial
-        gathered = GatherFromSequenceParallel.apply(padded, 0, ep, True)  # [ep * C, d]
+        gathered = AllGatherWithReduceScatterBackward.apply(padded, 0, ep)  # [ep * C, d]
         index = local_rows(all_counts, first, local, capacity)
         rows = gathered[index]
         if self.etp is not None:
-            rows = CopyToTensorParallel.apply(rows, self.etp)
+            rows = AllReduceBackward.apply(rows, self.etp)
         local_counts = all_counts[:, first : first + local].sum(0).tolist()
         out = grouped_mlp(rows, local_counts, local_tensor(self.w1), local_tensor(self.w2))
         if self.etp is not None:
-            out = ReduceFromTensorParallel.apply(out, self.etp)
+            out = AllReduceForward.apply(out, self.etp)
         full = out.new_zeros((ep.size * capacity,) + tuple(out.shape[1:])).index_copy(0, index, out)
-        return ReduceScatterToSequenceParallel.apply(full, 0, ep)[:num_rows]  # [N_i, d]
+        return ReduceScatterWithAllGatherBackward.apply(full, 0, ep)[:num_rows]  # [N_i, d]

@@ -8,9 +8,9 @@ default ``dispatch="all_to_all"``, by:
       -> all_to_all(counts) over ep             each rank learns how many rows it gets per local expert
       -> DispatchTokens: all_to_all(rows) over ep, uneven splits    (backward: the reverse all_to_all)
       -> regroup the received rows expert-major (source rank order inside an expert)
-      [-> CopyToTensorParallel over etp          forward identity, backward all-reduce of the input grad]
+      [-> AllReduceBackward over etp          forward identity, backward all-reduce of the input grad]
       -> local experts on ``to_local()`` weights (ETP: w1 colwise / w2 rowwise hidden shard)
-      [-> ReduceFromTensorParallel over etp      forward all-reduce of the partial outputs, backward identity]
+      [-> AllReduceForward over etp          forward all-reduce of the partial outputs, backward identity]
       -> back to source-rank order
       -> CombineTokens: the reverse all_to_all over ep               (backward: the forward all_to_all)
     rows back in the caller's order; the MoE weights and sums them per token as in the reference.
@@ -54,7 +54,7 @@ Preconditions (not checkable cheaply at run time, so documented):
   and their expert gradients counted twice. When the ep group contains tp ranks that hold the same
   tokens (etp == 1, no sequence parallelism), pass ``token_split_mesh=views["tp"]``: each rank of that
   group then keeps 1/size of the sequence (``seq_len % size == 0``) before routing and the outputs are
-  all-gathered after the combine (``ScatterToSequenceParallel`` / ``GatherFromSequenceParallel``:
+  all-gathered after the combine (``SplitWithAllGatherBackward`` / ``AllGatherWithSplitBackward``:
   backward keeps this rank's chunk of the output gradient and all-gathers the input gradient). The
   router and shared expert then see only this rank's chunk, so their gradients are partial sums over
   that group: they are marked (``hyper_parallel.partial_grad``) and ``fully_shard`` sums them over it.
@@ -72,7 +72,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.models.moe import GroupedExperts, grouped_mlp
-from hyper_parallel.parallel.autograd_comm import CopyToTensorParallel, ReduceFromTensorParallel
+from hyper_parallel.parallel.autograd_comm import AllReduceBackward, AllReduceForward
 
 SEQ_DIM = 1
 
@@ -163,10 +163,10 @@ class ExpertParallelExperts(nn.Module):
         order = expert_major_order(received_counts)
         rows = received[order]
         if self.etp is not None:
-            rows = CopyToTensorParallel.apply(rows, self.etp)
+            rows = AllReduceBackward.apply(rows, self.etp)
         out = grouped_mlp(rows, received_counts.sum(0).tolist(), local_tensor(self.w1), local_tensor(self.w2))
         if self.etp is not None:
-            out = ReduceFromTensorParallel.apply(out, self.etp)
+            out = AllReduceForward.apply(out, self.etp)
         out = out[_inverse(order)]
         return CombineTokens.apply(out, ep, input_splits, output_splits)
 

@@ -11,7 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.models.moe import GroupedExperts, MoE
-from hyper_parallel.parallel.autograd_comm import GatherFromSequenceParallel, ScatterToSequenceParallel
+from hyper_parallel.parallel.autograd_comm import AllGatherWithSplitBackward, SplitWithAllGatherBackward
 from hyper_parallel.parallel.ep.all_gather import AllGatherExpertParallelExperts
 from hyper_parallel.parallel.ep.all_to_all import SEQ_DIM, ExpertParallelExperts
 from hyper_parallel.partial_grad import mark_partial
@@ -105,10 +105,10 @@ def _split_tokens(moe: MoE, split_mesh: DeviceMesh, etp: GroupInfo | None) -> No
                 f"seq_len={x.shape[SEQ_DIM]} must be divisible by the token-split group "
                 f"{name}={split.size} (each of its ranks routes 1/{split.size} of the sequence)"
             )
-        return (ScatterToSequenceParallel.apply(x, SEQ_DIM, split), *rest)
+        return (SplitWithAllGatherBackward.apply(x, SEQ_DIM, split), *rest)
 
     def gather(module, args, output):
-        return GatherFromSequenceParallel.apply(output, SEQ_DIM, split, False)
+        return AllGatherWithSplitBackward.apply(output, SEQ_DIM, split)
 
     moe.token_split = split
     moe._token_split_hooks = (moe.register_forward_pre_hook(scatter), moe.register_forward_hook(gather))
