@@ -87,29 +87,28 @@ class SplitWithAllGatherBackward(torch.autograd.Function):
         return gather_along(grad, ctx.dim, ctx.info), None, None
 
 
-class AllGatherWithReduceScatterBackward(torch.autograd.Function):
-    """All-gather along ``dim``; backward reduce-scatters. For a gathered tensor that feeds a colwise
-    layer: each rank's gradient of it is a partial sum (Megatron's ``gather_from_sequence_parallel_region``,
-    ``tensor_parallel_output_grad=True``)."""
+class _AllGatherAlong(torch.autograd.Function):
+    """The forward both all-gathers share; a subclass says what its backward does."""
 
     @staticmethod
     def forward(ctx, tensor, dim, info):
         ctx.dim, ctx.info = dim, info
         return gather_along(tensor, dim, info)
+
+
+class AllGatherWithReduceScatterBackward(_AllGatherAlong):
+    """All-gather along ``dim``; backward reduce-scatters. For a gathered tensor that feeds a colwise
+    layer: each rank's gradient of it is a partial sum (Megatron's ``gather_from_sequence_parallel_region``,
+    ``tensor_parallel_output_grad=True``)."""
 
     @staticmethod
     def backward(ctx, grad):
         return reduce_scatter_along(grad, ctx.dim, ctx.info), None, None
 
 
-class AllGatherWithSplitBackward(torch.autograd.Function):
+class AllGatherWithSplitBackward(_AllGatherAlong):
     """All-gather along ``dim``; backward keeps this rank's chunk. For a gathered tensor every rank
     uses the same way: its gradient is replicated (``tensor_parallel_output_grad=False``)."""
-
-    @staticmethod
-    def forward(ctx, tensor, dim, info):
-        ctx.dim, ctx.info = dim, info
-        return gather_along(tensor, dim, info)
 
     @staticmethod
     def backward(ctx, grad):
