@@ -7,7 +7,7 @@ Rules:
   shards (HSDP, as torch FSDP2 reads a 2-D mesh); a single one shards, so a 1-D ``mesh["dp"]``
   written for torch FSDP2 keeps its meaning. Three or more are ambiguous and rejected.
 * ``enable_param_shard``: True shards over the shard dim (error if none), False turns the shard dim
-  into a replica dim (shard_size = 1), None shards iff a shard dim of size > 1 exists (scheme B).
+  into a replica dim (shard_size = 1), None shards iff a shard dim of size > 1 exists (docs/fully_shard.md).
 * ``dp_mesh_dims`` (torch FSDP2's ``DataParallelMeshDims``) names the shard and replicate dims
   explicitly; every other dim of the mesh is then model-parallel, whatever its name.
 """

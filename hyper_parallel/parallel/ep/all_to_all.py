@@ -135,7 +135,7 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 class ExpertParallelExperts(nn.Module):
     """Drop-in for ``GroupedExperts`` (same ``forward(routed, counts)`` and parameter names ``w1``/``w2``)
     holding this rank's experts and exchanging the tokens over ep with all-to-all (see the module docstring).
-    ``ep_all_gather.AllGatherExpertParallelExperts`` subclasses it and only replaces ``forward``."""
+    ``ep.all_gather.AllGatherExpertParallelExperts`` subclasses it and only replaces ``forward``."""
 
     dispatch = "all_to_all"
 
