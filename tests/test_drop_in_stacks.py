@@ -3,7 +3,8 @@ unused on some ranks, QLoRA's mixed dtypes, accumulation in the reduce dtype. On
 ``tests/workers/drop_in_worker.py --modules drop_in_stack_cases``; each case trains ours beside torch FSDP2
 and (where the weights are the same) one process on the global batch, with the tolerances of
 tests/test_drop_in.py (derived there): bit for bit against FSDP2, fp32 rtol 1e-5 on the loss, 1e-6 on the
-gradients and 5e-5 on the parameters after 3 AdamW steps against the single process.
+gradients (one bf16 ulp of the largest gradient for the case computing through bf16, ``BF16_ULP``) and 5e-5
+on the parameters after 3 AdamW steps against the single process.
 
 On the code before this test the launch did not finish (a rank waited in a collective the others never
 issued, until gloo's timeout: the experts case reduced on data-dependent triggers); alone, meta init raised
@@ -19,6 +20,11 @@ from drop_in_launch import case_result, launch_cases
 pytestmark = pytest.mark.distributed
 
 LOSS_RTOL, REF_GRAD_ATOL, REF_PARAM_ATOL = 1e-5, 1e-6, 5e-5
+# The QLoRA case computes through a frozen bf16 base on both sides. Its GEMM rounds each output to bf16 after an
+# accumulation whose order depends on the batch split (oneDNN's AMX bf16 kernels do; CPUs without AMX happened to
+# agree to 1e-6), so its gradients agree to one bf16 ulp (2^-8 relative) at the largest gradient, not to fp32's
+# 1e-6. Measured on an AMX Xeon: 4.4e-6 at a largest gradient of 0.113 (3.9e-5 relative; the bound is 3.9e-3).
+BF16_ULP = 2.0**-8
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +58,8 @@ def test_equal_to_single_process_reference(results, name):
     for rank, per_rank in enumerate(results):
         ref, losses = per_rank[name]["ref"], per_rank[name]["losses"]["ref"]
         assert ref["loss"] <= LOSS_RTOL * max(abs(x) for x in losses), (rank, ref)
-        assert ref["grads"] <= REF_GRAD_ATOL and ref["params"] <= REF_PARAM_ATOL, (rank, ref)
+        grad_bound = BF16_ULP * ref["grad_scale"] if "bf16" in name else REF_GRAD_ATOL
+        assert ref["grads"] <= grad_bound and ref["params"] <= REF_PARAM_ATOL, (rank, ref)
 
 
 def test_meta_init_is_initialised(results):

@@ -128,6 +128,11 @@ def compare(runs: dict[str, dict], dp_size: int) -> dict:
             "grads": max(max_diff(a, b) for a, b in zip(ours["grads"], theirs["grads"])),
             "params": max_diff(ours["params"], theirs["params"]),
         }
+    if "ref" in runs:  # the size of the gradients, for bounds relative to it (a bf16 compute path)
+        result["ref"]["grad_scale"] = max(
+            (t.float().abs().max().item() for grads in runs["ref"]["grads"] for t in grads.values() if t.numel()),
+            default=0.0,
+        )
     result["losses"] = {name: run["global_losses"] for name, run in runs.items()}
     result["param_names"] = {name: sorted(run["params"]) for name, run in runs.items()}
     return result
