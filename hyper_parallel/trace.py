@@ -119,29 +119,20 @@ def span(kind: str, **fields: Any) -> Iterator[None]:
         )
 
 
-def p2p(op: str, peers: list[int], nbytes: int, dtype: torch.dtype, *, group: str, **fields: Any) -> None:
+def p2p(
+    op: str, peers: list[int], nbytes: int, dtype: torch.dtype, *, group: str, phase: str, module: str, **extra
+) -> None:
     """A point-to-point send or receive (``op``) to ``peers`` (global ranks), recorded when it is posted.
 
     It is a collective event of zero duration on ``group``: the code that posted it waits later, and
-    the wait shows as the gap before its next event. ``fields`` carry the labels (phase, module, ...)."""
+    the wait shows as the gap before its next event. ``extra`` fields (e.g. the microbatch) are added."""
     recorder = _current.get()
     if recorder is None:
         return
     now = recorder.now()
-    recorder.events.append(
-        {
-            "kind": "collective",
-            "op": op,
-            "group": group,
-            "ranks": sorted({recorder.rank, *peers}),
-            "bytes": nbytes,
-            "dtype": str(dtype).removeprefix("torch."),
-            "step": recorder.step,
-            **fields,
-            "peer": sorted(peers)[0],
-            "t_start": now,
-            "t_end": now,
-        }
+    ranks = sorted({recorder.rank, *peers})
+    _append_collective(
+        recorder, op, group, ranks, nbytes, dtype, (phase, module, recorder.step), now, now, peer=min(peers), **extra
     )
 
 

@@ -13,9 +13,8 @@ import math
 
 from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
 
-SPLIT_DEGREES = tuple(
-    d for d in DEGREE_NAMES if d not in (MeshDim.EP, MeshDim.ETP)
-)  # product = world size; ep, etp borrow
+# The degrees whose product is the world size (ep and etp borrow their ranks from these).
+SPLIT_DEGREES = tuple(d for d in DEGREE_NAMES if d not in (MeshDim.EP, MeshDim.ETP))
 
 
 def divisors(n: int) -> list[int]:

@@ -85,8 +85,7 @@ class TracedPipelineStage(PipelineStage):
 
     def _p2p(self, op: str, phase: str, microbatch: int, ops: list[dist.P2POp]) -> list[dist.P2POp]:
         if ops:
-            peers = sorted({op_.peer for op_ in ops})  # P2POp.peer is the global rank
-            module = f"stage{self.stage_index}"
+            peers = [op_.peer for op_ in ops]  # P2POp.peer is the global rank
             trace.p2p(
                 op,
                 peers,
@@ -94,7 +93,7 @@ class TracedPipelineStage(PipelineStage):
                 ops[0].tensor.dtype,
                 group=MeshDim.PP,
                 phase=phase,
-                module=module,
+                module=f"stage{self.stage_index}",
                 microbatch=microbatch,
             )
         return ops
