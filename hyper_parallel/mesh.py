@@ -292,7 +292,10 @@ class ParallelDims:
                 f"num_experts/ep experts); nearest valid num_experts: {_nearest_multiple(num_experts, self.ep)}"
             )
         if num_heads is not None and num_heads % self.tp:
-            raise ValueError(f"num_heads={num_heads} must be divisible by tp={self.tp} (TP splits attention by heads)")
+            raise ValueError(
+                f"num_heads={num_heads} must be divisible by tp={self.tp} (TP splits attention by heads); "
+                f"choose tp from {list(_divisors(num_heads))}"
+            )
         if ulysses and num_heads is not None and num_heads % (self.tp * self.cp):
             valid_cp = list(_divisors(num_heads // self.tp))
             raise ValueError(
@@ -333,11 +336,13 @@ class ParallelDims:
 
     @staticmethod
     def _check_divisible(sizes: Iterable[int], degree: int, name: str) -> None:
+        sizes = tuple(sizes)
         for size in sizes:
             if size % degree:
                 raise ValueError(
                     f"hidden size {size} must be divisible by {name}={degree}; "
-                    f"nearest valid size: {_nearest_multiple(size, degree)}"
+                    f"nearest valid size: {_nearest_multiple(size, degree)}, "
+                    f"or choose {name} from {list(_divisors(math.gcd(*sizes)))}"
                 )
 
     def describe(self) -> str:

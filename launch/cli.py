@@ -25,6 +25,7 @@ from pathlib import Path
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
+from hyper_parallel.recipes.options import OPTION_NAMES
 from launch import inputs
 from launch.processes.multinode import multinode_command
 from launch.processes.run_dirs import RunDirError
@@ -53,6 +54,23 @@ def _degrees(args: argparse.Namespace) -> dict[str, int | None]:
     return {name: getattr(args, name) for name in ("world_size",) + DEGREE_FLAGS}
 
 
+def _add_options(parser: argparse.ArgumentParser) -> None:
+    """The recipe's options (hyper_parallel/recipes/options.py): left out, each is the recipe's default
+    or, when that does not fit the mesh, the nearest value that does."""
+    helps = {
+        "global_batch": "samples per optimizer step, over all data-parallel ranks",
+        "seq_len": "tokens per sample (transformer recipes)",
+        "num_experts": "experts of each MoE layer (MoE recipes)",
+        "microbatches": "microbatches per data-parallel rank and step (pipeline recipes)",
+    }
+    for name in OPTION_NAMES:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, action=_Once, help=helps[name])
+
+
+def _options(args: argparse.Namespace) -> dict[str, int | None]:
+    return {name: getattr(args, name, None) for name in OPTION_NAMES}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -62,10 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate degrees and show the mesh views and groups")
     _add_degrees(check)
     check.add_argument("--recipe", help="also check the recipe's constraints and shapes")
+    _add_options(check)
     run = sub.add_parser("run", help="run a recipe on torchrun workers against its reference")
     run.add_argument("recipe")
     _add_degrees(run)
     run.add_argument("--steps", type=int, action=_Once)
+    _add_options(run)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds (> 0; inf: none)")
     run.add_argument("--out", help="run directory (default: a new temporary one)")
@@ -85,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_argument("--nproc-per-node", type=int, required=True)
     command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500", help="HOST:PORT of the rendezvous")
     command.add_argument("--steps", type=int, action=_Once)
+    _add_options(command)
     command.add_argument("--out", help="run directory each node writes into (default: runs/RECIPE-<rdzv id>)")
     from launch.plan.flags import add_arguments as add_plan_arguments
 
@@ -161,15 +182,20 @@ def cmd_list() -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from launch.runs import validate
+    from launch.runs import resolve_run
 
+    options = None
     if args.recipe:
-        _, dims = validate(args.recipe, **_degrees(args))
+        _, dims, options = resolve_run(args.recipe, **_degrees(args), **_options(args))
     else:
         if args.world_size is None:
             raise ValueError("--world is required (the number of ranks)")
+        if any(value is not None for value in _options(args).values()):
+            raise ValueError("--global-batch, --seq-len, --num-experts and --microbatches need --recipe")
         dims = ParallelDims(**{k: v for k, v in _degrees(args).items() if v is not None})
     print("valid: " + dims.describe())
+    if options is not None:
+        _print_options(options)
     print("example groups (global ranks):")
     seen = set()
     for view in dims.views().values():
@@ -182,6 +208,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_options(options) -> None:
+    print("options: " + (", ".join(f"{k}={v}" for k, v in options.values().items()) or "none"))
+    for note in options.notes():
+        print(f"  {note}")
+
+
 def _progress_bar(progress: dict) -> None:
     done, total = progress["step"], progress["steps"]
     bar = "#" * round(20 * done / total)
@@ -192,13 +224,14 @@ def _progress_bar(progress: dict) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from launch.runs import run, validate
+    from launch.runs import resolve_run, run
 
-    spec, dims = validate(args.recipe, **_degrees(args))
+    spec, dims, options = resolve_run(args.recipe, **_degrees(args), **_options(args))
     steps = None if args.steps is None else inputs.steps(args.steps)
     timeout = inputs.timeout(args.timeout, "--timeout")
     out = inputs.out_dir(args.out)
     print(f"{spec.name}: {spec.title}\n  {dims.describe()}", flush=True)
+    _print_options(options)
 
     def show(rank: int, line: str) -> None:
         if not line.startswith("[progress]"):
@@ -214,6 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         on_progress=_progress_bar,
         pool=False,
         **_degrees(args),
+        **_options(args),
     )
     summary = result.summary()
     print(
@@ -244,11 +278,11 @@ def _endpoint(value: str) -> str:
 
 
 def cmd_command(args: argparse.Namespace) -> int:
-    from launch.runs import validate
+    from launch.runs import resolve_run
 
     nnodes = inputs.positive_int(args.nnodes, "--nnodes")
     per_node = inputs.positive_int(args.nproc_per_node, "--nproc-per-node")
-    spec, dims = validate(args.recipe, **_degrees(args))
+    spec, dims, options = resolve_run(args.recipe, **_degrees(args), **_options(args))
     steps = spec.steps if args.steps is None else inputs.steps(args.steps)
     if nnodes * per_node != dims.world_size:
         raise ValueError(
@@ -258,7 +292,7 @@ def cmd_command(args: argparse.Namespace) -> int:
 
     explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
     worker = ["-m", "hyper_parallel.recipes.worker", "--recipe", spec.name, "--degrees", json.dumps(explicit)]
-    worker += ["--steps", str(steps)]
+    worker += ["--options", json.dumps(options.kept()), "--steps", str(steps)]
     command = multinode_command(nnodes, per_node, _endpoint(args.rdzv_endpoint), worker)
     rdzv_id = command.split("--rdzv-id=")[1].split()[0]
     out = args.out or f"runs/{spec.name}-{rdzv_id.removeprefix('hyper-parallel-')}"

@@ -131,17 +131,6 @@ def json_names(value: object, where: str) -> None:
             json_names(item, where)
 
 
-def batch_fits(recipe_label: str, global_batch: int, dp: int) -> None:
-    """The recipe trains ``global_batch`` samples per step split evenly over its dp ranks."""
-    if global_batch % dp:
-        choices = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
-        raise ValueError(
-            f"recipe {recipe_label} trains a global batch of {global_batch} samples split evenly over its "
-            f"data-parallel ranks, so dp_replicate*dp_shard = {dp} must divide {global_batch}: choose "
-            f"dp_replicate*dp_shard from {choices}"
-        )
-
-
 def launch_target(target: str) -> list[str]:
     """``[SCRIPT]`` or ``["-m", MODULE]``; ``ValueError`` for a target that is neither."""
     if not isinstance(target, str):

@@ -19,6 +19,7 @@ from typing import Any
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
+from hyper_parallel.recipes.options import OPTION_NAMES, RunOptions
 from hyper_parallel.run_files import (
     EXIT_MISMATCH,
     METRICS_FILE,
@@ -75,6 +76,8 @@ class RunResult:
         return {
             "recipe": self.recipe,
             "degrees": self.dims.degrees(),
+            "options": self.metrics.get("options", {}),
+            "adapted": self.metrics.get("adapted", []),
             "ok": self.ok,
             "losses": self.metrics.get("losses", []),
             "reference_losses": self.metrics.get("reference_losses", []),
@@ -113,6 +116,7 @@ class RunResult:
         rows = [
             ("status", "matches the single-process reference" if self.ok else "FAILED"),
             ("degrees", ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k == "world_size" or v != 1)),
+            ("options", "; ".join([", ".join(f"{k}={v}" for k, v in summary["options"].items()), *summary["adapted"]])),
             ("losses", ", ".join(f"{x:.6f}" for x in summary["losses"])),
             ("reference", ", ".join(f"{x:.6f}" for x in summary["reference_losses"])),
             (
@@ -159,18 +163,20 @@ def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> di
     return degrees
 
 
-def validate(recipe: str, **degrees: int | None) -> tuple[registry.Recipe, ParallelDims]:
-    """The recipe and its ParallelDims, or ``ValueError`` (unknown recipe, invalid mesh, bad shapes)."""
+def resolve_run(recipe: str, **given: int | None) -> tuple[registry.Recipe, ParallelDims, RunOptions]:
+    """The recipe, its ParallelDims and its options (``given``: degrees and options by name), or
+    ``ValueError`` (unknown recipe, invalid mesh, an option that does not fit the mesh)."""
+    options = {name: given.pop(name) for name in OPTION_NAMES if name in given}
     spec = registry.get(inputs.recipe_name(recipe))
-    resolved = resolve_degrees(spec, degrees)
-    global_batch = spec.shapes.get("global_batch")
-    dims = None
-    if global_batch:
-        with contextlib.suppress(ValueError, TypeError):  # an invalid mesh: spec.validate says why below
-            dims = ParallelDims(**{k: v for k, v in resolved.items() if k in ParallelDims.__dataclass_fields__})
-    if dims is not None:
-        inputs.batch_fits(spec.name, global_batch, dims.dp)
-    return spec, spec.validate(**resolved)
+    dims = spec.validate(**resolve_degrees(spec, given))
+    return spec, dims, spec.options(dims, **options)
+
+
+def validate(recipe: str, **given: int | None) -> tuple[registry.Recipe, ParallelDims]:
+    """The recipe and its ParallelDims, or ``ValueError`` (unknown recipe, invalid mesh, bad options:
+    ``given`` holds degrees and, by name, the options of ``run``)."""
+    spec, dims, _ = resolve_run(recipe, **given)
+    return spec, dims
 
 
 def run(
@@ -181,6 +187,10 @@ def run(
     out: str | Path | None = None,
     seed: int = 0,
     overlap: bool | None = None,
+    global_batch: int | None = None,
+    seq_len: int | None = None,
+    num_experts: int | None = None,
+    microbatches: int | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_progress: Callable[[dict], None] | None = None,
     pool: bool = True,
@@ -188,13 +198,25 @@ def run(
 ) -> RunResult:
     """Run ``recipe`` on ``torchrun`` workers and compare with its single-process reference.
 
+    The recipe's options (those its model has, ``python -m launch list`` / docs/recipes.md):
+    ``global_batch``, ``seq_len``, ``num_experts`` and, for pipeline recipes, ``microbatches``. Left at
+    None, each takes the recipe's default, or the nearest value that fits the mesh when the default does not
+    (``result.metrics["adapted"]`` says which); a value given that does not fit raises ``ValueError``
+    with the values that do.
+
     ``overlap=False`` issues every fully_shard collective synchronously (no prefetch, no reduce-scatter
     in flight): the same numbers, a timeline without overlap; None follows ``HYPER_PARALLEL_OVERLAP``
     (on unless it is 0). ``degrees``: world_size, dp_replicate,
     dp_shard, cp, tp, pp (pipeline recipes only), ep, etp. Raises
     ``ValueError`` before any worker starts when they are invalid.
     """
-    spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **degrees}
+    options = {
+        "global_batch": global_batch,
+        "seq_len": seq_len,
+        "num_experts": num_experts,
+        "microbatches": microbatches,
+    }
+    spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **options, **degrees}
     run_dir = inputs.out_dir(out)
     return run_many(
         [spec],
@@ -219,7 +241,8 @@ def run_many(
 ) -> list[RunResult]:
     """Several recipe runs of the same world size in ONE process group, one after another.
 
-    Each run is ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees}`` and gets its own directory
+    Each run is ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees, **options}`` (the
+    options of ``run``, e.g. ``"microbatches": 2``) and gets its own directory
     (``out/NN-RECIPE`` unless ``run_dirs`` says otherwise). All runs are validated before anything
     starts. ``pool=True`` (default) runs them on this process's warm workers (``launch.processes.pool``: started
     on first use, grown to the largest world size asked for; a fresh process group, reseeded RNGs and a
@@ -236,9 +259,9 @@ def run_many(
         overlap = spec.pop("overlap", None)
         if overlap not in (None, True, False):
             raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
-        recipe, dims = validate(name, **spec)
+        recipe, dims, options = resolve_run(name, **spec)
         steps = recipe.steps if steps is None else inputs.steps(steps)
-        prepared.append((recipe, dims, steps, seed, overlap))
+        prepared.append((recipe, dims, steps, seed, overlap, options))
     worlds = {dims.world_size for _, dims, *_ in prepared}
     if len(worlds) != 1:
         raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
@@ -279,7 +302,7 @@ def _launch_batch(
 ) -> TorchrunResult:
     """Clear the claimed directories of an earlier run's results, write batch.json, run the batch."""
     batch = []
-    for (recipe, dims, steps, seed, overlap), run_dir in zip(prepared, dirs):
+    for (recipe, dims, steps, seed, overlap, options), run_dir in zip(prepared, dirs):
         for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
             stale.unlink(missing_ok=True)
         explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
@@ -290,6 +313,7 @@ def _launch_batch(
                 "steps": steps,
                 "seed": seed,
                 "overlap": overlap,
+                "options": options.kept(),
                 "out": str(run_dir),
             }
         )

@@ -20,18 +20,30 @@ from fully_shard_expectations import TOLERANCES
 import launch
 from hyper_parallel import ParallelDims
 from hyper_parallel.recipes import RECIPES
+from hyper_parallel.recipes.options import OPTION_NAMES
 from launch.processes.supervisor import torchrun
 
 OVERLAP_OFF = ("M4", "M7", "M6", "S2")
 
+OPTION_RUNS = (
+    ("P1", {"world_size": 8, "pp": 2, "dp_shard": 4}),
+    ("P1", {"world_size": 4, "pp": 4}),
+    ("P1", {"world_size": 4, "pp": 2, "dp_shard": 2, "global_batch": 12, "microbatches": 3}),
+    ("M5", {"world_size": 3, "dp_shard": 1, "cp": 3}),
+    ("S1", {"world_size": 8, "dp_shard": 8, "ep": 8}),
+)
+"""Runs whose options are not the defaults (tests/test_recipe_options.py): P1's microbatches adapted to
+the mesh (2 rows per dp rank on pp2 x dp_shard4), the default on pp4, given explicitly; M5's sequence on
+cp=3 (16 tokens do not cut into 6 chunks) and S1's experts on ep=8 (4 experts do not spread over 8)."""
 EXTRA_RUNS = (
     ("S1", {"world_size": 8, "dp_shard": 8, "ep": 2}),
     *((name, {**RECIPES[name].default, "overlap": False}) for name in OVERLAP_OFF),
+    *OPTION_RUNS,
 )
 """Runs outside the matrix, in the same launches: S1 on 8 shards pads the router weight ([4, 32] over
-8 ranks: 1 row each, 4 of them padding), so FSDP padding is checked against a real run too; and the
+8 ranks: 1 row each, 4 of them padding), so FSDP padding is checked against a real run too; the
 recipes of ``OVERLAP_OFF`` on their default mesh with every collective synchronous, which
-tests/test_overlap.py holds to the same numbers as the default (overlapping) runs."""
+tests/test_overlap.py holds to the same numbers as the default (overlapping) runs; and ``OPTION_RUNS``."""
 
 
 def matrix() -> list[tuple[str, int, dict]]:
@@ -44,11 +56,13 @@ def matrix() -> list[tuple[str, int, dict]]:
 
 
 def run_key(recipe: str, degrees: dict) -> tuple:
-    """Runs that are the same computation (same workload, same normalised degrees, same overlap) are run once."""
+    """Runs that are the same computation (same workload, same normalised degrees, same overlap, same
+    options given) are run once."""
     spec = RECIPES[recipe]
     degrees = dict(degrees)
     overlap = degrees.pop("overlap", None)
-    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items())), overlap
+    options = tuple(sorted((name, degrees.pop(name)) for name in OPTION_NAMES if name in degrees))
+    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items())), overlap, options
 
 
 @pytest.fixture(scope="session")

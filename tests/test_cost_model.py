@@ -23,6 +23,7 @@ from hyper_parallel.cost_model import Param, build_units, estimate, get_model, r
 from hyper_parallel.cost_model.layouts import group_ranks
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import RECIPES
+from hyper_parallel.recipes.options import OPTION_NAMES
 from hyper_parallel.viz.volume import theoretical_bytes
 
 DATA_DEPENDENT = {("all_to_all", "ep"), ("all_reduce", "etp")}
@@ -50,6 +51,11 @@ def _runs():
         yield pytest.param(recipe, degrees, marks=pytest.mark.distributed, id=_label(recipe, degrees))
 
 
+def _mesh(degrees: dict) -> dict:
+    """The degrees of a run's spec without its options (OPTION_RUNS give some)."""
+    return {k: v for k, v in degrees.items() if k not in OPTION_NAMES}
+
+
 def _traced(result, step: int = 1) -> dict[int, dict[tuple, list[int]]]:
     """rank -> (op, group, phase) -> [calls, bytes] of one step."""
     per_rank: dict[int, dict[tuple, list[int]]] = {}
@@ -71,7 +77,7 @@ def _traced(result, step: int = 1) -> dict[int, dict[tuple, list[int]]]:
 def test_bytes_of_every_collective_equal_the_traces(recipe, degrees, recipe_results):
     result = result_of(recipe, degrees, recipe_results)
     assert result.ok, result.error
-    cost = estimate(recipe_model(recipe), ParallelDims(**degrees))
+    cost = estimate(recipe_model(recipe, result.metrics["options"]), ParallelDims(**_mesh(degrees)))
     model = {(c.op, c.group, c.phase): c for c in cost.collectives}
     traced = _traced(result)
     world = degrees["world_size"]
@@ -91,8 +97,8 @@ def test_bytes_of_every_collective_equal_the_traces(recipe, degrees, recipe_resu
 @pytest.mark.parametrize("recipe, degrees", list(_runs()))
 def test_units_and_per_rank_parameter_bytes_equal_the_runs(recipe, degrees, recipe_results):
     result = result_of(recipe, degrees, recipe_results)
-    dims = ParallelDims(**degrees)
-    cost = estimate(recipe_model(recipe), dims)
+    dims = ParallelDims(**_mesh(degrees))
+    cost = estimate(recipe_model(recipe, result.metrics["options"]), dims)
     element = cost.config.precision.storage
     measured = {unit["unit"]: unit for unit in result.metrics["units"]}
     assert [u.name for u in cost.units] == [unit["unit"] for unit in result.metrics["units"]]
@@ -252,7 +258,7 @@ def test_counts_equal_the_hand_derived_counts(recipe, degrees):
 def test_presets_describe_the_recipes_models():
     from hyper_parallel.models.mlp import MLP, MLPConfig
     from hyper_parallel.models.transformer import Transformer, TransformerConfig
-    from hyper_parallel.recipes import dense, moe, transformer
+    from hyper_parallel.recipes import moe
 
     small, small_moe, mlp = get_model("small"), get_model("small-moe"), get_model("small-mlp")
     real = TransformerConfig()
@@ -264,7 +270,8 @@ def test_presets_describe_the_recipes_models():
         real.hidden,
         real.seq_len,
     )
-    assert small.global_batch == transformer.GLOBAL_BATCH and mlp.global_batch == dense.GLOBAL_BATCH
+    assert small.global_batch == RECIPES["M2"].shapes["global_batch"]
+    assert mlp.global_batch == RECIPES["M1"].shapes["global_batch"]
     m = moe.MOE_CONFIG
     assert (small_moe.moe_layers, small_moe.num_experts, small_moe.top_k, small_moe.moe_hidden) == (
         m.moe_layers,

@@ -1,5 +1,5 @@
 """Negative cases: each illegal configuration exits non-zero with its rule's message,
-fast, before any worker starts (no run directory appears). The same list is in the README."""
+fast, before any worker starts (no run directory appears). The same list is in docs/cli.md."""
 
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ NEGATIVE_CASES = [
         id="world-size-mismatch",
     ),
     pytest.param(
-        ["run", "M6", "--world", "16", "--dp-shard", "1", "--cp", "4", "--tp", "4"],
+        ["run", "M6", "--world", "16", "--dp-shard", "1", "--cp", "4", "--tp", "4", "--seq-len", "16"],
         "seq_len=16 must be divisible by tp*2*cp = 4*2*4 = 32",
         id="seq-len-not-divisible",
     ),
     pytest.param(
-        ["run", "S1", "--world", "8", "--dp-shard", "8", "--ep", "8"],
+        ["run", "S1", "--world", "8", "--dp-shard", "8", "--ep", "8", "--num-experts", "4"],
         "num_experts=4 must be divisible by ep=8",
         id="experts-not-divisible",
     ),
@@ -42,6 +42,12 @@ NEGATIVE_CASES = [
         ["run", "M4", "--world", "4", "--dp-shard", "2", "--pp", "2"],
         "recipe M4 (FSDP only) does not pipeline: it needs pp=1, got pp=2",
         id="pp-on-a-recipe-without-stages",
+    ),
+    pytest.param(
+        ["run", "P1", "--pp", "2", "--dp-shard", "4", "--microbatches", "4"],
+        "each data-parallel rank's 2 rows (global_batch=8 / dp=4) must split into microbatches=4 equal microbatches; "
+        "valid microbatches: [2]; set --microbatches (launch.run's microbatches=) to one of [2]",
+        id="microbatches-do-not-fit",
     ),
     pytest.param(["run", "M99"], "unknown recipe 'M99'", id="unknown-recipe"),
     pytest.param(

@@ -14,8 +14,9 @@ import torch
 
 import launch
 from hyper_parallel.models.transformer import Transformer, lm_loss, token_batch
+from hyper_parallel.recipes import RECIPES
 from hyper_parallel.recipes.activation_memory import SavedActivations
-from hyper_parallel.recipes.transformer import DENSE_CONFIG, GLOBAL_BATCH
+from hyper_parallel.recipes.transformer import DENSE_CONFIG
 from launch.notebook.exercises import fewer_saved_activations, tp_wire_bytes
 
 pytestmark = pytest.mark.distributed
@@ -39,7 +40,7 @@ def test_sequence_parallel_saves_activations(tp_runs):
     split over tp), and M3 less than M2 (norms and residual stream on a tp-th of the sequence)."""
     torch.manual_seed(0)
     model = Transformer(DENSE_CONFIG)
-    tokens, targets = token_batch(DENSE_CONFIG, GLOBAL_BATCH, 0)
+    tokens, targets = token_batch(DENSE_CONFIG, RECIPES["M2"].shapes["global_batch"], 0)
     saved = SavedActivations(model)
     with saved.measure():
         lm_loss(model(tokens), targets)

@@ -61,7 +61,8 @@ def test_selectors_offer_only_values_of_valid_meshes_for_the_world_size_and_reci
     m4 = MeshWidget("M4", world_size=4, dp_shard=4, preview=False)
     assert [v for _, v in m4.selectors["dp_shard"].options] == [4]  # FSDP only: no other choice on 4 ranks
     assert [v for _, v in m4.selectors["tp"].options] == [1]
-    assert set(m4.world_selector.options) == {2, 4, 8}  # dp_shard > 1 must divide the global batch of 16
+    # every dp_shard > 1 runs: where 16 rows do not split evenly, the global batch adapts (18 on 3 ranks)
+    assert set(m4.world_selector.options) == set(range(2, 9))
 
 
 def test_invalid_degree_explains_the_rule_and_disables_launch_then_a_valid_one_re_enables_it():
@@ -117,6 +118,36 @@ def test_recipe_and_world_size_changes_keep_the_selection_valid():
     assert widget.valid and widget.degrees["world_size"] == 2
     with pytest.raises(ValueError, match="unknown degree"):
         widget.set(vp=2)
+
+
+def fitting_microbatches(global_batch: int, dp: int, stages: int) -> list[int]:
+    rows = global_batch // dp
+    return [m for m in range(1, rows + 1) if rows % m == 0 and m >= stages]
+
+
+def test_microbatch_selector_offers_only_the_counts_that_fit_the_mesh():
+    batch = registry.get("P1").shapes["global_batch"]
+    widget = MeshWidget("P1", recipes=["P1", "P1-I", "M4"], preview=False, world_size=8, pp=2, dp_shard=4)
+    assert widget.valid and list(widget.microbatches_selector.options) == fitting_microbatches(batch, 4, 2) == [2]
+    assert widget.options == {"microbatches": 2}  # the default 4 does not fit: the nearest that does
+    assert "--microbatches 2" in widget.status.value
+    widget.set(world_size=4, dp_shard=2)
+    assert list(widget.microbatches_selector.options) == fitting_microbatches(batch, 2, 2) == [2, 4]
+    assert widget.options == {"microbatches": 2}  # the pick still fits: kept
+    widget.microbatches_selector.value = 4
+    assert widget.options == {"microbatches": 4} and "--microbatches 4" in widget.status.value
+    widget.recipe_selector.value = "P1-I"  # 4 stages on 2 dp ranks of 4 rows
+    assert list(widget.microbatches_selector.options) == fitting_microbatches(batch, 2, 4) == [4]
+    widget.recipe_selector.value = "M4"  # no pipeline: no selector, no option
+    assert widget.microbatches_selector.layout.display == "none" and widget.options == {}
+
+
+def test_launch_passes_the_picked_microbatches(tmp_path):
+    calls = []
+    widget = MeshWidget("P1", steps=1, microbatches=2, out=tmp_path, preview=False, runner=fake_runner(calls))
+    widget.launch()
+    widget.wait(timeout=60)
+    assert calls[0]["microbatches"] == 2 and calls[0]["pp"] == 2
 
 
 def test_cli_command_and_recipe_card():

@@ -86,10 +86,17 @@ def get_model(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
-def recipe_model(recipe: str) -> ModelConfig:
-    """The model (and parallel style) a recipe's worker trains, e.g. ``recipe_model("M6")``."""
+RUN_OPTIONS = ("global_batch", "seq_len", "num_experts")
+"""The options of a run (``metrics["options"]``, hyper_parallel/recipes/options.py) that change the model the
+cost model describes; ``microbatches`` only matters to pipeline recipes, which it does not describe."""
+
+
+def recipe_model(recipe: str, options: dict[str, int] | None = None) -> ModelConfig:
+    """The model (and parallel style) a recipe's worker trains, e.g. ``recipe_model("M6")``; ``options``: a
+    run's resolved options (its ``metrics["options"]``) where they differ from the recipe's defaults."""
     implementation = registry.get(recipe).implementation
     if implementation not in _RECIPE_WORKLOADS:
         raise ValueError(f"the cost model does not describe {implementation!r} (recipe {recipe})")
     preset, changes = _RECIPE_WORKLOADS[implementation]
+    changes = {**changes, **{k: v for k, v in (options or {}).items() if k in RUN_OPTIONS}}
     return PRESETS[preset].replace(name=f"{preset} ({registry.get(recipe).name})", **changes)

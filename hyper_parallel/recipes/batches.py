@@ -1,7 +1,8 @@
 """Each rank's share of a recipe's global batch: rows by data parallelism, sequence chunks by CP.
 
-The global batch and sequence length are fixed per recipe and independent of the degrees, so the
-single-process reference of a recipe is the same on every mesh.
+The global batch and sequence length are the run's options (``recipes/options.py``): the recipe's
+defaults unless the user sets them or they do not fit the mesh, so on the meshes where the defaults fit
+the single-process reference of a recipe is the same.
 """
 
 from __future__ import annotations

@@ -13,12 +13,13 @@ from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.mlp import MLP, MLPConfig, mlp_batch
 from hyper_parallel.recipes.batches import data_parallel_rows
+from hyper_parallel.recipes.options import RunOptions
 from hyper_parallel.recipes.training import Workload
 
-GLOBAL_BATCH = 16
 
-
-def _mlp_workload(dims: ParallelDims, views: MeshViews, seed: int, enable_param_shard: bool | None) -> Workload:
+def _mlp_workload(
+    dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions, enable_param_shard: bool | None
+) -> Workload:
     config = MLPConfig()
     torch.manual_seed(seed)
     model = MLP(config)
@@ -27,17 +28,17 @@ def _mlp_workload(dims: ParallelDims, views: MeshViews, seed: int, enable_param_
     for block in model.blocks:
         fully_shard(block, mesh=mesh, enable_param_shard=enable_param_shard)
     fully_shard(model, mesh=mesh, enable_param_shard=enable_param_shard)
-    x, y = mlp_batch(config, GLOBAL_BATCH, seed)
+    x, y = mlp_batch(config, options.global_batch, seed)
     return Workload(
         model, reference, (data_parallel_rows(x, dims),), data_parallel_rows(y, dims), (x,), y, loss_fn=F.mse_loss
     )
 
 
-def ddp_mlp(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def ddp_mlp(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M1: whole parameters on every rank, gradients all-reduced over dp_replicate x dp_shard."""
-    return _mlp_workload(dims, views, seed, enable_param_shard=False)
+    return _mlp_workload(dims, views, seed, options, enable_param_shard=False)
 
 
-def fsdp_mlp(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def fsdp_mlp(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M4: parameters sharded over dp_shard; all-gather / reduce-scatter per block."""
-    return _mlp_workload(dims, views, seed, enable_param_shard=None)
+    return _mlp_workload(dims, views, seed, options, enable_param_shard=None)

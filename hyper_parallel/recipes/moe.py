@@ -10,6 +10,7 @@ once over the ep group, so their sum over ep, efsdp and dp_replicate is the sum 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
@@ -22,6 +23,7 @@ from hyper_parallel.models.transformer import Transformer, TransformerConfig
 from hyper_parallel.parallel.ep import parallelize_moe
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.partial_grad import mark_partial
+from hyper_parallel.recipes.options import RunOptions
 from hyper_parallel.recipes.training import Workload
 from hyper_parallel.recipes.transformer import apply_context_parallel, lm_workload
 
@@ -58,23 +60,26 @@ def apply_dual_stack_fully_shard(model: Transformer, dims: ParallelDims, views: 
     fully_shard(model, mesh=dense)
 
 
-def moe_workload(dims: ParallelDims, views: MeshViews, seed: int, dispatch: str = "all_to_all") -> Workload:
+def moe_workload(
+    dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions, dispatch: str = "all_to_all"
+) -> Workload:
+    config = dataclasses.replace(MOE_CONFIG, seq_len=options.seq_len, num_experts=options.num_experts)
     torch.manual_seed(seed)
-    model = Transformer(MOE_CONFIG)
+    model = Transformer(config)
     reference = copy.deepcopy(model)
     parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=True, moe_tokens_replicated=dims.etp > 1)
     apply_expert_parallel(model, dims, views, dispatch)
     if dims.cp > 1:
         apply_context_parallel(model, views)
     apply_dual_stack_fully_shard(model, dims, views)
-    return lm_workload(model, reference, MOE_CONFIG, dims, seed)
+    return lm_workload(model, reference, config, dims, seed, options.global_batch)
 
 
-def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """S1 / S2: all-to-all token dispatch."""
-    return moe_workload(dims, views, seed, dispatch="all_to_all")
+    return moe_workload(dims, views, seed, options, dispatch="all_to_all")
 
 
-def expert_parallel_all_gather(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def expert_parallel_all_gather(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """S3: the S1 dims through a second dispatch path (all-gather tokens, reduce-scatter outputs)."""
-    return moe_workload(dims, views, seed, dispatch="all_gather")
+    return moe_workload(dims, views, seed, options, dispatch="all_gather")

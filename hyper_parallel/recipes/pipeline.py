@@ -12,7 +12,7 @@ reference by name; that copy, like the loss broadcast, is bookkeeping outside th
 from __future__ import annotations
 
 import copy
-import os
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -29,13 +29,9 @@ from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm
 from hyper_parallel.parallel.pipeline import TracedPipelineStage, build_schedule, split_transformer
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.recipes.batches import data_parallel_rows
+from hyper_parallel.recipes.options import RunOptions
 from hyper_parallel.recipes.training import Workload
 
-GLOBAL_BATCH = 8
-MICROBATCHES = 4
-MICROBATCHES_ENV = "HYPER_PARALLEL_MICROBATCHES"
-"""Environment variable overriding MICROBATCHES for one run (the schedule figures of notebook 15 compare
-2 and 4); the tests and the registry's shapes use the default."""
 PIPELINE_CONFIG = TransformerConfig(n_layers=4)  # 4 layers: 2 stages of 2, or 4 stages of 1 (interleaved)
 PIPELINE_MOE_CONFIG = TransformerConfig(
     n_layers=4, moe_layers=(1, 3), num_experts=4, top_k=2, moe_hidden=32, shared_expert=True
@@ -144,6 +140,7 @@ def pipeline_workload(
     dims: ParallelDims,
     views: MeshViews,
     seed: int,
+    options: RunOptions,
     schedule: str,
     stages_per_rank: int = 1,
     config: TransformerConfig = PIPELINE_CONFIG,
@@ -151,7 +148,9 @@ def pipeline_workload(
     """TP (without SP) on the whole model, EP on its MoE layers, then the cut into this rank's stages and
     fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage
     module the root (holding the embedding or the head, if any), so that torch's schedule sees an FSDPModule
-    and turns gradient sync off until the step's last microbatch."""
+    and turns gradient sync off until the step's last microbatch. ``options``: the global batch, split into
+    ``options.microbatches`` per data-parallel rank, the sequence length and (P3) the experts."""
+    config = dataclasses.replace(config, seq_len=options.seq_len, num_experts=options.num_experts or config.num_experts)
     torch.manual_seed(seed)
     model = Transformer(config)
     reference = copy.deepcopy(model)
@@ -171,11 +170,8 @@ def pipeline_workload(
                 experts.set_gradient_divide_factor(dims.dp_cp)
             fully_shard(layer, mesh=fsdp_mesh)
         fully_shard(stage, mesh=fsdp_mesh)  # the stage an FSDPModule: torch's schedule reduces once per step
-    microbatches = int(os.environ.get(MICROBATCHES_ENV, MICROBATCHES))
-    dims.check_model(
-        global_batch=GLOBAL_BATCH, n_layers=config.n_layers, microbatches=microbatches, stages_per_rank=stages_per_rank
-    )
-    tokens, targets = token_batch(config, GLOBAL_BATCH, seed)
+    microbatches = options.microbatches
+    tokens, targets = token_batch(config, options.global_batch, seed)
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
     rows = local_tokens.shape[0] // microbatches
     hidden = torch.zeros(rows, config.seq_len, config.d_model, requires_grad=True)  # its gradient goes back
@@ -219,21 +215,21 @@ def pipeline_workload(
     )
 
 
-def gpipe(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def gpipe(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """P1-G: all forwards, then all backwards (fill-drain)."""
-    return pipeline_workload(dims, views, seed, "gpipe")
+    return pipeline_workload(dims, views, seed, options, "gpipe")
 
 
-def one_f_one_b(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def one_f_one_b(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """P1, P2: one forward, one backward in the steady state (fewer activations alive than GPipe)."""
-    return pipeline_workload(dims, views, seed, "1f1b")
+    return pipeline_workload(dims, views, seed, options, "1f1b")
 
 
-def interleaved(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def interleaved(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """P1-I: 2 stages per rank (looped placement), interleaved 1F1B."""
-    return pipeline_workload(dims, views, seed, "interleaved_1f1b", stages_per_rank=2)
+    return pipeline_workload(dims, views, seed, options, "interleaved_1f1b", stages_per_rank=2)
 
 
-def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """P3: 1F1B over stages that each hold one MoE layer with its experts spread over ep."""
-    return pipeline_workload(dims, views, seed, "1f1b", config=PIPELINE_MOE_CONFIG)
+    return pipeline_workload(dims, views, seed, options, "1f1b", config=PIPELINE_MOE_CONFIG)

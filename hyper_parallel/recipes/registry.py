@@ -18,6 +18,7 @@ from hyper_parallel.recipes.matrix_dense import DENSE_ROWS
 from hyper_parallel.recipes.matrix_moe import MOE_ROWS
 from hyper_parallel.recipes.matrix_pipeline import PIPELINE_ROWS
 from hyper_parallel.recipes.matrix_tiers import TIER_ROWS
+from hyper_parallel.recipes.options import RunOptions, resolve
 
 DEGREE_KEYS = ("world_size",) + DEGREE_NAMES
 
@@ -32,14 +33,15 @@ class Recipe:
     default: dict[str, int]  # world_size and degrees of the default run
     alternatives: tuple[dict[str, int], ...]  # other valid meshes the tests also run
     implementation: str  # "module:function" building the workload inside a worker
-    shapes: dict = field(default_factory=dict)  # keyword arguments of ParallelDims.check_model
+    shapes: dict = field(default_factory=dict)  # keyword arguments of ParallelDims.check_model (the defaults)
     must_be_one: tuple[str, ...] = ()
     must_exceed_one: tuple[str, ...] = ()
     at_least_one_of: tuple[str, ...] = ()  # at least one of these degrees must be > 1
     steps: int = 3
 
     def validate(self, **degrees: int) -> ParallelDims:
-        """The ParallelDims of a run of this recipe, or ``ValueError`` naming the broken rule."""
+        """The ParallelDims of a run of this recipe, or ``ValueError`` naming the broken rule (the options
+        left at their defaults: a default that does not fit the mesh adapts, see ``options``)."""
         unknown = set(degrees) - set(DEGREE_KEYS)
         if unknown:
             raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {list(DEGREE_KEYS)}")
@@ -65,8 +67,15 @@ class Recipe:
             raise ValueError(
                 f"recipe {self.name} ({self.title}) needs at least one of {list(self.at_least_one_of)} > 1"
             )
-        dims.check_model(**self.shapes)
+        self.options(dims)
         return dims
+
+    def options(self, dims: ParallelDims, **given: int | None) -> RunOptions:
+        """This recipe's knobs on ``dims`` (``hyper_parallel.recipes.options``): the ``given`` ones checked,
+        the others adapted to the mesh; then the model's remaining shape rules (heads, layers, hidden sizes)."""
+        options = resolve(self.name, self.shapes, dims, **given)
+        dims.check_model(**{**self.shapes, **options.values()})
+        return options
 
     def constraints(self) -> str:
         parts = [f"{n}=1" for n in self.must_be_one] + [f"{n}>1" for n in self.must_exceed_one]

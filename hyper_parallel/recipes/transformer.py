@@ -7,6 +7,7 @@ tiers; the degrees decide which styles apply.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 
 import torch
@@ -19,9 +20,9 @@ from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.recipes.batches import data_parallel_rows, sequence_positions
+from hyper_parallel.recipes.options import RunOptions
 from hyper_parallel.recipes.training import Workload
 
-GLOBAL_BATCH = 8
 DENSE_CONFIG = TransformerConfig()
 
 
@@ -59,12 +60,14 @@ def transformer_workload(
     dims: ParallelDims,
     views: MeshViews,
     seed: int,
+    options: RunOptions,
     *,
     sequence_parallel: bool,
     enable_param_shard: bool | None,
     config: TransformerConfig = DENSE_CONFIG,
     sequence_scheme: str = "all_gather",
 ) -> Workload:
+    config = dataclasses.replace(config, seq_len=options.seq_len)
     torch.manual_seed(seed)
     model = Transformer(config)
     reference = copy.deepcopy(model)
@@ -72,14 +75,14 @@ def transformer_workload(
     if dims.cp > 1:
         apply_context_parallel(model, views, sequence_scheme)
     apply_fully_shard(model, views, enable_param_shard)
-    return lm_workload(model, reference, config, dims, seed)
+    return lm_workload(model, reference, config, dims, seed, options.global_batch)
 
 
 def lm_workload(
-    model: Transformer, reference: Transformer, config: TransformerConfig, dims: ParallelDims, seed: int
+    model: Transformer, reference: Transformer, config: TransformerConfig, dims: ParallelDims, seed: int, batch: int
 ) -> Workload:
     """The next-token batch of a transformer recipe: this rank's rows (dp) and sequence chunks (cp)."""
-    tokens, targets = token_batch(config, GLOBAL_BATCH, seed)
+    tokens, targets = token_batch(config, batch, seed)
     positions = sequence_positions(config.seq_len, dims)
     local_tokens = data_parallel_rows(tokens, dims)[:, positions]
     local_targets = data_parallel_rows(targets, dims)[:, positions]
@@ -88,35 +91,35 @@ def lm_workload(
     )
 
 
-def tensor_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def tensor_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M2: TP without SP; data-parallel replicas (if any) all-reduce, nothing is sharded by FSDP."""
-    return transformer_workload(dims, views, seed, sequence_parallel=False, enable_param_shard=False)
+    return transformer_workload(dims, views, seed, options, sequence_parallel=False, enable_param_shard=False)
 
 
-def tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M3: TP + SP; norm weights get Partial gradients over tp that fully_shard sums."""
-    return transformer_workload(dims, views, seed, sequence_parallel=True, enable_param_shard=False)
+    return transformer_workload(dims, views, seed, options, sequence_parallel=True, enable_param_shard=False)
 
 
-def fsdp_transformer_without_sp(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def fsdp_transformer_without_sp(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """B-1: TP without SP, then FSDP."""
-    return transformer_workload(dims, views, seed, sequence_parallel=False, enable_param_shard=None)
+    return transformer_workload(dims, views, seed, options, sequence_parallel=False, enable_param_shard=None)
 
 
-def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M5, M6, M7 and the dense tiers: whatever of TP+SP / CP the degrees ask for, then FSDP/HSDP."""
-    return transformer_workload(dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None)
+    return transformer_workload(dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None)
 
 
-def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring (cp-1 shifts each way)."""
     return transformer_workload(
-        dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ring"
+        dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ring"
     )
 
 
-def fsdp_transformer_ulysses(dims: ParallelDims, views: MeshViews, seed: int) -> Workload:
+def fsdp_transformer_ulysses(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M5-U, M6-U: as fsdp_transformer, Ulysses attention (all-to-all to head shards and back)."""
     return transformer_workload(
-        dims, views, seed, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ulysses"
+        dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ulysses"
     )

@@ -34,13 +34,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--recipe", help="one run: the recipe")
     parser.add_argument("--degrees", default="{}", help="one run: JSON object of degrees, e.g. '{\"dp_shard\": 2}'")
+    parser.add_argument("--options", default="{}", help="one run: JSON object of options, e.g. '{\"microbatches\": 2}'")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
     parser.add_argument(
         "--batch",
         help="several runs in one process group: a JSON file with a list of "
-        "{recipe, degrees, steps, seed, out} (saves the start-up of a launch per run)",
+        "{recipe, degrees, options, steps, seed, out} (saves the start-up of a launch per run)",
     )
     parser.add_argument("--collective-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
@@ -61,6 +62,7 @@ def run_one(spec: dict, device_type: str) -> bool:
     rank = dist.get_rank()
     recipe = registry.get(spec["recipe"])
     dims = recipe.validate(world_size=dist.get_world_size(), **spec["degrees"])
+    options = recipe.options(dims, **spec.get("options", {}))
     views = build_mesh(dims, device_type)
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
@@ -70,7 +72,7 @@ def run_one(spec: dict, device_type: str) -> bool:
         print(PROGRESS_PREFIX + json.dumps({"recipe": recipe.name, **progress}), flush=True)
 
     with trace.record() as recorder:
-        workload = build(dims, views, spec["seed"])
+        workload = build(dims, views, spec["seed"], options)
         if spec.get("overlap") is not None:
             for module in workload.model.modules():
                 if isinstance(module, FullyShardModule):
@@ -88,6 +90,8 @@ def run_one(spec: dict, device_type: str) -> bool:
             "degrees": dims.degrees(),
             "steps": spec["steps"],
             "seed": spec["seed"],
+            "options": options.values(),
+            "adapted": options.notes(),
             "overlap": next(
                 (m._hp_state.settings.overlap for m in workload.model.modules() if isinstance(m, FullyShardModule)),
                 None,
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "recipe": args.recipe,
                 "degrees": json.loads(args.degrees),
+                "options": json.loads(args.options),
                 "steps": args.steps,
                 "seed": args.seed,
                 "out": args.out,

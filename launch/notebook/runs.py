@@ -31,13 +31,14 @@ def run_recipes(
 ) -> dict[str, Any]:
     """Run recipes against their single-process references, one torchrun launch per world size.
 
-    ``runs`` maps a label to degrees (``{"M4": {"world_size": 2, "dp_shard": 2}}``); the label is the
-    recipe unless the degrees hold ``"recipe"``; ``"overlap": False`` runs it with every collective
+    ``runs`` maps a label to degrees (``{"M4": {"world_size": 2, "dp_shard": 2}}``) and options
+    (``"microbatches": 2``, see ``launch.run``); the label is the recipe unless the degrees hold ``"recipe"``; ``"overlap": False`` runs it with every collective
     synchronous. Every run is validated before anything starts (a bad
     mesh raises ``ValueError`` at once). Prints a line per step and per run; returns label -> RunResult.
     Run directories: ``out/<label>`` (default: a temporary folder), each with a Chrome trace
     ``chrome_trace.json`` (open it in Perfetto).
     """
+    from hyper_parallel.recipes.options import OPTION_NAMES
     from hyper_parallel.run_files import CHROME_TRACE_FILE, to_chrome_trace
     from launch.notebook.widgets.display import step_text
     from launch.processes.run_dirs import new_scratch_dir
@@ -48,7 +49,8 @@ def run_recipes(
         given = dict(given)
         recipe, overlap = given.pop("recipe", label), given.pop("overlap", None)
         _, dims = validate(recipe, **given)
-        spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **dims.degrees()}
+        options = {name: given[name] for name in OPTION_NAMES if name in given}
+        spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **dims.degrees(), **options}
         prepared.setdefault(dims.world_size, []).append((label, spec))
     root = Path(out) if out is not None else new_scratch_dir("hp-notebook-")
     results: dict[str, Any] = {}

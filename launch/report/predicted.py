@@ -33,7 +33,8 @@ def predicted_bytes(run: RunData) -> dict[tuple[str, str], float] | None:
     """The cost model's bytes per (op, group) of one step on one rank, or None when it does not describe
     the run (unknown recipe, degrees missing or invalid)."""
     try:
-        return estimate(recipe_model(run.recipe_name or ""), ParallelDims(**run.degrees)).by_op_group()
+        config = recipe_model(run.recipe_name or "", run.metrics.get("options"))
+        return estimate(config, ParallelDims(**run.degrees)).by_op_group()
     except (ValueError, TypeError):
         return None
 

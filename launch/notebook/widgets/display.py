@@ -37,10 +37,13 @@ def step_text(progress: dict) -> str:
     )
 
 
-def cli_command(recipe: str, degrees: dict[str, int], steps: int | None = None) -> str:
-    """The ``python -m launch run`` line doing the same run from a terminal."""
+def cli_command(
+    recipe: str, degrees: dict[str, int], steps: int | None = None, options: dict[str, int] | None = None
+) -> str:
+    """The ``python -m launch run`` line doing the same run from a terminal (``options``: e.g. microbatches)."""
     parts = ["python -m launch run", recipe, f"--world {degrees['world_size']}"]
     parts += [f"--{k.replace('_', '-')} {v}" for k, v in degrees.items() if k != "world_size" and v != 1]
+    parts += [f"--{k.replace('_', '-')} {v}" for k, v in (options or {}).items()]
     if steps is not None:
         parts.append(f"--steps {steps}")
     return " ".join(parts)

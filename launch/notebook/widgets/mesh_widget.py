@@ -57,6 +57,7 @@ class MeshWidget(DegreePicker):
         *,
         recipes: tuple[str, ...] | list[str] | None = None,
         steps: int | None = None,
+        microbatches: int | None = None,
         timeout: float = 300.0,
         out: str | Path | None = None,
         figures_dir: str | Path | None = None,
@@ -114,7 +115,13 @@ class MeshWidget(DegreePicker):
         self.stop_button.on_click(lambda _: self.stop())
         self.export_button.on_click(lambda _: self.export_report())
         super().__init__(
-            recipe, recipes=recipes, steps=steps, max_world_size=max_world_size, preview=preview, **degrees
+            recipe,
+            recipes=recipes,
+            steps=steps,
+            microbatches=microbatches,
+            max_world_size=max_world_size,
+            preview=preview,
+            **degrees,
         )
 
     def _rows(self) -> list[widgets.Widget]:
@@ -135,7 +142,7 @@ class MeshWidget(DegreePicker):
         """Run the current selection with ``launch.run`` in a background thread (no-op while invalid or running)."""
         if not self.valid or self.running:
             return None
-        recipe, degrees, steps = self.recipe, self.degrees, self.steps
+        recipe, degrees, steps, options = self.recipe, self.degrees, self.steps, self.options
         self._stop.clear()
         self.result, self.run_error, self.figures, self.report_path = None, None, {}, None
         self.log_output.clear_output()
@@ -152,7 +159,7 @@ class MeshWidget(DegreePicker):
             INFO_COLOR,
         )
         self.thread = threading.Thread(
-            target=self._run, args=(recipe, degrees, steps), daemon=True, name=f"MeshWidget-{recipe}"
+            target=self._run, args=(recipe, degrees, steps, options), daemon=True, name=f"MeshWidget-{recipe}"
         )
         self.thread.start()
         return self.thread
@@ -235,7 +242,7 @@ class MeshWidget(DegreePicker):
         self.progress.value = progress["step"]
         self._say(step_text(progress), INFO_COLOR)
 
-    def _run(self, recipe: str, degrees: dict[str, int], steps: int) -> None:
+    def _run(self, recipe: str, degrees: dict[str, int], steps: int, options: dict[str, int]) -> None:
         from launch.runs import run
 
         runner = self._runner or run
@@ -255,6 +262,7 @@ class MeshWidget(DegreePicker):
                 on_line=self._on_line,
                 on_progress=self._on_progress,
                 **degrees,
+                **options,
             )
         except Stopped:
             self.run_error = "stopped by the user"

@@ -16,6 +16,7 @@ import ipywidgets as widgets
 from hyper_parallel.mesh import ParallelDims, valid_choices
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
+from hyper_parallel.recipes.options import microbatch_choices
 from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command, degrees_text, png_bytes
 
 DEGREES = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
@@ -54,7 +55,8 @@ class DegreePicker(widgets.VBox):
 
     ``recipe``: the recipe (``recipes``: others offered in a drop-down, e.g. a notebook's family);
     ``world_size`` and the degrees start the selection (default: the recipe's default run);
-    ``max_world_size`` bounds the world-size choices. Subclasses add rows with ``_rows`` and react to
+    ``max_world_size`` bounds the world-size choices; ``microbatches`` (pipeline recipes) starts the
+    microbatch selector, which offers only the counts that fit the mesh. Subclasses add rows with ``_rows`` and react to
     a new selection in ``_update_controls``.
     """
 
@@ -64,6 +66,7 @@ class DegreePicker(widgets.VBox):
         *,
         recipes: tuple[str, ...] | list[str] | None = None,
         steps: int | None = None,
+        microbatches: int | None = None,
         max_world_size: int = 8,
         preview: bool = True,
         **degrees: int,
@@ -100,6 +103,14 @@ class DegreePicker(widgets.VBox):
         self.steps_selector = widgets.BoundedIntText(
             value=steps or spec.steps, min=1, max=50, description="steps", layout=widgets.Layout(width="130px")
         )
+        self.microbatches_selector = widgets.Dropdown(
+            options=[microbatches] if microbatches is not None else [],
+            value=microbatches,
+            description="microbatches",
+            style=style,
+            tooltip="microbatches per data-parallel rank and step: only counts that fit the mesh are offered",
+            layout=widgets.Layout(width="170px", display="none"),
+        )
         self.selectors = {
             name: widgets.Dropdown(
                 description=name, style=style, tooltip=HELP[name], layout=widgets.Layout(width="150px")
@@ -122,6 +133,7 @@ class DegreePicker(widgets.VBox):
         for name, selector in self.selectors.items():
             selector.observe(lambda change, name=name: self._on_degree(name, change), names="value")
         self.steps_selector.observe(lambda change: self._refresh(), names="value")
+        self.microbatches_selector.observe(lambda change: None if self._updating else self._refresh(), names="value")
         self.fix_button.on_click(lambda _: self.apply_suggestion())
 
         super().__init__(children=self._rows())
@@ -132,7 +144,7 @@ class DegreePicker(widgets.VBox):
     def _rows(self) -> list[widgets.Widget]:
         return [
             self.header,
-            widgets.HBox([self.recipe_selector, self.world_selector, self.steps_selector]),
+            widgets.HBox([self.recipe_selector, self.world_selector, self.steps_selector, self.microbatches_selector]),
             widgets.HBox([self.selectors[name] for name in PICKER_DEGREES[:3]]),
             widgets.HBox([self.selectors[name] for name in PICKER_DEGREES[3:]]),
             self.status,
@@ -170,6 +182,13 @@ class DegreePicker(widgets.VBox):
         return self.steps_selector.value
 
     @property
+    def options(self) -> dict[str, int]:
+        """The recipe options picked (a pipeline recipe's ``microbatches``): pass them to ``launch.run`` too."""
+        shown = self.microbatches_selector.layout.display != "none"
+        value = self.microbatches_selector.value
+        return {"microbatches": value} if shown and value is not None else {}
+
+    @property
     def valid(self) -> bool:
         return self.error is None
 
@@ -201,7 +220,8 @@ class DegreePicker(widgets.VBox):
     def _update_controls(self) -> None:
         """Enable or disable the controls after a change of the selection or of the lock."""
         locked = self._selection_locked()
-        for selector in [self.recipe_selector, self.world_selector, self.steps_selector, *self.selectors.values()]:
+        controls = [self.recipe_selector, self.world_selector, self.steps_selector, self.microbatches_selector]
+        for selector in [*controls, *self.selectors.values()]:
             selector.disabled = locked
         self.fix_button.disabled = locked
 
@@ -285,6 +305,7 @@ class DegreePicker(widgets.VBox):
             self.dims, self.error = None, str(error)
         else:
             self.dims, self.error = dims, None
+        self._offer_microbatches()
         self._suggestion = None
         if self.error is None:
             self._show_valid(degrees)
@@ -292,6 +313,22 @@ class DegreePicker(widgets.VBox):
             self._show_invalid(degrees)
         self.header.value = self._header()
         self._update_controls()
+
+    def _offer_microbatches(self) -> None:
+        """A pipeline recipe on a valid mesh: offer the microbatch counts that fit it, keeping the pick
+        while it still fits (else the recipe's default, adapted to the mesh)."""
+        spec, selector = self.spec, self.microbatches_selector
+        choices = microbatch_choices(spec.name, spec.shapes, self.dims) if self.dims is not None else []
+        selector.layout.display = "" if choices else "none"
+        if not choices:
+            return
+        value = selector.value if selector.value in choices else spec.options(self.dims).microbatches
+        self._updating = True
+        try:
+            selector.options = choices
+            selector.value = value
+        finally:
+            self._updating = False
 
     def _show_valid(self, degrees: dict[str, int]) -> None:
         note = ""
@@ -305,7 +342,7 @@ class DegreePicker(widgets.VBox):
             f"<div style='color:{OK_COLOR}'><b>✔ valid</b>: {html.escape(degrees_text(degrees))}"
             f"<pre style='margin:2px 0;font-size:85%;line-height:1.25;color:{OK_COLOR}'>{views}</pre>"
             f"same run from a terminal: "
-            f"<code>{html.escape(cli_command(self.recipe, degrees, self.steps))}</code>{note}</div>"
+            f"<code>{html.escape(cli_command(self.recipe, degrees, self.steps, self.options))}</code>{note}</div>"
         )
         self.fix_button.layout.display = "none"
         self._update_preview()
