@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(plan)
     workbook = sub.add_parser("workbook", help="run the workbook headless")
     workbook.add_argument("--out", default="runs")
+    workbook.add_argument(
+        "--jobs", type=int, default=2, help="notebooks run at a time, each in its own kernel (1: one after another)"
+    )
     latency = sub.add_parser("bench-latency", help="wall time of a run: fresh launch, first and warm pool run")
     latency.add_argument("--repeats", type=int, default=5, help="runs per column (medians are printed)")
     latency.add_argument("--runs", type=int, default=20, help="warm runs before threads/fds per worker are counted")
@@ -259,7 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.traces and not args.no_figures:
         from hyper_parallel.viz import run_figures
 
-        figures = run_figures(result.run_dir, out_dir=result.run_dir)
+        figures = dict(run_figures(result.run_dir, out_dir=result.run_dir, svg=True))  # draws and saves each
         print(f"figures: {', '.join(f'{name}.png/.svg' for name in figures)}")
     if result.traces and args.chrome_trace:
         from hyper_parallel.run_files import CHROME_TRACE_FILE, to_chrome_trace
@@ -308,7 +311,7 @@ def cmd_command(args: argparse.Namespace) -> int:
 def cmd_workbook(args: argparse.Namespace) -> int:
     from launch.notebook.papermill import run_workbook
 
-    return run_workbook(Path(args.out))
+    return run_workbook(Path(args.out), jobs=inputs.positive_int(args.jobs, "--jobs"))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -48,8 +48,13 @@ def test_run_figures_of_a_run_dir(tmp_path):
     )
     figures = run_figures(tmp_path)
     assert list(figures) == ["mesh", "placements", "placement_overview", "timeline", "comm_volume", "numerics"]
-    png, svg = save(figures["mesh"], tmp_path / "out", "mesh")
+    png, svg = save(figures["mesh"], tmp_path / "out", "mesh", svg=True)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:400]
+    saved = run_figures(tmp_path, out_dir=tmp_path / "lazy")
+    assert len(saved) == 6 and not (tmp_path / "lazy").exists()  # named, not drawn yet
+    assert saved["timeline"] is saved["timeline"]  # drawn once
+    assert sorted(p.name for p in (tmp_path / "lazy").iterdir()) == ["timeline.png"]  # PNG only, what was asked
+    assert set(dict(saved)) == set(figures) and len(list((tmp_path / "lazy").glob("*.png"))) == 6
 
 
 def test_figures_display_as_png_in_ipython(monkeypatch):
@@ -76,3 +81,16 @@ def test_run_figures_titles_name_the_run_by_its_label(tmp_path):
         for name, fig in run_figures(tmp_path, label="M7+CP").items()
     }
     assert titles and all("M7+CP" in text for text in titles.values()), titles
+
+
+def test_a_figure_is_rendered_once_and_again_after_an_edit():
+    """Display, saved PNG and report share one render (png_bytes); an edit marks the figure stale."""
+    from hyper_parallel.viz import png_bytes
+
+    fig = mesh_map(ParallelDims(world_size=2, dp_shard=2))
+    first = png_bytes(fig)
+    assert png_bytes(fig) is first and first[:8] == b"\x89PNG\r\n\x1a\n"
+    fig.axes[0].set_title("edited")
+    again = png_bytes(fig)
+    assert again is not first and again != first
+    assert png_bytes(fig, dpi=50) != again  # another resolution is another render

@@ -8,8 +8,8 @@
     timeline(traces, step)                          per-rank collectives of one step
     comm_volume(traces, metrics, step)              bytes per (op, group) vs fully_shard's minimum
     numerics(metrics)                               loss vs the single-process reference
-    save(fig, out_dir, name)                        PNG + SVG
-    run_figures(run_dir, out_dir)                   all of the above for one run directory
+    save(fig, out_dir, name, svg=False)             PNG (and SVG)
+    run_figures(run_dir, out_dir)                   all of the above for one run directory, each drawn when asked for
 
 Every function returns a ``matplotlib.figure.Figure`` with its own Agg canvas (no pyplot state): a
 notebook displays it when returned from a cell, a script saves it; nothing needs closing.
@@ -18,6 +18,7 @@ notebook displays it when returned from a cell, a script saves it; nothing needs
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from hyper_parallel.viz.placements import (
     placement_transitions,
     representative_param,
 )
-from hyper_parallel.viz.style import rank_color
+from hyper_parallel.viz.style import FIGURE_DPI, png_bytes, rank_color
 from hyper_parallel.viz.timeline import clock_offsets, timeline, timeline_notes
 from hyper_parallel.viz.volume import (
     comm_volume,
@@ -46,6 +47,7 @@ from hyper_parallel.viz.volume import (
 
 __all__ = [
     "FIGURES",
+    "FIGURE_DPI",
     "clock_offsets",
     "comm_volume",
     "concept_figure",
@@ -61,9 +63,11 @@ __all__ = [
     "pipeline_schedule",
     "placement_overview",
     "placement_transitions",
+    "png_bytes",
     "rank_color",
     "rank_ranges",
     "representative_param",
+    "RunFigures",
     "run_figures",
     "save",
     "theoretical_bytes",
@@ -87,28 +91,51 @@ def _enable_notebook_display() -> None:
     try:
         formatter.lookup_by_type(Figure)
     except KeyError:
-        formatter.for_type(Figure, _png_bytes)
-
-
-def _png_bytes(fig: Figure) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    return buffer.getvalue()
+        formatter.for_type(Figure, png_bytes)
 
 
 _enable_notebook_display()
 
 
-def save(fig: Figure, out_dir: str | Path, name: str) -> tuple[Path, Path]:
-    """Write ``<out_dir>/<name>.png`` (150 dpi) and ``<name>.svg``; returns both paths."""
+def save(fig: Figure, out_dir: str | Path, name: str, svg: bool = False) -> list[Path]:
+    """Write ``<out_dir>/<name>.png`` (``FIGURE_DPI``: the bytes a notebook shows) and, with ``svg``,
+    ``<name>.svg``; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    png, svg = out / f"{name}.png", out / f"{name}.svg"
-    fig.savefig(png, dpi=150)
-    fig.savefig(svg)
-    return png, svg
+    paths = [out / f"{name}.png"] + ([out / f"{name}.svg"] if svg else [])
+    paths[0].write_bytes(png_bytes(fig))
+    if svg:
+        fig.savefig(paths[1])
+    return paths
+
+
+class RunFigures(Mapping[str, Figure]):
+    """The figures of one run by name, each drawn (and saved, with ``out_dir``) the first time it is asked
+    for: a notebook that shows two of a run's six figures pays for two. Iterating lists every name the
+    run has inputs for; ``dict(figures)`` draws them all."""
+
+    def __init__(
+        self, builders: dict[str, Callable[[], Figure]], out_dir: str | Path | None, svg: bool = False
+    ) -> None:
+        self._builders, self._out_dir, self._svg = builders, out_dir, svg
+        self._drawn: dict[str, Figure] = {}
+
+    def __getitem__(self, name: str) -> Figure:
+        if name not in self._drawn:
+            fig = self._builders[name]()  # KeyError for a name the run has no figure of, as a dict
+            if self._out_dir is not None:
+                save(fig, self._out_dir, name, svg=self._svg)
+            self._drawn[name] = fig
+        return self._drawn[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._builders)
+
+    def __len__(self) -> int:
+        return len(self._builders)
+
+    def __repr__(self) -> str:
+        return f"RunFigures({list(self._builders)}, drawn: {list(self._drawn)})"
 
 
 def dims_of(metrics: dict[str, Any]) -> ParallelDims:
@@ -124,9 +151,11 @@ def run_figures(
     step: int | None = None,
     param: str | None = None,
     label: str | None = None,
-) -> dict[str, Figure]:
-    """Every figure of one run directory (``FIGURES`` order), saved as PNG + SVG when ``out_dir`` is given.
-    Titles name the run by ``label`` (e.g. "M7 + CP"), else by its recipe.
+    svg: bool = False,
+) -> RunFigures:
+    """The figures of one run directory (``FIGURES`` order), each drawn when first asked for and then saved
+    as PNG (and SVG, with ``svg``) when ``out_dir`` is given. Titles name the run by ``label`` (e.g.
+    "M7 + CP"), else by its recipe.
 
     The placement figures show step 0 and ``param`` (default: ``representative_param``, a TP/EP-sharded
     2-D weight if there is one); timeline and volume show ``step`` (default: the last step).
@@ -145,18 +174,16 @@ def run_figures(
         raise FileNotFoundError(f"{run_dir} has neither {METRICS_FILE} nor {SUMMARY_FILE}")
     dims, recipe = dims_of(metrics), label or metrics.get("recipe")
     traces = load_traces(run_dir)
-    figures: dict[str, Figure] = {"mesh": mesh_map(dims, recipe, sharded=parameters_sharded(metrics))}
-    has_placements = any(e.get("kind") == "placement" for events in traces.values() for e in events)
-    if has_placements:
+    builders: dict[str, Callable[[], Figure]] = {
+        "mesh": lambda: mesh_map(dims, recipe, sharded=parameters_sharded(metrics))
+    }
+    if any(e.get("kind") == "placement" for events in traces.values() for e in events):
         first = min(e["step"] for e in traces[min(traces)] if e.get("kind") == "placement")
-        figures["placements"] = placement_transitions(traces, dims, param=param, step=first, recipe=recipe)
-        figures["placement_overview"] = placement_overview(traces, dims, step=first, recipe=recipe)
+        builders["placements"] = lambda: placement_transitions(traces, dims, param=param, step=first, recipe=recipe)
+        builders["placement_overview"] = lambda: placement_overview(traces, dims, step=first, recipe=recipe)
     if any(e.get("kind") == "collective" for events in traces.values() for e in events):
-        figures["timeline"] = timeline(traces, step=step, recipe=recipe, degrees=dims)
-        figures["comm_volume"] = comm_volume(traces, metrics, step=step)
+        builders["timeline"] = lambda: timeline(traces, step=step, recipe=recipe, degrees=dims)
+        builders["comm_volume"] = lambda: comm_volume(traces, metrics, step=step)
     if metrics.get("losses"):
-        figures["numerics"] = numerics(metrics)
-    if out_dir is not None:
-        for name, fig in figures.items():
-            save(fig, out_dir, name)
-    return figures
+        builders["numerics"] = lambda: numerics(metrics)
+    return RunFigures(builders, out_dir, svg)

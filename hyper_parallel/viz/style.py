@@ -6,6 +6,7 @@ close, safe in scripts, tests and threads; Jupyter's inline backend displays a r
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import matplotlib
@@ -92,6 +93,23 @@ def title(what: str, recipe: str | None = None, degrees=None) -> str:
     if head:
         parts.append(head)
     return " — ".join(parts)
+
+
+FIGURE_DPI = 110
+"""One resolution for a figure wherever it goes (a notebook's output, a saved PNG, a report), so that each
+figure is rendered once (``png_bytes``)."""
+
+
+def png_bytes(fig: Figure, dpi: int = FIGURE_DPI) -> bytes:
+    """The figure as PNG, rendered once per resolution while it is unchanged: the bytes are kept on the
+    figure, and any edit after the render marks it stale (matplotlib's own flag), which renders it anew."""
+    kept = getattr(fig, "_png_bytes", None)
+    if fig.stale or kept is None or kept[0] != dpi:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi)
+        fig._png_bytes = kept = (dpi, buffer.getvalue())
+        fig.stale = False  # savefig leaves it set; an artist changed from now on sets it again
+    return kept[1]
 
 
 def new_figure(width: float, height: float) -> Figure:

@@ -226,10 +226,13 @@ def bench_table(result: BenchResult):
 
 
 def bench_figures(
-    result: BenchResult, figures_dir: str | Path | None = None, timeline_config: str | None = None
+    result: BenchResult,
+    figures_dir: str | Path | None = None,
+    timeline_config: str | None = None,
+    svg: bool = False,
 ) -> dict[str, Any]:
     """The ratio figure and the two timelines of ``timeline_config`` (default: the last configuration),
-    saved as PNG + SVG into ``figures_dir`` when it is given."""
+    saved as PNG (and SVG, with ``svg``) into ``figures_dir`` when it is given."""
     from hyper_parallel.viz import save
     from hyper_parallel.viz.benchmark import implementation_timelines, ratio_figure
 
@@ -242,7 +245,7 @@ def bench_figures(
     }
     if figures_dir is not None:
         for name, fig in figures.items():
-            save(fig, figures_dir, name)
+            save(fig, figures_dir, name, svg=svg)
     return figures
 
 
@@ -267,7 +270,7 @@ def print_bench(result: BenchResult) -> None:
         print(
             f"collectives per step, {row['config']}: ours {row['per_unit']['ours']}; torch {row['per_unit']['torch']}"
         )
-    figures = bench_figures(result, result.directory)
+    figures = bench_figures(result, result.directory, svg=True)
     print(
         f"figures: {', '.join(f'{name}.png/.svg' for name in figures)} in {result.directory}\n"
         f"bench.json: {result.directory / BENCH_FILE}"

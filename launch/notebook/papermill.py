@@ -2,14 +2,15 @@
 
     python -m launch workbook --out runs      every notebook in notebooks/ through papermill into
                                               runs/<timestamp>/: executed .ipynb, figures/, run data,
-                                              a report.html in every run directory
+                                              a report.html in every run directory; --jobs 2 (default)
+                                              runs two notebooks at a time (each has its own kernel)
 
 The helpers the notebooks call (so their cells stay one call each) live in ``launch.notebook.runs``
 (running recipes, figures, invalid meshes, the CLI) and ``launch.notebook.tables`` (result tables);
 the notebooks import them from here:
 
     run_recipes({"M4": m4, "M7": m7}, steps=2, out=runs_dir)   one torchrun launch per world size
-    figures(result, figures_dir)          every figure of a run (saved as PNG + SVG when figures_dir is set)
+    figures(result, figures_dir)          the figures of a run, each drawn (and saved as PNG) when shown
     show_figures(result, figures_dir)     the same, displayed with a heading each
     groupinfo_table(results)              per fully_shard unit: shard/dp/rank sizes, RS and AR groups
     collective_table(results)             collectives of the last step per (op, group)
@@ -21,9 +22,12 @@ the notebooks import them from here:
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,11 @@ READING_ORDER = (
 second run stacks 12's CP under HSDP; 14's dual-stack meshes need 01's efsdp and 02's GroupInfo;
 pipelines, 15, once the mesh of 01 is known), the appendix last. File names keep their numbers (tests and links use them); 00 and every notebook's
 "Next:" link give this order."""
+
+
+SOLO = ("95_performance",)
+"""Notebooks that time things: they run alone, after the others, so that no other notebook's load skews
+their ratios."""
 
 
 def notebooks(folder: str | Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -95,13 +104,54 @@ def execute_notebook(
     return True, ""
 
 
+@dataclass(frozen=True)
+class NotebookOutcome:
+    """One executed notebook: whether it ran through, its time, and what it left in the workbook."""
+
+    name: str
+    ok: bool
+    error: str
+    seconds: float
+    figures: int
+    reports: list[Path] = field(default_factory=list)
+    report_problems: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        status = "OK    " if self.ok else "FAILED"
+        return (
+            f"{status} {self.name:<30} {self.seconds:6.1f}s  {self.figures:3d} figures  {len(self.reports):2d} reports"
+            + (f"  {self.error}" if self.error else "")
+        )
+
+
+def run_notebook(path: Path, root: Path, extra: Mapping[str, Any]) -> NotebookOutcome:
+    """Execute one notebook into ``root`` (its figures and runs under ``root/figures|runs/<name>``) and
+    write a report for each of its runs. A top-level function: ``run_workbook`` runs it in worker processes."""
+    from launch.report import write_reports
+
+    params = {
+        FIGURE_PARAMETER: str(root / "figures" / path.stem),
+        RUNS_PARAMETER: str(root / "runs" / path.stem),
+        **dict(extra),
+    }
+    began = time.monotonic()
+    ok, error = execute_notebook(path, root / path.name, params)
+    pngs = len(list((root / "figures" / path.stem).rglob("*.png")))
+    written, problems = write_reports(root / "runs" / path.stem)  # one report.html per run directory
+    return NotebookOutcome(path.stem, ok, error, time.monotonic() - began, pngs, written, problems)
+
+
 def run_workbook(
     out: str | Path,
     only: Iterable[str] | None = None,
     parameters: Mapping[str, Mapping] | None = None,
     notebooks_dir: str | Path = NOTEBOOKS_DIR,
+    jobs: int = 1,
 ) -> int:
     """Execute every notebook into ``out/<timestamp>/``; print one status line per notebook; 1 if any failed.
+
+    ``jobs`` > 1 runs that many notebooks at a time in worker processes (each notebook has its own kernel
+    and its own warm pool either way; ``SOLO`` notebooks run alone, last); lines are printed in reading order.
 
     Each notebook gets ``figures_dir=<root>/figures/<notebook>`` and ``runs_dir=<root>/runs/<notebook>``;
     ``only`` restricts to notebooks whose name starts with one of the given prefixes; ``parameters``
@@ -121,35 +171,34 @@ def run_workbook(
             file=sys.stderr,
         )
         return 1
-    print(f"running {len(chosen)} notebooks into {root}", flush=True)
-    from launch.report import write_reports
-
-    start, failed, reports = time.monotonic(), [], []
-    for path in chosen:
-        params = {
-            FIGURE_PARAMETER: str(root / "figures" / path.stem),
-            RUNS_PARAMETER: str(root / "runs" / path.stem),
-            **dict((parameters or {}).get(path.stem, {})),
-        }
-        began = time.monotonic()
-        ok, error = execute_notebook(path, root / path.name, params)
-        pngs = len(list((root / "figures" / path.stem).rglob("*.png")))
-        written, problems = write_reports(root / "runs" / path.stem)  # one report.html per run directory
-        reports += written
-        status = "OK    " if ok else "FAILED"
-        print(
-            f"{status} {path.stem:<30} {time.monotonic() - began:6.1f}s  {pngs:3d} figures  {len(written):2d} reports"
-            + (f"  {error}" if error else ""),
-            flush=True,
-        )
-        for problem in problems:
-            print(f"       no report for {problem}", flush=True)
-        if not ok:
-            failed.append(path.stem)
+    jobs = max(1, min(int(jobs), len(chosen)))
+    solo = [p for p in chosen if p.stem in SOLO]
+    shared = [p for p in chosen if p.stem not in SOLO]
+    how = ""
+    if jobs > 1:
+        how = f", {jobs} at a time" + (f" ({', '.join(p.stem for p in solo)} alone, last)" if solo else "")
+    print(f"running {len(chosen)} notebooks into {root}{how}", flush=True)
+    start, outcomes = time.monotonic(), []
+    extra = {path.stem: dict((parameters or {}).get(path.stem, {})) for path in chosen}
+    if jobs == 1:
+        for path in chosen:
+            outcomes.append(run_notebook(path, root, extra[path.stem]))
+            _report_outcome(outcomes[-1])
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as executor:
+            futures: list[Future] = [executor.submit(run_notebook, path, root, extra[path.stem]) for path in shared]
+            for future in futures:  # printed in reading order, each as soon as it and those before it are done
+                outcomes.append(future.result())
+                _report_outcome(outcomes[-1])
+            for path in solo:
+                outcomes.append(executor.submit(run_notebook, path, root, extra[path.stem]).result())
+                _report_outcome(outcomes[-1])
+    failed = [outcome.name for outcome in outcomes if not outcome.ok]
+    reports = [report for outcome in outcomes for report in outcome.reports]
     total = time.monotonic() - start
     print(f"workbook written to {root} ({len(chosen)} notebooks, {len(failed)} failed, {total:.0f}s)")
     print(
-        f"  executed notebooks: {root}/*.ipynb\n  figures (PNG + SVG): {root}/figures/<notebook>/<run>/"
+        f"  executed notebooks: {root}/*.ipynb\n  figures (PNG, the ones each notebook shows): {root}/figures/<notebook>/<run>/"
         f"\n  run data (metrics, traces, Chrome traces): {root}/runs/<notebook>/<run>/"
     )
     print(f"  reports (self-contained HTML, one per run): {len(reports)}")
@@ -158,3 +207,9 @@ def run_workbook(
     if failed:
         print("failed: " + ", ".join(failed) + " (open the executed notebook to see the failing cell)")
     return 1 if failed else 0
+
+
+def _report_outcome(outcome: NotebookOutcome) -> None:
+    print(outcome.line(), flush=True)
+    for problem in outcome.report_problems:
+        print(f"       no report for {problem}", flush=True)

@@ -95,8 +95,9 @@ def status_line(label: str, result) -> str:
     return f"{head}:\n{result.error}"
 
 
-def figures(result, figures_dir: str | Path | None = None, label: str | None = None, **options) -> dict[str, Any]:
-    """Every figure of a run (``hyper_parallel.viz.run_figures``), saved under ``figures_dir/<label>``."""
+def figures(result, figures_dir: str | Path | None = None, label: str | None = None, **options) -> Mapping[str, Any]:
+    """The figures of a run by name (``hyper_parallel.viz.run_figures``): each drawn when first shown, and
+    then saved under ``figures_dir/<label>``."""
     from hyper_parallel.viz import run_figures
 
     out_dir = Path(figures_dir) / (label or Path(result.run_dir).name) if figures_dir is not None else None
@@ -109,7 +110,7 @@ def show_figures(
     label: str | None = None,
     names: Iterable[str] | None = None,
     **options,
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """``figures`` and display them (all, or ``names``) each under a small heading."""
     from IPython.display import Markdown, display
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from collections.abc import Iterable
 from typing import Any
 
 from hyper_parallel.mesh_dims import DEGREE_NAMES
+from hyper_parallel.viz.style import png_bytes
 
 DEGREE_ORDER = ("world_size", *DEGREE_NAMES)
-FIGURE_DPI = 110
 
 
 def esc(value: Any) -> str:
@@ -26,9 +25,7 @@ def esc(value: Any) -> str:
 
 def png_data_uri(fig) -> str:
     """A figure as an inline PNG, so the page stays one file that opens offline."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=FIGURE_DPI)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return "data:image/png;base64," + base64.b64encode(png_bytes(fig)).decode("ascii")
 
 
 def num_cell(value: Any, spec: str, key: str, step: int | None = None) -> str:

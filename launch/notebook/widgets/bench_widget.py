@@ -17,7 +17,8 @@ from typing import Any
 import ipywidgets as widgets
 
 from hyper_parallel.benchmark.configs import configurations
-from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, png_bytes
+from hyper_parallel.viz.style import png_bytes
+from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR
 
 
 class BenchWidget(widgets.VBox):

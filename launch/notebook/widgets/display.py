@@ -6,19 +6,11 @@ Nothing here holds state; every value from a recipe or a run goes through ``html
 from __future__ import annotations
 
 import html
-import io
 
 from hyper_parallel.recipes import registry
 from launch.tables import table  # noqa: F401  (re-exported: launch.notebook.widgets.table)
 
 OK_COLOR, BAD_COLOR, INFO_COLOR = "#1a7f37", "#cf222e", "#57606a"
-
-
-def png_bytes(fig, dpi: int = 90) -> bytes:
-    """A matplotlib Figure as PNG bytes for an ``ipywidgets.Image``."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
 
 
 def degrees_text(degrees: dict[str, int]) -> str:

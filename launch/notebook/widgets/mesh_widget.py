@@ -23,7 +23,8 @@ from urllib.parse import quote
 import ipywidgets as widgets
 
 from hyper_parallel.run_files import PROGRESS_PREFIX
-from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, degrees_text, png_bytes, step_text
+from hyper_parallel.viz.style import png_bytes
+from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, degrees_text, step_text
 from launch.notebook.widgets.picker import DegreePicker
 
 LOG_FLUSH_SECONDS = 0.3

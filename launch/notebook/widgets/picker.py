@@ -17,7 +17,8 @@ from hyper_parallel.mesh import ParallelDims, valid_choices
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import microbatch_choices
-from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command, degrees_text, png_bytes
+from hyper_parallel.viz.style import png_bytes
+from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command, degrees_text
 
 DEGREES = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
 PICKER_DEGREES = (MeshDim.PP, *DEGREES)

@@ -25,7 +25,8 @@ from hyper_parallel.cost_model.step_time import estimate_step
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.planning import plan_figure, short_degrees
-from launch.notebook.widgets.display import png_bytes, table
+from hyper_parallel.viz.style import png_bytes
+from launch.notebook.widgets.display import table
 from launch.notebook.widgets.picker import DEGREES, HELP
 from launch.plan.build import MESH_DIMS, torchrun_command
 
