@@ -27,7 +27,7 @@ from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
 from launch import inputs
-from launch.processes.multinode import multinode_command
+from launch.processes.multinode import multinode_command, recipe_worker
 from launch.processes.run_dirs import RunDirError
 from launch.tables import print_table
 
@@ -291,11 +291,7 @@ def cmd_command(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--nnodes {nnodes} x --nproc-per-node {per_node} = {nnodes * per_node} != world_size={dims.world_size}"
         )
-    import json
-
-    explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
-    worker = ["-m", "hyper_parallel.recipes.worker", "--recipe", spec.name, "--degrees", json.dumps(explicit)]
-    worker += ["--options", json.dumps(options.kept()), "--steps", str(steps)]
+    worker = recipe_worker(spec.name, dims.degrees(), options.kept(), steps)
     command = multinode_command(nnodes, per_node, _endpoint(args.rdzv_endpoint), worker)
     rdzv_id = command.split("--rdzv-id=")[1].split()[0]
     out = args.out or f"runs/{spec.name}-{rdzv_id.removeprefix('hyper-parallel-')}"

@@ -31,10 +31,9 @@ from hyper_parallel.run_files import (
 )
 from launch import inputs
 from launch.processes.log_layout import write_pool_logs
+from launch.processes.multinode import RECIPE_WORKER
 from launch.processes.run_dirs import claimed, new_scratch_dir
 from launch.processes.supervisor import TorchrunResult, torchrun_claimed
-
-WORKER_MODULE = "hyper_parallel.recipes.worker"
 
 
 @dataclass
@@ -330,7 +329,7 @@ def _launch_batch(
     if pool:
         return _run_on_pool(world_size, batch, timeout, forward_line, root)
     args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, min(timeout, 3600.0)))]
-    return torchrun_claimed(WORKER_MODULE, world_size, args=args, timeout=timeout, on_line=forward_line, run_dir=root)
+    return torchrun_claimed(RECIPE_WORKER, world_size, args=args, timeout=timeout, on_line=forward_line, run_dir=root)
 
 
 def _run_on_pool(

@@ -254,12 +254,17 @@ def test_review_figure_labels_do_not_overlap():
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     ax = fig.axes[0]
-    boxes = [t.get_window_extent(renderer) for t in ax.texts]
-    boxes.append(ax.get_legend().get_window_extent(renderer))
+    from matplotlib.text import Text
+
+    labels = [Text.get_window_extent(t, renderer) for t in ax.texts]  # the text, without its leader line
+    boxes = [*labels, ax.get_legend().get_window_extent(renderer)]
     assert len(boxes) == 4
     for i, a in enumerate(boxes):
         for b in boxes[i + 1 :]:
             assert not a.overlaps(b), (a, b)
+    points = ax.transData.transform([(r.step.seconds, r.cost.memory.total / 2**30) for r in reviews])
+    for label in labels:  # a label covers no candidate's point (they are 7 points wide)
+        assert not any(label.expanded(1, 1).padded(4).contains(x, y) for x, y in points), label
 
 
 def test_design_review_example_documents_are_current():

@@ -27,6 +27,7 @@ from hyper_parallel.viz import mesh_map
             [MeshDim.DP_SHARD, MeshDim.TP, MeshDim.EP, MeshDim.ETP],
         ),
         (ParallelDims(world_size=8, dp_shard=8, ep=2), [MeshDim.DP_SHARD, MeshDim.EFSDP, MeshDim.EP]),
+        (ParallelDims(world_size=4, pp=2, dp_shard=2), [MeshDim.PP, MeshDim.DP_SHARD]),  # the stages too
     ],
 )
 def test_mesh_map_cells_are_ranks_and_colours_are_groups(dims, panels):
@@ -44,6 +45,10 @@ def test_mesh_map_cells_are_ranks_and_colours_are_groups(dims, panels):
             by_colour.setdefault(to_rgba(cells[f"rank{rank}"].get_facecolor()), []).append(rank)
         assert sorted(by_colour.values()) == sorted(dims.group_ranks(dim))
     assert "X" in fig._suptitle.get_text() and f"world {dims.world_size}" in fig._suptitle.get_text()
+    product = 1  # the title's equation holds: world = the product of the dense degrees it names
+    for part in fig._suptitle.get_text().split(" = ", 1)[1].split("\n")[0].split(" · ")[0].split(" × "):
+        product *= int(part.split()[1].rstrip(","))
+    assert product == dims.world_size, fig._suptitle.get_text()
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,10 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.style import group_color, new_figure, title
 
-DENSE_DIMS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.FSDP)
+DENSE_DIMS = (MeshDim.PP, MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.FSDP)
 SPARSE_DIMS = (MeshDim.EFSDP, MeshDim.EP, MeshDim.ETP)
 EXPLAIN = {
+    "pp": "pipeline stages: send/recv activations",
     "dp_replicate": "replicas: all-reduce gradients",
     "dp_shard": "shard parameters",
     "cp": "split the sequence (K/V all-gather)",
@@ -34,7 +35,7 @@ def grid_shape(dims: ParallelDims) -> tuple[int, int]:
     """(rows, cols) of the rank grid: the innermost dims (tp, cp, dp_shard, ...) fill a row until it
     is at least as long as the grid is tall; rank r sits at (r // cols, r % cols) in every panel."""
     cols = 1
-    for size in (dims.tp, dims.cp, dims.dp_shard, dims.dp_replicate):
+    for size in (dims.tp, dims.cp, dims.dp_shard, dims.dp_replicate, dims.pp):
         if cols * cols >= dims.world_size:
             break
         cols *= size
@@ -164,7 +165,7 @@ def mesh_map(dims: ParallelDims, recipe: str | None = None, sharded: bool = True
     ]
     if sparse:
         lines.append(
-            "top row: dense view (dp_replicate, dp_shard, cp, tp) · bottom row: expert view "
+            "top row: dense view (pp, dp_replicate, dp_shard, cp, tp) · bottom row: expert view "
             f"(dp_replicate, efsdp, ep{', etp' if dims.etp > 1 else ''})"
         )
     fig.set_figwidth(max(width, 0.085 * max(map(len, lines))))

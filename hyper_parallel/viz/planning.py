@@ -118,21 +118,39 @@ def short_degrees(dims: ParallelDims) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.degrees().items() if k != "world_size" and v > 1) or "-"
 
 
-def _label_offsets(reviews: list, budget_bytes: float | None) -> dict[int, tuple[int, int]]:
-    """Label offsets in points: a candidate close to one already labelled (within 12 % of the x axis and 8 %
-    of the y axis the figure draws) gets its label one line lower, so near-equal candidates stay readable."""
+def _label_places(reviews: list, budget_bytes: float | None) -> dict[int, tuple[float, int]]:
+    """Where each label goes: (x in data, y offset in points above its point). A candidate close to one
+    already labelled (within 12 % of the x axis and 8 % of the y axis the figure draws) joins its group:
+    the group's labels stack one line apart, left-aligned just right of the group's rightmost point, so the
+    thin lines that join labels to points cross neither the other labels nor the points."""
     if not reviews:
         return {}
     x_low = min(r.step.fast.total for r in reviews) * 0.85
     x_span = max(r.step.slow.total for r in reviews) * 1.25 - x_low or 1.0
     y_span = max([r.cost.memory.total for r in reviews] + [budget_bytes or 0]) * 1.2 or 1.0
-    placed, offsets = [], {}
+    groups: list[list] = []
     for review in sorted(reviews, key=lambda r: (r.step.seconds, r.cost.memory.total)):
         x, y = review.step.seconds, review.cost.memory.total
-        near = sum(1 for px, py in placed if abs(px - x) < 0.12 * x_span and abs(py - y) < 0.08 * y_span)
-        offsets[id(review)] = (6, 6 - 11 * near)
-        placed.append((x, y))
-    return offsets
+        group = next(
+            (
+                g
+                for g in groups
+                if any(
+                    abs(o.step.seconds - x) < 0.12 * x_span and abs(o.cost.memory.total - y) < 0.08 * y_span for o in g
+                )
+            ),
+            None,
+        )
+        if group is None:
+            groups.append([review])
+        else:
+            group.append(review)
+    places = {}
+    for group in groups:
+        left = max(r.step.seconds for r in group) + 0.03 * x_span
+        for height, review in enumerate(group):
+            places[id(review)] = (left, 16 + 12 * height)
+    return places
 
 
 def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
@@ -142,7 +160,7 @@ def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
     fig = new_figure(7.5, 4.4)
     ax = fig.add_subplot()
     ax.set_label("review")
-    offsets = _label_offsets(reviews, budget_bytes)
+    places = _label_places(reviews, budget_bytes)
     for review in reviews:
         step, memory = review.step, review.cost.memory.total / GIB
         color = "#1f77b4" if review.fits else "#999999"
@@ -161,10 +179,18 @@ def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
         ax.annotate(
             f"#{review.rank_text} {review.label}{over}",
             (step.seconds, memory),
-            textcoords="offset points",
-            xytext=offsets[id(review)],
+            textcoords=("data", "offset points"),
+            xytext=places[id(review)],
             fontsize=8,
             color="black" if review.fits else "#777777",
+            arrowprops={
+                "arrowstyle": "-",
+                "linewidth": 0.6,
+                "color": "#777777",
+                "relpos": (0, 0),
+                "shrinkA": 0,
+                "shrinkB": 4,
+            },
         )
     front = sorted((r for r in reviews if r.pareto), key=lambda r: r.step.seconds)
     if front:

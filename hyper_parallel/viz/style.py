@@ -47,7 +47,8 @@ PHASE_COLORS = {
     "optimizer": "#dff0d8",
     "other": "#f2f2f2",
 }
-DEGREE_ORDER = tuple(name for name in DEGREE_NAMES if name != MeshDim.PP)  # the degrees a figure title shows
+DEGREE_ORDER = (MeshDim.PP, *(name for name in DEGREE_NAMES if name != MeshDim.PP))
+"""The degrees a figure title shows: pp (outermost), the four dense ones, then ep and etp."""
 
 
 def rank_color(rank: int, world_size: int = 8) -> tuple[float, float, float, float]:
@@ -72,16 +73,16 @@ def group_hatch(group: str) -> str:
 
 
 def degrees_text(degrees: dict[str, int] | Any | None) -> str:
-    """'world 8 = dp_shard 2 × cp 2 × tp 2' (+ 'ep 2, etp 2'): the degrees > 1 of a run."""
+    """'world 8 = dp_shard 2 × cp 2 × tp 2' (+ 'ep 2, etp 2'; 'pp 2 × ...' first): the degrees > 1 of a run."""
     if degrees is None:
         return ""
     if not isinstance(degrees, dict):
         degrees = degrees.degrees()
-    dense = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[:4] if degrees.get(name, 1) > 1]
+    dense = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[:5] if degrees.get(name, 1) > 1]
     text = f"world {degrees.get('world_size', '?')}"
     if dense:
         text += " = " + " × ".join(dense)
-    sparse = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[4:] if degrees.get(name, 1) > 1]
+    sparse = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[5:] if degrees.get(name, 1) > 1]
     if sparse:
         text += " (experts: " + ", ".join(sparse) + ")"
     return text

@@ -113,22 +113,14 @@ def make_plan(
 def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rdzv_endpoint: str) -> str:
     """The multi-node command of ``launch command`` for this layout: the recipe worker when a recipe trains
     this model on these degrees, otherwise the same torchrun line in front of your own training module."""
-    from launch.processes.multinode import multinode_command
+    from launch.processes.multinode import multinode_command, recipe_worker
 
     nnodes, per_node = max(1, dims.world_size // gpus_per_node), min(gpus_per_node, dims.world_size)
     explicit = json.dumps({k: v for k, v in dims.degrees().items() if k != "world_size"})
     recipe = _recipe_training(config, dims)
     if recipe is not None:
-        worker = [
-            "-m",
-            "hyper_parallel.recipes.worker",
-            "--recipe",
-            recipe,
-            "--degrees",
-            explicit,
-            "--steps",
-            str(registry.get(recipe).steps),
-        ]
+        spec = registry.get(recipe)
+        worker = recipe_worker(recipe, dims.degrees(), spec.options(dims).kept(), spec.steps)
         return multinode_command(nnodes, per_node, rdzv_endpoint, worker)
     return (
         "# no workbook recipe trains this model on these degrees: the same launch for your own trainer, which\n"

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
+
+RECIPE_WORKER = "hyper_parallel.recipes.worker"
+
+
+def recipe_worker(recipe: str, degrees: dict[str, int], options: dict[str, int], steps: int) -> list[str]:
+    """The worker part of a recipe's torchrun line (``-m hyper_parallel.recipes.worker ...``): ``degrees``
+    without world_size (torchrun gives it), ``options`` the recipe's options that were not adapted (the
+    worker adapts the others the same way: ``RunOptions.kept``)."""
+    explicit = {k: v for k, v in degrees.items() if k != "world_size"}
+    worker = ["-m", RECIPE_WORKER, "--recipe", recipe, "--degrees", json.dumps(explicit)]
+    return worker + ["--options", json.dumps(options), "--steps", str(steps)]
 
 
 def multinode_command(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, worker: list[str]) -> str:
