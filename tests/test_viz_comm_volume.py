@@ -57,3 +57,23 @@ def test_comm_volume_bars_and_ratios():
         )
     # rank 1: (4400 AG + 2400 RS) * 1/2 + 1200 AR * 2 * 1/2
     assert per_rank[1] == pytest.approx(3400 + 1200)
+
+
+def test_the_measured_only_note_is_clear_of_the_legend_and_tp_runs_claim_no_minimum():
+    """12's M5: the "measured only" note sat under the legend; 11's M2 (pure TP, no fully_shard
+    collective) was titled against fully_shard's minimum."""
+    dims, traces = hsdp_traces()
+    traces[0].append(collective_event("all_gather", MeshDim.CP, [0, 1], 512, "forward", "layers.0", 1, 1.9, 1.91))
+    fig = comm_volume(traces, {"recipe": "M7", "degrees": dims.degrees(), "units": HSDP_UNITS})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = axes_labelled(fig, "volume")
+    [note] = [t for t in ax.texts if "measured only →" in t.get_text()]
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert not note.get_window_extent(renderer).overlaps(legend)
+    assert all(not t.get_window_extent(renderer).overlaps(legend) for t in ax.texts)
+    tp_only = {r: [e for e in events if e.get("group") == MeshDim.CP] for r, events in traces.items()}
+    tp_only = {r: events for r, events in tp_only.items() if events}
+    fig = comm_volume(tp_only, {"recipe": "M2", "degrees": dims.degrees(), "units": []})
+    assert "minimum" not in fig._suptitle.get_text() and "measured only" in fig._suptitle.get_text()
+    assert "minimum" not in axes_labelled(fig, "volume").get_title()
