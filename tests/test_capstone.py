@@ -8,6 +8,8 @@ dp_shard 2 x tp 2, 3 fully_shard units (2 blocks + root):
     tp all-reduces   forward 2 per block (the row-wise outputs), backward 2 per block (one per block input)
     fsdp             forward 3 all-gathers, backward 2 (the root keeps its parameters), 3 reduce-scatters
     torch FSDP2      the same, plus an all-reduce over the 1-rank dp_replicate group per unit
+The meta-built, rank-0-loaded, clipped run is held to torch's clip_grad_norm_ on one process, which the
+notebook runs in its kernel; the clipping must act (every step's norm above max_norm).
 """
 
 from __future__ import annotations
@@ -54,3 +56,14 @@ def test_the_run_matches_the_reference_torch_fsdp2_and_its_checkpoint(capstone):
     assert theirs == dict(ours, **{"all_reduce dp_replicate": UNITS})
     saved = capstone["checkpoint"]
     assert saved["resumed"] == saved["straight"] and saved["before"] != saved["straight"]
+
+
+@pytest.mark.distributed
+def test_the_meta_built_clipped_run_matches_one_process_clipping_with_torch(capstone):
+    ranks, reference = capstone["meta_clipped"]["ranks"], capstone["meta_clipped"]["reference"]
+    assert ranks["on_meta"] is True
+    assert min(reference["norms"]) > capstone["max_norm"]  # the clipping scaled every step
+    assert reference["losses"][1:] != capstone["reference"][1:]  # and so changed the training
+    scale = max(abs(v) for v in reference["losses"])
+    assert max(abs(a - b) for a, b in zip(ranks["losses"], reference["losses"])) <= 1e-5 * scale
+    assert max(abs(a - b) for a, b in zip(ranks["norms"], reference["norms"])) <= 1e-5 * max(reference["norms"])

@@ -137,3 +137,18 @@ def test_case4_dp_tp_ep_unshard_changes_only_the_fsdp_dim(fully_shard_run8):
         )
 
     assert_collectives(results, expected)
+
+
+# ================================================================== gradient clipping over two meshes (8 ranks)
+
+
+def test_clip_grad_norm_over_the_two_meshes_of_tp_and_fully_shard_equals_one_process(fully_shard_run8):
+    """The total norm (2 and inf) and the clipped gradients equal torch's clip_grad_norm_ on the
+    single-process model; torch's own clip_grad_norm_ cannot stack the two meshes' norms."""
+    results = fully_shard_run8.case("clip_grad_norm_over_two_meshes")
+    for rank, result in results.items():
+        assert result["facts"]["grad_meshes"] == [["dp_replicate", "fsdp"], ["dp_replicate", "fsdp", "tp"]]
+        assert "same mesh" in result["facts"]["torch_clip"], result["facts"]["torch_clip"]
+        for label in ("norm_2", "clipped_2", "norm_inf", "clipped_inf"):
+            entry = result["numbers"][f"{label}:ours-ref"]
+            assert entry["ratio"] <= 1.0, (rank, label, entry["worst"], entry["max_abs"])

@@ -1,8 +1,8 @@
 """Cases 3 and 4 of the fully_shard test matrix (docs/design.md §3), on 8 ranks: torch's DTensor TP
 (ColwiseParallel / RowwiseParallel) under ``fully_shard`` on (dp_replicate=2, fsdp=2), trained side by side
-with the single-process reference and torch FSDP2 + TP; and a dense block next to experts that are
-DTensors on (ep, etp) and sharded on efsdp, trained next to the reference (checked by
-tests/test_fully_shard_tp.py).
+with the single-process reference and torch FSDP2 + TP; a dense block next to experts that are
+DTensors on (ep, etp) and sharded on efsdp, trained next to the reference; and gradient clipping over the
+two meshes of TP + fully_shard (checked by tests/test_fully_shard_tp.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from fully_shard_training import (
     apply_torch,
     batch,
     case,
+    full_grads,
+    mse,
     new_mlp,
     param_facts,
     placements_str,
@@ -29,7 +31,7 @@ from fully_shard_training import (
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.fsdp import clip_grad_norm_, fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
@@ -138,3 +140,40 @@ def dp_tp_ep(res: Result) -> None:
     res.facts["efsdp_index"] = coords[MeshDim.EFSDP]
     *local, gx, gy = batch(15, coords[MeshDim.EFSDP], dims.efsdp * dims.dp_replicate)
     train_side_by_side(res, {"ours": model}, reference, local, (gx, gy), [("ours", "ref", "fp32")])
+
+
+@case("clip_grad_norm_over_two_meshes", 8)
+def clip_over_two_meshes(res: Result) -> None:
+    """(dp_replicate=2, fsdp=2, tp=2) as case 3: the blocks' gradients are DTensors on (dp_replicate, fsdp, tp),
+    the root's on (dp_replicate, fsdp). torch's clip_grad_norm_ refuses to stack norms of two meshes;
+    ours returns the single-process model's total norm and leaves the same clipped gradients (2-norm and
+    inf-norm, max_norm half the total so the clipping scales)."""
+    dims = ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, tp=2)
+    views = build_mesh(dims, "cpu")
+    model = new_mlp(5)
+    reference = copy.deepcopy(model)
+    for block in model.blocks:
+        parallelize_module(block, views[MeshDim.TP], tp_plan())
+    apply_ours(model, views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
+    x, y, gx, gy = batch(16, dims.coordinates(rank())[MeshDim.DP], dims.dp)
+    mse(model(x), y).backward()
+    mse(reference(gx), gy).backward()
+    meshes = {p.grad.device_mesh.mesh_dim_names for p in model.parameters() if isinstance(p.grad, DTensor)}
+    res.facts["grad_meshes"] = sorted(list(m) for m in meshes)
+    try:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        res.facts["torch_clip"] = "ran"
+    except RuntimeError as error:
+        res.facts["torch_clip"] = str(error).splitlines()[0]
+    for norm_type in (2.0, float("inf")):
+        whole = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()], norm_type)
+        max_norm = whole.item() / 2
+        ours = clip_grad_norm_(model.parameters(), max_norm, norm_type)
+        theirs = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm, norm_type)
+        label = "2" if norm_type == 2.0 else "inf"
+        res.compare(f"norm_{label}:ours-ref", {"norm": ours}, {"norm": theirs})
+        res.compare(
+            f"clipped_{label}:ours-ref",
+            full_grads(model),
+            {n: p.grad for n, p in reference.named_parameters()},
+        )
