@@ -16,6 +16,7 @@ import pytest
 
 from hyper_parallel.cost_model import estimate, get_model, recipe_model
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.recipes import registry
 from hyper_parallel.viz import cp_chunks
 from launch.notebook.exercises import (
     EXERCISES,
@@ -225,7 +226,7 @@ def test_every_exercise_is_tested_and_unanswered_passes(capsys):
 # ---------------------------------------------------------------- launch.notebook.lessons
 
 
-@pytest.mark.parametrize("recipe", ["M1", "M3", "M7", "S1", "P1"])
+@pytest.mark.parametrize("recipe", [name for name, spec in registry.RECIPES.items() if spec.code])
 def test_recipe_code_is_the_code_that_runs(recipe):
     """The listing is read without importing the modules; it must equal inspect.getsource of the
     imported functions, and name the calls the lesson points at."""

@@ -3,7 +3,7 @@
 Each row is the keyword arguments of ``registry.Recipe`` (see ``matrix_dense``). Torch-free.
 """
 
-from hyper_parallel.recipes.matrix_shapes import MOE_SHAPES, MOE_WORKLOAD
+from hyper_parallel.recipes.matrix_shapes import MOE_CODE, MOE_SHAPES, MOE_WORKLOAD
 
 MOE_ROWS: list[dict] = [
     dict(
@@ -17,6 +17,7 @@ MOE_ROWS: list[dict] = [
         default={"world_size": 4, "dp_shard": 4, "ep": 2},
         alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2},),
         implementation=f"{MOE_WORKLOAD}:expert_parallel",
+        code=MOE_CODE,
         shapes=MOE_SHAPES,
         must_exceed_one=("ep",),
         must_be_one=("etp",),
@@ -31,6 +32,7 @@ MOE_ROWS: list[dict] = [
         default={"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2},
         alternatives=({"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2, "etp": 2},),
         implementation=f"{MOE_WORKLOAD}:expert_parallel",
+        code=MOE_CODE,
         shapes=MOE_SHAPES,
         must_exceed_one=("ep", "etp"),
     ),
@@ -45,6 +47,7 @@ MOE_ROWS: list[dict] = [
         default={"world_size": 4, "dp_shard": 4, "ep": 2},
         alternatives=(),
         implementation=f"{MOE_WORKLOAD}:expert_parallel_all_gather",
+        code=MOE_CODE,
         shapes=MOE_SHAPES,
         must_exceed_one=("ep",),
         must_be_one=("etp",),

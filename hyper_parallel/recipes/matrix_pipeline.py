@@ -3,7 +3,7 @@
 Each row is the keyword arguments of ``registry.Recipe`` (see ``matrix_dense``). Torch-free.
 """
 
-from hyper_parallel.recipes.matrix_shapes import PIPELINE_SHAPES, PIPELINE_WORKLOAD
+from hyper_parallel.recipes.matrix_shapes import PIPELINE_CODE, PIPELINE_SHAPES, PIPELINE_WORKLOAD
 
 PIPELINE_ROWS: list[dict] = [
     dict(
@@ -18,6 +18,7 @@ PIPELINE_ROWS: list[dict] = [
         default={"world_size": 4, "pp": 2, "dp_shard": 2},
         alternatives=({"world_size": 2, "pp": 2},),
         implementation=f"{PIPELINE_WORKLOAD}:one_f_one_b",
+        code=PIPELINE_CODE,
         shapes=PIPELINE_SHAPES,
         must_be_one=("cp", "tp", "ep"),
         must_exceed_one=("pp",),

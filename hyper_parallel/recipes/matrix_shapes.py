@@ -18,3 +18,21 @@ PIPELINE_SHAPES = {**TRANSFORMER_SHAPES, "n_layers": 4, "microbatches": 4}
 DENSE_WORKLOAD = "hyper_parallel.recipes.transformer"
 PIPELINE_WORKLOAD = "hyper_parallel.recipes.pipeline"
 MOE_WORKLOAD = "hyper_parallel.recipes.moe"
+
+# The functions a lesson shows beside a recipe's implementation (``Recipe.code``, launch/notebook/lessons.py):
+# what that implementation calls to parallelize the model, as "module:function".
+MLP_CODE = ("hyper_parallel.recipes.dense:_mlp_workload",)
+TRANSFORMER_CODE = (f"{DENSE_WORKLOAD}:transformer_workload",)
+TP_CODE = ("hyper_parallel.parallel.tp:parallelize_transformer_tp",)
+CP_CODE = (f"{DENSE_WORKLOAD}:apply_context_parallel",)
+FSDP_CODE = (f"{DENSE_WORKLOAD}:apply_fully_shard",)
+MOE_CODE = (
+    f"{MOE_WORKLOAD}:moe_workload",
+    f"{MOE_WORKLOAD}:apply_expert_parallel",
+    f"{MOE_WORKLOAD}:apply_dual_stack_fully_shard",
+)
+PIPELINE_CODE = (
+    f"{PIPELINE_WORKLOAD}:pipeline_workload",
+    "hyper_parallel.parallel.pipeline:split_transformer",
+    "hyper_parallel.parallel.pipeline:build_schedule",
+)

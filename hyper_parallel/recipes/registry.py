@@ -33,6 +33,7 @@ class Recipe:
     default: dict[str, int]  # world_size and degrees of the default run
     alternatives: tuple[dict[str, int], ...]  # other valid meshes the tests also run
     implementation: str  # "module:function" building the workload inside a worker
+    code: tuple[str, ...] = ()  # the functions it calls that a lesson shows with it ("module:function")
     shapes: dict = field(default_factory=dict)  # keyword arguments of ParallelDims.check_model (the defaults)
     must_be_one: tuple[str, ...] = ()
     must_exceed_one: tuple[str, ...] = ()

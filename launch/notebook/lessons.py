@@ -17,33 +17,6 @@ from typing import Any
 
 from hyper_parallel.recipes import registry
 
-_TRANSFORMER = "hyper_parallel.recipes.transformer"
-_DENSE_TP = ["hyper_parallel.parallel.tp:parallelize_transformer_tp", f"{_TRANSFORMER}:apply_fully_shard"]
-RECIPE_CODE: dict[str, list[str]] = {  # besides the registry's implementation, the functions it calls
-    "M1": ["hyper_parallel.recipes.dense:_mlp_workload"],
-    "M4": ["hyper_parallel.recipes.dense:_mlp_workload"],
-    "M2": [f"{_TRANSFORMER}:transformer_workload", *_DENSE_TP],
-    "M3": [f"{_TRANSFORMER}:transformer_workload", *_DENSE_TP],
-    "M5": [
-        f"{_TRANSFORMER}:transformer_workload",
-        f"{_TRANSFORMER}:apply_context_parallel",
-        f"{_TRANSFORMER}:apply_fully_shard",
-    ],
-    "M6": [f"{_TRANSFORMER}:transformer_workload", f"{_TRANSFORMER}:apply_context_parallel", *_DENSE_TP],
-    "M7": [f"{_TRANSFORMER}:transformer_workload", f"{_TRANSFORMER}:apply_fully_shard"],
-    "S1": [
-        "hyper_parallel.recipes.moe:moe_workload",
-        "hyper_parallel.recipes.moe:apply_expert_parallel",
-        "hyper_parallel.recipes.moe:apply_dual_stack_fully_shard",
-    ],
-}
-RECIPE_CODE["S2"] = RECIPE_CODE["S3"] = RECIPE_CODE["S1"]
-RECIPE_CODE["P1"] = [
-    "hyper_parallel.recipes.pipeline:pipeline_workload",
-    "hyper_parallel.parallel.pipeline:split_transformer",
-    "hyper_parallel.parallel.pipeline:build_schedule",
-]
-
 _FSDP2 = (
     '`fully_shard(unit, mesh=views["dp_replicate", "fsdp"])`',
     '`torch.distributed.fsdp.fully_shard(unit, mesh=mesh["fsdp"])` (a 2-D mesh `(replicate, shard)` makes it HSDP)',
@@ -128,11 +101,13 @@ def function_source(path: str) -> str:
 
 
 def recipe_sources(recipe: str) -> list[tuple[str, str]]:
-    """(``module:function``, its source) of the recipe's implementation and of the functions it calls."""
+    """(``module:function``, its source) of the recipe's implementation and of the functions it calls
+    (``Recipe.code``, the registry's row)."""
     spec = registry.get(recipe)
-    if recipe not in RECIPE_CODE:
-        raise ValueError(f"no code listing for recipe {recipe!r}; listed: {sorted(RECIPE_CODE)}")
-    paths = [spec.implementation, *RECIPE_CODE[recipe]]
+    if not spec.code:
+        listed = [name for name, other in registry.RECIPES.items() if other.code]
+        raise ValueError(f"no code listing for recipe {spec.name!r}; listed: {listed}")
+    paths = [spec.implementation, *spec.code]
     return [(path, function_source(path)) for path in paths]
 
 
