@@ -106,7 +106,7 @@ def process_alive(pid: int) -> bool:
 
 # ------------------------------------------------------------------ the fully_shard test matrix
 
-FULLY_SHARD_WORKER = Path(__file__).parent / "workers" / "fully_shard_worker.py"
+FULLY_SHARD_WORKER = Path(__file__).parent / "fully_shard_worker.py"
 FULLY_SHARD_LAUNCH_TIMEOUT = {4: 300.0, 8: 360.0}  # the whole matrix took 86-135 s on the 2-core machine
 
 
@@ -180,11 +180,11 @@ def launch_fully_shard_cases(world_size: int, tmp_path_factory) -> FullyShardRun
 
 @pytest.fixture(scope="session")
 def fully_shard_run4(tmp_path_factory) -> FullyShardRun:
-    """Every 4-rank case of tests/workers/fully_shard_worker.py, one launch per session."""
+    """Every 4-rank case (the @case functions of tests/test_fully_shard_*.py), one launch per session."""
     return launch_fully_shard_cases(4, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def fully_shard_run8(tmp_path_factory) -> FullyShardRun:
-    """Every 8-rank case (3, 4 and 7) of tests/workers/fully_shard_worker.py, one launch per session."""
+    """Every 8-rank case (the @case functions of tests/test_fully_shard_*.py), one launch per session."""
     return launch_fully_shard_cases(8, tmp_path_factory)

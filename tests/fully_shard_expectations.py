@@ -22,7 +22,7 @@ from collections import Counter
 # batch 8. fully_shard units: ``blocks.0``, ``blocks.1`` and the root (``inp`` + ``head``, named "root").
 # d_out=6 does not split over 4 ranks: the head is padded to 8 rows and rank 3 holds empty shards.
 #
-# Tolerances: fp32 ``rtol=1e-5, atol=1e-6`` (``|a-b| <= atol + rtol*|b|`` elementwise). bf16 (case 8):
+# Tolerances: fp32 ``rtol=1e-5, atol=1e-6`` (``|a-b| <= atol + rtol*|b|`` elementwise). bf16 (bf16_mixed_precision):
 # ours and torch FSDP2 under the same MixedPrecisionPolicy are compared with the fp32 tolerance (they
 # are in fact bit-identical: same bf16 all-gather, same fp32 reduce-scatter). Against the fp32
 # reference the bound is looser and documented at ``BF16_*`` below.

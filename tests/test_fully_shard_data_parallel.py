@@ -1,15 +1,20 @@
-"""fully_shard on the data-parallel layouts without tensor parallelism (docs/design.md §3, cases 1, 2
-and 8; worker tests/workers/fully_shard_data_parallel_cases.py): FSDP 1-D over 4 ranks, HSDP on
-(dp_replicate=2, fsdp=2) and FSDP under a bf16 MixedPrecisionPolicy, each checked against the
-single-process reference and torch's own FSDP2 trained side by side (numbers), and against the
-all-gather / reduce-scatter / all-reduce events and GroupInfo derived by hand in
-tests/fully_shard_expectations.py (communication); also that those hand-derived byte counts follow the
-padding rule.
+"""fully_shard on the data-parallel layouts without tensor parallelism (docs/design.md §3): FSDP 1-D over 4
+ranks, HSDP on (dp_replicate=2, fsdp=2) and FSDP under a bf16 MixedPrecisionPolicy, each checked against the
+single-process reference and torch's own FSDP2 trained side by side (numbers), and against the all-gather /
+reduce-scatter / all-reduce events and GroupInfo derived by hand in tests/fully_shard_expectations.py
+(communication); also that those hand-derived byte counts follow the padding rule.
+
+Each case reads as a specification: the function the ranks run (``@case``; tests/fully_shard_worker.py
+runs every case of a world size in one launch per session) sits above the tests that assert on what it
+recorded.
 """
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
 from fully_shard_expectations import (
     ALL_NAMES,
     BF16_GRAD_REL_L2,
@@ -34,6 +39,23 @@ from fully_shard_expectations import (
     hsdp_step,
     unit_bytes,
 )
+from fully_shard_training import (
+    Result,
+    apply_ours,
+    apply_torch,
+    batch,
+    case,
+    new_mlp,
+    param_facts,
+    this_rank,
+    train_side_by_side,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy as TorchMixedPrecisionPolicy
+
+from hyper_parallel.fsdp import MixedPrecisionPolicy
+from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_views import build_mesh
 
 pytestmark = pytest.mark.distributed
 
@@ -46,20 +68,42 @@ def test_hand_derived_sizes():
     assert unit_bytes({"experts.weight": ((2, 32, 16), 1)}, 2) == EXPERTS_S2
 
 
-# ================================================================== case 1: FSDP 1-D
+# ================================================================== FSDP 1-D
 
 
-def test_case1_fsdp_1d_numbers_match_reference_and_torch_fsdp2(fully_shard_run4):
-    results = fully_shard_run4.case("c1_fsdp")
+@case("fsdp_1d", 4)
+def fsdp_1d(res: Result) -> None:
+    """FSDP 1-D over 4 ranks (``mesh=views["fsdp"]``, the torch FSDP2 call unchanged): RS only,
+    equal to the reference and to torch FSDP2."""
+    dims = ParallelDims(world_size=4)
+    views = build_mesh(dims, "cpu")
+    model = new_mlp(1)
+    reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
+    apply_ours(model, views[MeshDim.FSDP])
+    apply_torch(theirs, views[MeshDim.FSDP])
+    res.facts["params"] = param_facts(model)
+    *local, gx, gy = batch(11, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
+    train_side_by_side(
+        res,
+        {"ours": model, "torch": theirs},
+        reference,
+        local,
+        (gx, gy),
+        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
+    )
+
+
+def test_fsdp_1d_numbers_match_reference_and_torch_fsdp2(fully_shard_run4):
+    results = fully_shard_run4.case("fsdp_1d")
     assert_numbers(results, "ours-ref")
     assert_numbers(results, "torch-ref")
     assert_numbers(results, "ours-torch")
 
 
-def test_case1_fsdp_1d_reduce_scatter_only(fully_shard_run4):
+def test_fsdp_1d_reduce_scatter_only(fully_shard_run4):
     """Per step: AG per unit in forward, AG for the two blocks in backward, one RS per unit, all on
     ("fsdp", [0, 1, 2, 3]); no all-reduce."""
-    results = fully_shard_run4.case("c1_fsdp")
+    results = fully_shard_run4.case("fsdp_1d")
 
     def expected(rank, step):
         g = FSDP4[rank]
@@ -86,19 +130,41 @@ def test_case1_fsdp_1d_reduce_scatter_only(fully_shard_run4):
         assert head["local_shape"] == ([2, 32] if rank < 3 else [0, 32])  # torch.chunk: 2, 2, 2, 0 rows
 
 
-# ================================================================== case 2: HSDP
+# ================================================================== HSDP
 
 
-def test_case2_hsdp_numbers_match_reference_and_torch_fsdp2(fully_shard_run4):
-    results = fully_shard_run4.case("c2_hsdp")
+@case("hsdp_2x2", 4)
+def hsdp(res: Result) -> None:
+    """HSDP on (dp_replicate=2, fsdp=2): RS on fsdp + AR on dp_replicate; equal to the
+    reference and to torch FSDP2 on the same 2-D mesh."""
+    dims = ParallelDims(world_size=4, dp_replicate=2, dp_shard=2)
+    views = build_mesh(dims, "cpu")
+    model = new_mlp(2)
+    reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
+    apply_ours(model, views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
+    apply_torch(theirs, views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
+    res.facts["params"] = param_facts(model)
+    *local, gx, gy = batch(12, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
+    train_side_by_side(
+        res,
+        {"ours": model, "torch": theirs},
+        reference,
+        local,
+        (gx, gy),
+        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
+    )
+
+
+def test_hsdp_numbers_match_reference_and_torch_fsdp2(fully_shard_run4):
+    results = fully_shard_run4.case("hsdp_2x2")
     assert_numbers(results, "ours-ref")
     assert_numbers(results, "torch-ref")
     assert_numbers(results, "ours-torch")
 
 
-def test_case2_hsdp_reduce_scatter_then_all_reduce(fully_shard_run4):
+def test_hsdp_reduce_scatter_then_all_reduce(fully_shard_run4):
     """RS on ("fsdp", [0,1] | [2,3]) then AR of the shard on ("dp_replicate", [0,2] | [1,3])."""
-    results = fully_shard_run4.case("c2_hsdp")
+    results = fully_shard_run4.case("hsdp_2x2")
 
     def expected(rank, step):
         return hsdp_step(HSDP_FSDP[rank], HSDP_REP[rank], BLOCK_S2)
@@ -117,11 +183,50 @@ def test_case2_hsdp_reduce_scatter_then_all_reduce(fully_shard_run4):
     assert results[0]["facts"]["params"]["blocks.0.w1.weight"]["placements"] == "(R, S(0))"
 
 
-# ================================================================== case 8: mixed precision
+# ================================================================== mixed precision
 
 
-def test_case8_mixed_precision_matches_torch_fsdp2_and_reference_within_bf16_bounds(fully_shard_run4):
-    results = fully_shard_run4.case("c8_mixed_precision")
+@case("bf16_mixed_precision", 4)
+def mixed_precision(res: Result) -> None:
+    """FSDP 1-D with param_dtype=bf16, reduce_dtype=fp32, ours next to torch FSDP2 with the
+    same policy: AG in bf16, RS in fp32; ours == torch tightly, ours ~ fp32 reference (bf16 bound)."""
+    dims = ParallelDims(world_size=4)
+    views = build_mesh(dims, "cpu")
+    model = new_mlp(9)
+    reference, theirs = copy.deepcopy(model), copy.deepcopy(model)
+    apply_ours(
+        model,
+        views[MeshDim.FSDP],
+        mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    )
+    apply_torch(
+        theirs,
+        views[MeshDim.FSDP],
+        mp_policy=TorchMixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    )
+    res.facts["params"] = param_facts(model)
+    *local, gx, gy = batch(19, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
+    res.facts["dtypes"] = {}
+
+    def dtypes(step: int) -> None:  # sharded params and their reduced grads stay fp32
+        res.facts["dtypes"][str(step)] = {
+            "params": sorted({str(p.dtype) for p in model.parameters()}),
+            "grads": sorted({str(p.grad.dtype) for p in model.parameters()}),
+        }
+
+    train_side_by_side(
+        res,
+        {"ours": model, "torch": theirs},
+        reference,
+        local,
+        (gx, gy),
+        [("ours", "torch", "bf16_torch"), ("ours", "ref", "bf16_ref"), ("torch", "ref", "bf16_ref")],
+        on_backward=dtypes,
+    )
+
+
+def test_mixed_precision_matches_torch_fsdp2_and_reference_within_bf16_bounds(fully_shard_run4):
+    results = fully_shard_run4.case("bf16_mixed_precision")
     assert_numbers(results, "ours-torch")  # fp32 tolerance: measured bit-identical
     for rank, result in results.items():
         for pair in ("ours-ref", "torch-ref"):
@@ -139,8 +244,8 @@ def test_case8_mixed_precision_matches_torch_fsdp2_and_reference_within_bf16_bou
         }
 
 
-def test_case8_all_gather_in_bf16_reduce_scatter_in_fp32(fully_shard_run4):
-    results = fully_shard_run4.case("c8_mixed_precision")
+def test_all_gather_in_bf16_reduce_scatter_in_fp32(fully_shard_run4):
+    results = fully_shard_run4.case("bf16_mixed_precision")
 
     def expected(rank, step):
         g = FSDP4[rank]

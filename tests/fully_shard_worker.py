@@ -1,5 +1,5 @@
 """torchrun worker for the tests/test_fully_shard_*.py files: every case of the fully_shard test matrix
-(docs/design.md §3, cases 1-10, registered by the ``fully_shard_*_cases.py`` modules imported below) for
+(docs/design.md §3; each case is registered by the tests/test_fully_shard_*.py module that asserts on it, imported below) for
 this launch's world size, run in one gloo process group because a torchrun start costs 10-19 s here; each
 case trains our ``fully_shard`` next to the single-process reference (and torch FSDP2 where asked, see
 fully_shard_training.py) and records per rank its ``numbers`` (difference and tolerance ratio of every
@@ -7,13 +7,14 @@ compared tensor), ``facts`` (GroupInfo, layouts, case-specific findings) and the
 ``placements`` trace events (``hyper_parallel.trace``); a case that raises records its traceback and the
 others still run (the ranks meet at a barrier between cases; a rank left waiting by an error elsewhere
 gives up after ``--collective-timeout`` seconds). Output: ``$HYPER_PARALLEL_RUN_DIR/fully_shard_rank{r}.json``.
-Run as ``torchrun --nproc-per-node 4 tests/workers/fully_shard_worker.py --cases all --tolerances '{...}'``.
+Run as ``torchrun --nproc-per-node 4 tests/fully_shard_worker.py --cases all --tolerances '{...}'``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import sys
@@ -22,28 +23,26 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-import fully_shard_accumulation_cases
-import fully_shard_data_parallel_cases
-import fully_shard_local_tp_cases
-import fully_shard_state_dict_cases
-import fully_shard_tp_cases
 import torch
 import torch.distributed as dist
-from fully_shard_training import CASES, Result, rank
+from fully_shard_training import CASES, Result, this_rank
 from torch.distributed.tensor import DTensor
 
 from hyper_parallel import trace
 
 CASE_MODULES = (
-    fully_shard_data_parallel_cases,  # cases 1, 2, 8: FSDP, HSDP, mixed precision (vs torch FSDP2)
-    fully_shard_local_tp_cases,  # cases 5, 6, 7 and rebuilt_mesh: local-tensor TP, sharding inferred
-    fully_shard_tp_cases,  # cases 3, 4: torch DTensor TP, experts on (ep, etp) (8 ranks)
-    fully_shard_accumulation_cases,  # case 9: gradient accumulation
-    fully_shard_state_dict_cases,  # case 10: state dicts
+    "test_fully_shard_data_parallel",  # FSDP, HSDP, mixed precision (vs torch FSDP2)
+    "test_fully_shard_local_tp",  # local-tensor TP: sharding inferred off or kept, a rebuilt mesh
+    "test_fully_shard_tp",  # torch DTensor TP, experts on (ep, etp), clipping over two meshes (8 ranks)
+    "test_fully_shard_accumulation",  # gradient accumulation
+    "test_fully_shard_state_dict",  # state dicts
 )
-"""The features whose cases a launch runs: importing a module registers its cases in ``CASES`` (the cases
-are independent of each other and of their order: each seeds its own model and data, and run_case clears
-DTensor's caches)."""
+"""The test modules whose cases a launch runs: importing one registers its ``@case`` functions in ``CASES``
+(the cases are independent of each other and of their order: each seeds its own model and data, and
+run_case clears DTensor's caches). They live in tests/ beside this worker (a script's folder is on its
+import path), next to the assertions on what they record."""
+for module in CASE_MODULES:
+    importlib.import_module(module)
 
 # --------------------------------------------------------------------------- driver
 
@@ -106,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             results[name] = run_case(name, CASES[name][1], tolerances, out)
-            if rank() == 0:
+            if this_rank() == 0:
                 status = "ok" if results[name]["ok"] else "FAILED"
                 print(f"[case] {name} {status} {results[name]['seconds']:.2f}s", flush=True)
             if not results[name]["ok"]:
-                print(f"[case] {name} rank {rank()}:\n{results[name]['error']}", flush=True)
-        (out / f"fully_shard_rank{rank()}.json").write_text(
-            json.dumps({"rank": rank(), "world_size": world, "cases": results})
+                print(f"[case] {name} rank {this_rank()}:\n{results[name]['error']}", flush=True)
+        (out / f"fully_shard_rank{this_rank()}.json").write_text(
+            json.dumps({"rank": this_rank(), "world_size": world, "cases": results})
         )
     finally:
         dist.destroy_process_group()

@@ -3,8 +3,8 @@ case registry, the tiny model and its batches, and the loop that trains our ``fu
 unparallelized deepcopy on the global batch (the single-process reference) and, where asked, torch's own
 ``torch.distributed.fsdp.fully_shard`` (an independent oracle), recording per rank the largest difference
 and tolerance ratio of every compared tensor (``Result.compare``) and the GroupInfo / layout of every
-managed parameter (``param_facts``); the cases live in ``fully_shard_*_cases.py``, the launch in
-``fully_shard_worker.py``.
+managed parameter (``param_facts``); each case lives in the tests/test_fully_shard_*.py file that asserts on
+it, the launch in ``fully_shard_worker.py``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Result:
         }
 
 
-def rank() -> int:
+def this_rank() -> int:
     return dist.get_rank()
 
 
