@@ -234,6 +234,25 @@ def train_side_by_side(
             on_step(step)
 
 
+AGAINST_REFERENCE_AND_TORCH = [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")]
+
+
+def train_with_torch_fsdp2(
+    res: Result,
+    dims,
+    ours: nn.Module,
+    theirs: nn.Module,
+    reference: nn.Module,
+    data_seed: int,
+    comparisons: list[tuple[str, str, str]] = AGAINST_REFERENCE_AND_TORCH,
+    **kwargs,
+) -> None:
+    """``train_side_by_side`` of our model and torch FSDP2's on this rank's data-parallel slice of batch
+    ``data_seed`` (``dims``: the run's ParallelDims), the reference on all of it."""
+    *local, gx, gy = batch(data_seed, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
+    train_side_by_side(res, {"ours": ours, "torch": theirs}, reference, local, (gx, gy), comparisons, **kwargs)
+
+
 def new_mlp(seed: int) -> MLP:
     torch.manual_seed(seed)
     return MLP(CONFIG)

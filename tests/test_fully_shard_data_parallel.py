@@ -43,12 +43,10 @@ from fully_shard_training import (
     Result,
     apply_ours,
     apply_torch,
-    batch,
     case,
     new_mlp,
     param_facts,
-    this_rank,
-    train_side_by_side,
+    train_with_torch_fsdp2,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy as TorchMixedPrecisionPolicy
 
@@ -82,15 +80,7 @@ def fsdp_1d(res: Result) -> None:
     apply_ours(model, views[MeshDim.FSDP])
     apply_torch(theirs, views[MeshDim.FSDP])
     res.facts["params"] = param_facts(model)
-    *local, gx, gy = batch(11, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
-    train_side_by_side(
-        res,
-        {"ours": model, "torch": theirs},
-        reference,
-        local,
-        (gx, gy),
-        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
-    )
+    train_with_torch_fsdp2(res, dims, model, theirs, reference, data_seed=11)
 
 
 def test_fsdp_1d_numbers_match_reference_and_torch_fsdp2(fully_shard_run4):
@@ -144,15 +134,7 @@ def hsdp(res: Result) -> None:
     apply_ours(model, views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     apply_torch(theirs, views[MeshDim.DP_REPLICATE, MeshDim.FSDP])
     res.facts["params"] = param_facts(model)
-    *local, gx, gy = batch(12, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
-    train_side_by_side(
-        res,
-        {"ours": model, "torch": theirs},
-        reference,
-        local,
-        (gx, gy),
-        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
-    )
+    train_with_torch_fsdp2(res, dims, model, theirs, reference, data_seed=12)
 
 
 def test_hsdp_numbers_match_reference_and_torch_fsdp2(fully_shard_run4):
@@ -205,7 +187,6 @@ def mixed_precision(res: Result) -> None:
         mp_policy=TorchMixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
     )
     res.facts["params"] = param_facts(model)
-    *local, gx, gy = batch(19, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
     res.facts["dtypes"] = {}
 
     def dtypes(step: int) -> None:  # sharded params and their reduced grads stay fp32
@@ -214,13 +195,14 @@ def mixed_precision(res: Result) -> None:
             "grads": sorted({str(p.grad.dtype) for p in model.parameters()}),
         }
 
-    train_side_by_side(
+    train_with_torch_fsdp2(
         res,
-        {"ours": model, "torch": theirs},
+        dims,
+        model,
+        theirs,
         reference,
-        local,
-        (gx, gy),
-        [("ours", "torch", "bf16_torch"), ("ours", "ref", "bf16_ref"), ("torch", "ref", "bf16_ref")],
+        data_seed=19,
+        comparisons=[("ours", "torch", "bf16_torch"), ("ours", "ref", "bf16_ref"), ("torch", "ref", "bf16_ref")],
         on_backward=dtypes,
     )
 

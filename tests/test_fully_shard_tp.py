@@ -50,6 +50,7 @@ from fully_shard_training import (
     this_rank,
     tp_plan,
     train_side_by_side,
+    train_with_torch_fsdp2,
 )
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import parallelize_module
@@ -130,15 +131,7 @@ def dp_tp(res: Result) -> None:
         }
 
     model.blocks[0].w1.register_forward_pre_hook(seen)
-    *local, gx, gy = batch(14, dims.coordinates(this_rank())[MeshDim.DP], dims.dp)
-    train_side_by_side(
-        res,
-        {"ours": model, "torch": theirs},
-        reference,
-        local,
-        (gx, gy),
-        [("ours", "ref", "fp32"), ("torch", "ref", "fp32"), ("ours", "torch", "fp32")],
-    )
+    train_with_torch_fsdp2(res, dims, model, theirs, reference, data_seed=14)
 
 
 def test_hsdp_with_dtensor_tp_numbers_match_reference_and_torch_fsdp2_tp(fully_shard_run8):
