@@ -1,6 +1,6 @@
-"""Notebook 05 (your own model) says numbers about its own runs; here they are derived by hand and
+"""Notebook 12 (your own model) says numbers about its own runs; here they are derived by hand and
 compared with what the executed notebook measured (the numbers its closing cell writes to
-``runs_dir/05_your_own_model.json``).
+``runs_dir/12_your_own_model.json``).
 
 Derivation for the notebook's model (2 blocks; per block attention wq/wk/wv column-wise, wo row-wise,
 feed-forward up column-wise, down row-wise, ``PrepareModuleInput`` on attention and feed_forward) on
@@ -27,10 +27,10 @@ BLOCKS, UNITS = 2, 3
 def capstone(tmp_path_factory):
     folder = tmp_path_factory.mktemp("capstone")
     ok, error = execute_notebook(
-        NOTEBOOKS_DIR / "05_your_own_model.ipynb", folder / "05.ipynb", {"runs_dir": str(folder / "runs")}
+        NOTEBOOKS_DIR / "12_your_own_model.ipynb", folder / "05.ipynb", {"runs_dir": str(folder / "runs")}
     )
     assert ok, error
-    return json.loads((folder / "runs" / "05_your_own_model.json").read_text())
+    return json.loads((folder / "runs" / "12_your_own_model.json").read_text())
 
 
 @pytest.mark.distributed

@@ -1,6 +1,6 @@
 """Predict, then check: no notebook shows an exercise's answer between its question and its check.
 
-A question is asked (``ask("10.1")``), the learner writes an answer, and a check compares it with the
+A question is asked (``ask("01.1")``), the learner writes an answer, and a check compares it with the
 run. Every figure and table of a run shows counts and bytes (titles such as "5 AG, 3 RS"), so between
 ``ask(key)`` and ``check(key)`` a notebook may only run code whose output cannot answer: other
 questions and checks, the answer cells, the mesh widget and its help, and the run itself (its progress
@@ -163,6 +163,7 @@ def test_every_exercise_is_asked_and_checked_in_one_notebook():
     for name, path in NOTEBOOKS.items():
         for key in exercise_cells(nbformat.read(path, as_version=4)):
             assert key not in seen, (key, seen.get(key), name)
+            assert key.split(".")[0] == name.split("_")[0], (key, name)  # "05.2" is asked in 05_hsdp
             seen[key] = name
     assert set(seen) == set(EXERCISES)
 
@@ -170,13 +171,13 @@ def test_every_exercise_is_asked_and_checked_in_one_notebook():
 def test_the_rule_catches_what_answers():
     """A figure, a table, a trailing value and the exercise's own solution reveal; the run, the widget and
     the answer cell do not."""
-    assert revealing_outputs('m4_figs["timeline"]', "10.1")
-    assert revealing_outputs('ideal_timeline(ideal_schedule(2), "M4")', "10.1")
-    assert revealing_outputs("tradeoff_table(results['M4'])", "10.1")
-    assert revealing_outputs('show_solution("10.1")', "10.1")
-    assert revealing_outputs('x = 1\nprint(collective_count(results["M4"]))', "10.1")
-    assert not revealing_outputs('show_solution("10.2")', "10.1")
-    assert not revealing_outputs("answer_1 = None  # your prediction", "10.1")
-    assert not revealing_outputs("results = run_recipes({'M4': m4}, steps=steps)", "10.1")
-    assert not revealing_outputs("picker = MeshWidget('M4', **m4)\npicker", "10.1")
-    assert not revealing_outputs("launch.torchrun('s.py', 4, on_line=lambda r, line: print(line))", "03.1")
+    assert revealing_outputs('m4_figs["timeline"]', "01.1")
+    assert revealing_outputs('ideal_timeline(ideal_schedule(2), "M4")', "01.1")
+    assert revealing_outputs("tradeoff_table(results['M4'])", "01.1")
+    assert revealing_outputs('show_solution("01.1")', "01.1")
+    assert revealing_outputs('x = 1\nprint(collective_count(results["M4"]))', "01.1")
+    assert not revealing_outputs('show_solution("01.2")', "01.1")
+    assert not revealing_outputs("answer_1 = None  # your prediction", "01.1")
+    assert not revealing_outputs("results = run_recipes({'M4': m4}, steps=steps)", "01.1")
+    assert not revealing_outputs("picker = MeshWidget('M4', **m4)\npicker", "01.1")
+    assert not revealing_outputs("launch.torchrun('s.py', 4, on_line=lambda r, line: print(line))", "10.1")

@@ -47,11 +47,11 @@ DEFAULTS = {
 }
 COUNTED = {  # exercise: (recipe, op, group, phase, the count its solution states)
     "00.1": ("M4", "reduce_scatter", None, None, 3),
-    "10.1": ("M4", "all_gather", None, None, 5),
-    "11.1": ("M2", "all_reduce", "tp", "forward", 5),
-    "13.1": ("M7", "all_gather", None, None, 5),
-    "14.1": ("S1", "all_to_all", "ep", None, 5),
-    "14.2": ("S1", None, "efsdp", None, 3),
+    "01.1": ("M4", "all_gather", None, None, 5),
+    "03.1": ("M2", "all_reduce", "tp", "forward", 5),
+    "05.1": ("M7", "all_gather", None, None, 5),
+    "08.1": ("S1", "all_to_all", "ep", None, 5),
+    "08.2": ("S1", None, "efsdp", None, 3),
 }
 
 
@@ -106,7 +106,7 @@ def test_collective_count_reads_the_last_step_of_a_trace():
 def test_wire_bytes_on_tp_and_11_2_right_and_wrong(capsys):
     """2 ranks: an all-reduce of 1000 B sends 2(n-1)/n = 1000 B, an all-gather and a reduce-scatter of
     1000 B send 500 B each: two all-reduces and two AG + RS pairs send the same 2000 B on tp; the fsdp
-    all-gather is not on tp. 11.2 asks for the run that saved fewer activation bytes."""
+    all-gather is not on tp. 03.2 asks for the run that saved fewer activation bytes."""
     runs = {
         "M2": {0: [_event("all_reduce", "tp", [0, 1], 1000)] * 2 + [_event("all_gather", "fsdp", [0, 1], 800)]},
         "M3": {0: [_event("all_gather", "tp", [0, 1], 1000), _event("reduce_scatter", "tp", [0, 1], 1000)] * 2},
@@ -117,8 +117,8 @@ def test_wire_bytes_on_tp_and_11_2_right_and_wrong(capsys):
     )
     results = {label: SimpleNamespace(metrics={"saved_activation_bytes": n}) for label, n in (("M2", 900), ("M3", 700))}
     truth = fewer_saved_activations(results, ["M2", "M3"])
-    assert check("11.2", "M3", truth) == RIGHT and check("11.2", "m3", truth) == RIGHT
-    assert check("11.2", "M2", truth) == WRONG
+    assert check("03.2", "M3", truth) == RIGHT and check("03.2", "m3", truth) == RIGHT
+    assert check("03.2", "M2", truth) == WRONG
 
 
 def test_10_2_the_unit_not_gathered_again_in_backward():
@@ -129,8 +129,8 @@ def test_10_2_the_unit_not_gathered_again_in_backward():
     gathers += [_event("all_gather", "fsdp", [0, 1], 8, "backward", step=0, module="root")]
     truth = units_not_regathered(SimpleNamespace(traces={0: gathers}))
     assert truth == {"root"}
-    assert check("10.2", "root", truth) == RIGHT and check("10.2", {"root"}, truth) == RIGHT
-    assert check("10.2", "blocks.0", truth) == WRONG
+    assert check("01.2", "root", truth) == RIGHT and check("01.2", {"root"}, truth) == RIGHT
+    assert check("01.2", "blocks.0", truth) == WRONG
 
 
 def test_02_1_all_reduce_carries_one_shard_of_the_reduce_scatter():
@@ -141,7 +141,7 @@ def test_02_1_all_reduce_carries_one_shard_of_the_reduce_scatter():
     ] * 3
     truth = all_reduce_share(SimpleNamespace(traces={0: events}))
     assert truth == 0.5
-    assert check("02.1", 0.5, truth) == RIGHT and check("02.1", 1.0, truth) == WRONG
+    assert check("07.1", 0.5, truth) == RIGHT and check("07.1", 1.0, truth) == WRONG
     with pytest.raises(ValueError, match="HSDP"):
         all_reduce_share(SimpleNamespace(traces={0: [_event("all_reduce", "tp", [0, 1], 8, "backward")]}))
 
@@ -153,29 +153,29 @@ def test_13_2_fits_right_and_wrong():
     n = estimate(get_model("llama-8b-like"), ParallelDims(world_size=1)).parameter_count
     assert 16 * n / 8 / 2**30 < 16 < 16 * n / 4 / 2**30
     kwargs = dict(model="llama-8b-like", world_size=64, budget_gib=16, need={"dp_replicate": ">1", "tp": 1, "cp": 1})
-    assert check_fits("13.2", {"dp_replicate": 8, "dp_shard": 8}, **kwargs) == RIGHT
-    assert check_fits("13.2", {"dp_replicate": 4, "dp_shard": 16}, **kwargs) == RIGHT
-    assert check_fits("13.2", {"dp_replicate": 16, "dp_shard": 4}, **kwargs) == WRONG  # 29.9 GiB
-    assert check_fits("13.2", {"dp_replicate": 1, "dp_shard": 64}, **kwargs) == WRONG  # fits, but not HSDP
-    assert check_fits("13.2", {"dp_replicate": 3, "dp_shard": 3}, **kwargs) == WRONG  # 9 != 64 ranks
-    assert check_fits("13.2", "dp_shard=8", **kwargs) == WRONG
-    assert check_fits("13.2", None, **kwargs) == UNANSWERED
+    assert check_fits("05.2", {"dp_replicate": 8, "dp_shard": 8}, **kwargs) == RIGHT
+    assert check_fits("05.2", {"dp_replicate": 4, "dp_shard": 16}, **kwargs) == RIGHT
+    assert check_fits("05.2", {"dp_replicate": 16, "dp_shard": 4}, **kwargs) == WRONG  # 29.9 GiB
+    assert check_fits("05.2", {"dp_replicate": 1, "dp_shard": 64}, **kwargs) == WRONG  # fits, but not HSDP
+    assert check_fits("05.2", {"dp_replicate": 3, "dp_shard": 3}, **kwargs) == WRONG  # 9 != 64 ranks
+    assert check_fits("05.2", "dp_shard=8", **kwargs) == WRONG
+    assert check_fits("05.2", None, **kwargs) == UNANSWERED
 
 
 def test_12_1_03_and_90_right_and_wrong():
     chunks = set(cp_chunks(4)[1])  # 8 chunks: rank 1 holds 1 and 2*4-1-1 = 6
     assert chunks == {1, 6}
-    assert check("12.1", {6, 1}, chunks) == RIGHT and check("12.1", [1, 6], chunks) == RIGHT
-    assert check("12.1", {1, 2}, chunks) == WRONG
+    assert check("04.1", {6, 1}, chunks) == RIGHT and check("04.1", [1, 6], chunks) == RIGHT
+    assert check("04.1", {1, 2}, chunks) == WRONG
     spread = {"blocks.0.norm.weight": 3e-4, "blocks.0.w2.bias": 1e-5, "blocks.0.w1.weight": 0.0}
-    assert check("03.1", {"blocks.0.norm.weight", "blocks.0.w2.bias"}, drifted(spread)) == RIGHT
-    assert check("03.1", {"blocks.0.norm.weight"}, drifted(spread)) == WRONG
-    assert check("03.2", 2, 2) == RIGHT and check("03.2", 3, 2) == WRONG
-    assert EXERCISES["03.2"].solution.startswith("2")  # measured: 0 -> 2 all-reduces on tp (two block units)
+    assert check("10.1", {"blocks.0.norm.weight", "blocks.0.w2.bias"}, drifted(spread)) == RIGHT
+    assert check("10.1", {"blocks.0.norm.weight"}, drifted(spread)) == WRONG
+    assert check("10.2", 2, 2) == RIGHT and check("10.2", 3, 2) == WRONG
+    assert EXERCISES["10.2"].solution.startswith("2")  # measured: 0 -> 2 all-reduces on tp (two block units)
     with pytest.raises(ValueError, match="ep % \\(cp\\*tp\\)|cp\\*tp|ep="):
         ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1)
     efsdp = ParallelDims(world_size=8, dp_shard=8, ep=2).efsdp  # 8 ranks / ep 2 = 4
-    assert efsdp == 4 and check("01.1", 4, efsdp) == RIGHT and check("01.1", 2, efsdp) == WRONG
+    assert efsdp == 4 and check("06.1", 4, efsdp) == RIGHT and check("06.1", 2, efsdp) == WRONG
     assert check("90.1", False, False) == RIGHT
     assert check("90.1", True, False) == WRONG and check("90.1", "False", False) == WRONG
 
@@ -203,7 +203,7 @@ def test_95_1_block_collectives_of_a_benchmark_row():
 
     truth = block_collectives(bench, "HSDP")
     assert truth == 4
-    assert check("95.1", 4, truth) == RIGHT and check("95.1", 3, truth) == WRONG
+    assert check("91.1", 4, truth) == RIGHT and check("91.1", 3, truth) == WRONG
     with pytest.raises(ValueError, match="no configuration"):
         block_collectives(bench, "FSDP")
     row["communication"]["ours"]["per_unit"]["layers.1"] = root
@@ -212,9 +212,9 @@ def test_95_1_block_collectives_of_a_benchmark_row():
 
 
 def test_every_exercise_is_tested_and_unanswered_passes(capsys):
-    tested = set(COUNTED) | {"11.2", "10.2", "13.2", "12.1", "03.1", "03.2", "02.1", "90.1", "95.1", "01.1"}
-    tested |= {"15.1"}  # tests/test_lesson_texts.py
-    assert tested == {key for key in EXERCISES if not key.startswith("16.")}  # 16: the memory notebook's tests
+    tested = set(COUNTED) | {"03.2", "01.2", "05.2", "04.1", "10.1", "10.2", "07.1", "90.1", "91.1", "06.1"}
+    tested |= {"09.1"}  # tests/test_lesson_texts.py
+    assert tested == {key for key in EXERCISES if not key.startswith("02.")}  # 02: the memory notebook's tests
     for key in EXERCISES:
         assert check(key, None, 1) == UNANSWERED
         assert EXERCISES[key].hint in capsys.readouterr().out

@@ -2,8 +2,8 @@
 
 The trade-off tables' transient-memory row (what DDP holds during backward is gradients, not gathered
 parameters), an MoE's routed all-to-all bytes against the cost model (rank 0 differs, the mean over
-ranks does not), 02's decision table (rank_size = shard_size x dp_size, and the reduction it names),
-and 01's table of what each degree communicates.
+ranks does not), 07's decision table (rank_size = shard_size x dp_size, and the reduction it names),
+and 06's table of what each degree communicates.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _markdown(name: str) -> str:
 
 
 def test_02_decision_table_names_sizes_and_the_reduction_they_imply():
-    text = _markdown("02_fully_shard_groupinfo")
+    text = _markdown("07_fully_shard_groupinfo")
     examples = re.findall(r"rank_size (\d+), shard_size (\d+), dp_size (\d+) -> ([A-Z()0-9+ ]+?) \|", text)
     assert len(examples) == 3, examples
     for rank, shard, dp, reduction in examples:
@@ -88,7 +88,7 @@ def test_02_decision_table_names_sizes_and_the_reduction_they_imply():
 def test_01_table_gives_what_each_degree_communicates():
     rows = {
         m.group(1): m.group(2)
-        for m in re.finditer(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|$", _markdown("01_mesh_algebra"), re.MULTILINE)
+        for m in re.finditer(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|$", _markdown("06_mesh_algebra"), re.MULTILINE)
     }
     assert "send/recv" in rows["pp"] and "gradients" in rows["pp"]
     assert "all-to-all" in rows["cp"] and "reduce-scatter" in rows["cp"]
@@ -118,8 +118,8 @@ def test_15_1_smallest_microbatches_for_a_bubble():
 
     truth = microbatches_for_bubble("1f1b", 2, 0.10)
     assert truth == 9 and bubble_fraction("1f1b", 2, 8) > 0.10 >= bubble_fraction("1f1b", 2, 9)
-    assert EXERCISES["15.1"].solution.startswith("9")
-    assert check("15.1", 9, truth) == RIGHT and check("15.1", 8, truth) == WRONG
+    assert EXERCISES["09.1"].solution.startswith("9")
+    assert check("09.1", 9, truth) == RIGHT and check("09.1", 8, truth) == WRONG
 
 
 def test_00_glossary_defines_the_workbooks_words_as_parallel_dims_computes_them():
@@ -141,12 +141,12 @@ def test_00_offers_the_short_route_in_order():
         _markdown("00_start_here") + nbformat.read(NOTEBOOKS_DIR / "00_start_here.ipynb", as_version=4).cells[0].source
     )
     route = text[text.index("**The short route**") :].split("\n\n")[0]
-    names = ["`10_ddp_fsdp`", "`11_tensor_sequence_parallel`", "`05_your_own_model`"]
+    names = ["`01_ddp_fsdp`", "`03_tensor_sequence_parallel`", "`12_your_own_model`"]
     assert [route.index(n) for n in names] == sorted(route.index(n) for n in names)
 
 
 def test_a_benchmark_ratio_inside_its_quartiles_is_called_noise():
-    """95's line per configuration: 1.06 [0.97-1.18] contains 1 (no measurable difference); [1.02-1.10]
+    """91's line per configuration: 1.06 [0.97-1.18] contains 1 (no measurable difference); [1.02-1.10]
     does not (ours slower in at least 3 of 4 pairs), nor [0.80-0.95] (ours faster)."""
     from launch.notebook.tables import ratio_verdict
 
@@ -162,7 +162,7 @@ def test_hint_13_2_state_is_the_cost_models_unsharded_state():
     from launch.notebook.exercises import EXERCISES
     from launch.notebook.memory_lesson import zero_stages
 
-    hint = EXERCISES["13.2"].hint
+    hint = EXERCISES["05.2"].hint
     assert "8.0e9 parameters x 16 B" in hint and "about 120 GiB" in hint
     state = zero_stages(get_model("llama-8b-like"), dp=1)["ZeRO-0 (DDP)"]
     assert round(state / 2**30, -1) == 120

@@ -1,4 +1,4 @@
-"""Notebook 16_memory: its predictions are the cost model's, and a run measures the same bytes.
+"""Notebook 02_memory: its predictions are the cost model's, and a run measures the same bytes.
 
 The predictions (``launch.notebook.memory_lesson``) are checked against counts derived by hand for M4's MLP
 (d_in 16, d_model 32, hidden 64, d_out 8, 2 blocks, biases; Adam; 2 ranks): the root unit holds
@@ -40,7 +40,7 @@ def test_the_parts_of_a_prediction_are_counted_by_hand():
 
 
 def test_bytes_per_parameter_and_zero_stages():
-    """16 B per parameter with or without bf16 compute; 13.2's 120 GiB is 16 B x 8.03e9 parameters;
+    """16 B per parameter with or without bf16 compute; 05.2's 120 GiB is 16 B x 8.03e9 parameters;
     each ZeRO stage keeps less, stage 3 about 16 B / dp."""
     assert bytes_per_parameter(PRECISIONS["bf16-adam"])["total kept"] == 4 + 4 + 8
     assert bytes_per_parameter(PRECISIONS["fp32-adam"])["total kept"] == 16

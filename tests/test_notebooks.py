@@ -1,7 +1,7 @@
 """The workbook's notebooks: committed clean, and each runs headless under papermill.
 
 Every notebook is executed with its default parameters (one kernel each; the notebooks with runs
-start one small torchrun launch each), plus ``10_ddp_fsdp`` with non-default degrees. A run fails on
+start one small torchrun launch each), plus ``01_ddp_fsdp`` with non-default degrees. A run fails on
 any cell error; the executed notebook must hold its figures (image/png outputs), have saved them
 under ``figures_dir``, and print its closing check (numerics matched the reference, or the
 notebook's own checks where no worker runs).
@@ -20,21 +20,21 @@ from launch.notebook.papermill import NOTEBOOKS_DIR, READING_ORDER, SOLO, execut
 NOTEBOOKS = {path.stem: path for path in notebooks()}
 EXPECTED = [  # in reading order: name: (text the closing cell prints, minimum image/png outputs)
     ("00_start_here", "numerics check passed", 3),
-    ("10_ddp_fsdp", "numerics check passed", 15),
-    ("16_memory", "memory checks passed", 1),
-    ("11_tensor_sequence_parallel", "numerics check passed", 14),
-    ("12_context_parallel", "numerics check passed", 11),
-    ("13_hsdp", "numerics check passed", 10),
-    ("01_mesh_algebra", "mesh algebra checks passed", 2),
-    ("02_fully_shard_groupinfo", "numerics check passed", 6),
-    ("14_moe_expert_parallel", "numerics check passed", 14),
-    ("15_pipeline_parallel", "numerics check passed", 3),
-    ("03_pure_tp_fix", "numerics check passed", 3),
-    ("04_planning_at_scale", "planning checks passed", 2),
-    ("05_your_own_model", "numerics check passed", 3),
+    ("01_ddp_fsdp", "numerics check passed", 15),
+    ("02_memory", "memory checks passed", 1),
+    ("03_tensor_sequence_parallel", "numerics check passed", 14),
+    ("04_context_parallel", "numerics check passed", 11),
+    ("05_hsdp", "numerics check passed", 10),
+    ("06_mesh_algebra", "mesh algebra checks passed", 2),
+    ("07_fully_shard_groupinfo", "numerics check passed", 6),
+    ("08_moe_expert_parallel", "numerics check passed", 14),
+    ("09_pipeline_parallel", "numerics check passed", 3),
+    ("10_pure_tp_fix", "numerics check passed", 3),
+    ("11_planning_at_scale", "planning checks passed", 2),
+    ("12_your_own_model", "numerics check passed", 3),
     ("90_negative_cases", "negative cases passed", 0),
-    ("95_performance", "numerics check passed", 3),
-    ("91_recipe_matrix", "recipe matrix checks passed", 0),
+    ("91_performance", "numerics check passed", 3),
+    ("92_recipe_matrix", "recipe matrix checks passed", 0),
 ]
 
 
@@ -58,6 +58,7 @@ def test_notebooks_come_in_reading_order_and_link_the_next_one():
     """`make workbook` and these tests run the path in reading order; every notebook opens with what it
     builds on ("You need:") and its last words name the next notebook of the path (the last one, 00)."""
     assert list(NOTEBOOKS) == list(READING_ORDER) == [name for name, _, _ in EXPECTED]
+    assert list(READING_ORDER) == sorted(READING_ORDER)  # the file names follow the path
     start = nbformat.read(NOTEBOOKS["00_start_here"], as_version=4).cells[0].source
     for name in READING_ORDER[1:]:  # 00's map lists the path in the same order
         assert f"`{name}`" in start, name
@@ -110,10 +111,10 @@ def test_committed_notebook_is_clean_and_has_a_parameters_cell(name):
 
 SAVES_FIGURES = {
     "00_start_here",
-    "01_mesh_algebra",
-    "02_fully_shard_groupinfo",
-    "03_pure_tp_fix",
-    "04_planning_at_scale",
+    "06_mesh_algebra",
+    "07_fully_shard_groupinfo",
+    "10_pure_tp_fix",
+    "11_planning_at_scale",
 }
 """Notebooks whose test also saves the figures (PNG + SVG) to figures_dir; the others only display
 them: saving every figure of every run would add a minute to this file on a 2-core machine."""
@@ -167,7 +168,7 @@ def test_notebook_runs_headless_with_its_figures_and_numerics(name, closing, min
     assert closing in stdout(nb)
     assert not answers_shown_before_their_check(nb), name
     assert outputs(nb, "application/vnd.jupyter.widget-view+json"), f"{name} shows no mesh widget"
-    if closing == "numerics check passed" and name != "03_pure_tp_fix":
+    if closing == "numerics check passed" and name != "10_pure_tp_fix":
         for metrics_file in (tmp_path / "runs").glob("*/metrics.json"):
             metrics = json.loads(metrics_file.read_text())
             assert metrics["ok"] and metrics["max_abs_diff"] < 1e-5, metrics_file
@@ -175,10 +176,10 @@ def test_notebook_runs_headless_with_its_figures_and_numerics(name, closing, min
 
 @pytest.mark.distributed
 def test_notebook_runs_with_non_default_degrees(tmp_path):
-    """10_ddp_fsdp on 4 ranks: DDP over dp_replicate x dp_shard, FSDP over 4 shards."""
+    """01_ddp_fsdp on 4 ranks: DDP over dp_replicate x dp_shard, FSDP over 4 shards."""
     m1 = {"world_size": 4, "dp_replicate": 2, "dp_shard": 2}
     m4 = {"world_size": 4, "dp_shard": 4}
-    nb = run("10_ddp_fsdp", tmp_path, save_figures=False, m1=m1, m4=m4)
+    nb = run("01_ddp_fsdp", tmp_path, save_figures=False, m1=m1, m4=m4)
     text = stdout(nb)
     assert "launching 4 ranks for M1, M4" in text
     assert "OK     M1 (world_size=4: dp_replicate=2, dp_shard=2)" in text

@@ -240,7 +240,7 @@ def test_bad_layouts_exit_2(layouts, message):
 
 
 def test_review_figure_labels_do_not_overlap():
-    """Three candidates of nearly equal step time and memory (notebook 04's review): every label's box,
+    """Three candidates of nearly equal step time and memory (notebook 11's review): every label's box,
     as drawn, is clear of the others' and of the legend's."""
     from hyper_parallel.cost_model import get_model
     from hyper_parallel.cost_model.hardware import get_hardware

@@ -60,7 +60,7 @@ def test_comm_volume_bars_and_ratios():
 
 
 def test_the_measured_only_note_is_clear_of_the_legend_and_tp_runs_claim_no_minimum():
-    """12's M5: the "measured only" note sat under the legend; 11's M2 (pure TP, no fully_shard
+    """04's M5: the "measured only" note sat under the legend; 03's M2 (pure TP, no fully_shard
     collective) was titled against fully_shard's minimum."""
     dims, traces = hsdp_traces()
     traces[0].append(collective_event("all_gather", MeshDim.CP, [0, 1], 512, "forward", "layers.0", 1, 1.9, 1.91))

@@ -60,7 +60,7 @@ def test_mesh_map_cells_are_ranks_and_colours_are_groups(dims, panels):
     ],
 )
 def test_mesh_panel_titles_are_not_cut(dims, recipe):
-    """Every panel title lies inside the figure (12's M5 title was cut at "reduce-scatt"), and a dim
+    """Every panel title lies inside the figure (04's M5 title was cut at "reduce-scatt"), and a dim
     that is also fsdp explains both jobs."""
     fig = mesh_map(dims, recipe)
     fig.canvas.draw()

@@ -1,4 +1,4 @@
-"""What one rank holds, measured part by part: the run behind notebook 16_memory's predictions.
+"""What one rank holds, measured part by part: the run behind notebook 02_memory's predictions.
 
 On every rank of an initialised process group, ``memory_probe`` trains M4's MLP (``models.mlp``, the
 recipe's shapes and batch) with our ``fully_shard`` over all ranks (every block, then the root) and

@@ -71,7 +71,7 @@ DENSE_ROWS: list[dict] = [
         title="tensor + sequence parallelism",
         description="TP with the residual stream sharded along the sequence between blocks: norms run on "
         "sequence shards, each block's input is all-gathered and its output reduce-scattered. "
-        "Norm weights get Partial gradients over tp, which fully_shard sums (notebook 03_pure_tp_fix).",
+        "Norm weights get Partial gradients over tp, which fully_shard sums (notebook 10_pure_tp_fix).",
         matrix_row="M3 | dense | TP >1 | SP 1 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | TP+SP | mini transformer",
         tier="l1",
         default={"world_size": 2, "tp": 2},

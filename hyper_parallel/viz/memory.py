@@ -1,4 +1,4 @@
-"""One rank's memory, part by part: the cost model's prediction beside a run's measurement (16_memory)."""
+"""One rank's memory, part by part: the cost model's prediction beside a run's measurement (02_memory)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Figures of planning at scale (``python -m launch plan``, notebook 04): the cost model's memory and
+"""Figures of planning at scale (``python -m launch plan``, notebook 11): the cost model's memory and
 communication for one layout, every valid layout of a world size as memory against step time, and a
 design review's named candidates with their step-time ranges and the Pareto front."""
 

@@ -4,10 +4,10 @@ A notebook asks, the learner writes an answer into a cell, and a checker compare
 taken from the run (its traces, its metrics) or from the cost model, never from a number typed into
 the notebook:
 
-    ask("10.1")                                        the question (Markdown)
+    ask("01.1")                                        the question (Markdown)
     answer = None                                      the learner's cell; None = not answered yet
-    check("10.1", answer, collective_count(results["M4"], "all_gather"))
-    show_solution("10.1")                              the worked answer, folded until clicked
+    check("01.1", answer, collective_count(results["M4"], "all_gather"))
+    show_solution("01.1")                              the worked answer, folded until clicked
 
 ``None`` prints the hint and passes, so a notebook runs headless under papermill with every answer
 still open; a wrong answer prints why and what to look at, never raises. Every checker returns
@@ -49,13 +49,13 @@ EXERCISES: dict[str, Exercise] = {
         "one per fully_shard unit: count the units.",
         "3: every unit reduce-scatters its gradients once in backward (block 0, block 1, root).",
     ),
-    "10.1": Exercise(
+    "01.1": Exercise(
         "Predict: how many **all-gathers** does rank 0 of M4 issue per step (2 blocks + root, blocks "
         "reshard after forward, the root keeps its parameters)?",
         "forward gathers every unit once; backward gathers again only the units that resharded.",
         "5: 3 in forward (root, block 0, block 1) + 2 in backward (the blocks; the root kept its parameters).",
     ),
-    "10.2": Exercise(
+    "01.2": Exercise(
         "M4 has three units: `'root'` (input projection and head), `'blocks.0'`, `'blocks.1'`. Backward "
         "runs head first, then blocks.1, then blocks.0. **Which unit is not all-gathered again in "
         "backward**, and why? Answer its name.",
@@ -66,12 +66,12 @@ EXERCISES: dict[str, Exercise] = {
         "backward (reshard_after_forward=False for the root, as torch FSDP2 does); the blocks reshard "
         "after their forward and are gathered again.",
     ),
-    "11.1": Exercise(
+    "03.1": Exercise(
         "Predict: how many **all-reduces on tp** does M2 (pure TP, 2 layers) issue in **forward**?",
         "one after every rowwise layer (wo, w2 in each layer), and one after the rowwise embedding.",
         "5 = 2 per layer x 2 layers + 1 for the embedding.",
     ),
-    "11.2": Exercise(
+    "03.2": Exercise(
         "M2 and M3 put the same bytes on the wire. Which of them keeps **fewer activation bytes** for "
         "backward per rank (what autograd saves in forward), `'M2'` (TP) or `'M3'` (TP + SP)?",
         "which tensors of a block are split over tp in both runs (heads, hidden units), and which are "
@@ -81,33 +81,33 @@ EXERCISES: dict[str, Exercise] = {
         "sequence) in both, and q, k, v, attention and the feed-forward hidden are split by heads / "
         "hidden units in both. That memory is SP's gain; the bytes on the wire are the same.",
     ),
-    "13.1": Exercise(
+    "05.1": Exercise(
         "Predict: how many **all-gathers** does rank 0 of M7 (HSDP 2 x 2, 2 layers + root) issue per step?",
         "HSDP gathers only on fsdp, exactly as FSDP does; dp_replicate is never gathered.",
         "5: 3 in forward + 2 in backward, as M4; HSDP adds 3 all-reduces on dp_replicate, no all-gather.",
     ),
-    "13.2": Exercise(
+    "05.2": Exercise(
         "Pick degrees for `llama-8b-like` on **64 ranks** with HSDP (`dp_replicate > 1`, tp = cp = 1) so "
         "that every rank's **training state** (parameters + gradients + Adam state, the cost model's "
         "`memory`) fits in **16 GiB**. Answer a dict, e.g. `{'dp_replicate': 32, 'dp_shard': 2}`.",
         "the state shrinks with dp_shard, not with dp_replicate: 8.0e9 parameters x 16 B (float32 master "
         "weights 4 + float32 gradients 4 + Adam's two float32 moments 8; the bf16 copy exists only while a "
-        "unit is gathered) are about 120 GiB before sharding (16_memory).",
+        "unit is gathered) are about 120 GiB before sharding (02_memory).",
         "any dp_shard >= 8: {'dp_replicate': 8, 'dp_shard': 8} keeps 15.0 GiB per rank, dp_shard = 4 "
         "keeps 29.9 GiB. (Activations depend on the batch per rank, not on how parameters are sharded.)",
     ),
-    "12.1": Exercise(
+    "04.1": Exercise(
         "With cp = 4 the sequence is cut into 8 chunks. **Which chunks** does cp rank 1 hold? "
         "Answer a set, e.g. `{1, 2}`.",
         "rank i holds chunk i and its mirror image 2cp-1-i, so every rank gets as much of the causal mask.",
         "{1, 6}: rank 1 holds chunk 1 and chunk 2*4-1-1 = 6.",
     ),
-    "14.1": Exercise(
+    "08.1": Exercise(
         "Predict: how many **all-to-alls on ep** does rank 0 of S1 issue per step (one MoE layer)?",
         "forward: the token counts, the dispatch, the combine; backward: the two token exchanges reversed.",
         "5: 3 in forward (counts, dispatch, combine) + 2 in backward (the counts need no gradient).",
     ),
-    "14.2": Exercise(
+    "08.2": Exercise(
         "In S1 (4 ranks, ep = 2) the experts are one fully_shard unit on `efsdp` = 4 / 2 = 2 ranks. How "
         "many collectives does rank 0 issue **on efsdp** per step?",
         "the expert unit is an FSDP unit like a block in 10: it is not the root; count what it does "
@@ -116,27 +116,27 @@ EXERCISES: dict[str, Exercise] = {
         "resharded after forward), one reduce-scatter of the expert gradients. (In S2, ep x etp = 2 x 2 "
         "spans the 4 ranks: efsdp = 1, and nothing is communicated on it.)",
     ),
-    "03.1": Exercise(
+    "10.1": Exercise(
         "Which parameters **drift** (differ between the two TP ranks) without the fix? Answer a set of names, "
         "e.g. `{'blocks.0.w1.weight'}`.",
         "TP-replicated parameters that see only a sequence chunk under SP.",
         "the norm weights and the rowwise layers' biases of every block (blocks.N.norm.weight, blocks.N.w2.bias):"
         " replicated on tp, but each TP rank computes their gradient from its own sequence chunk only.",
     ),
-    "03.2": Exercise(
+    "10.2": Exercise(
         "How many **extra all-reduces on tp** does the fix add per step on rank 0?",
         "one per fully_shard unit that has parameters with partial gradients.",
         "2: one all-reduce over tp per block unit (blocks.0, blocks.1), each summing that block's partial "
         "gradients (norm weight and w2 bias) in one buffer; the root unit has none (the table below: 0 -> 2).",
     ),
-    "01.1": Exercise(
+    "06.1": Exercise(
         "With `world_size=8, dp_shard=8, ep=2` (etp = 1), how many ranks are in one **efsdp** group (the ranks "
         "that shard the same experts' weights)?",
         "EP borrows its ranks from dp_shard * cp * tp; what is left over shards the experts: "
         "efsdp = dp_shard * cp * tp / (ep * etp).",
         "4 = 8 / 2: two ep ranks hold different experts, and each expert's weights are sharded over 4 ranks.",
     ),
-    "02.1": Exercise(
+    "07.1": Exercise(
         "In M7 (HSDP: shard_size = fsdp = 2, dp_size = dp_replicate = 2) each unit reduce-scatters its "
         "gradient on fsdp, then all-reduces on dp_replicate. What **fraction of the reduce-scatter's "
         "buffer** does the all-reduce carry? Answer a number, e.g. `1.0` if it is the same tensor.",
@@ -145,7 +145,7 @@ EXERCISES: dict[str, Exercise] = {
         "only that shard still differs between replicas, so only it is all-reduced. HSDP's traffic "
         "across replicas falls as the shard group grows: RS(shard_size) + AR(dp_size) of the shard.",
     ),
-    "95.1": Exercise(
+    "91.1": Exercise(
         "Predict: under HSDP 2 x 2 (the 4-rank benchmark), how many collectives on the FSDP groups "
         "(fsdp and dp_replicate) does **one block** issue per step, ours or torch's?",
         "what a block does: gathered for forward, gathered again for backward (it resharded), its gradients "
@@ -153,7 +153,7 @@ EXERCISES: dict[str, Exercise] = {
         "4: 2 all-gathers and 1 reduce-scatter on fsdp, 1 all-reduce of the shard on dp_replicate (the root: 3, "
         "it is not gathered again in backward).",
     ),
-    "16.1": Exercise(
+    "02.1": Exercise(
         "Training with bf16 compute, float32 master weights and Adam (the usual mixed precision): how many "
         "**bytes per parameter** does the sharded state keep between steps (weights + gradients + optimizer)?",
         "the optimizer updates float32 weights with float32 gradients, and Adam keeps two float32 moments; "
@@ -161,20 +161,20 @@ EXERCISES: dict[str, Exercise] = {
         "16 = 4 (float32 master weights) + 4 (float32 gradients) + 8 (Adam m and v): 8.0e9 parameters are about "
         "120 GiB before sharding; the bf16 copy (2 B) is transient.",
     ),
-    "16.2": Exercise(
+    "02.2": Exercise(
         "With `reshard_after_forward=False` on the two blocks too, how many **all-gathers** does rank 0 of "
         "the M4 MLP (2 blocks + root) issue per step?",
         "a unit that keeps its parameters after forward does not gather them again in backward.",
         "3: one per unit in forward and none in backward (ZeRO-2-like), against 5 by default; the price is "
         "every block's gathered parameters held from forward to backward.",
     ),
-    "16.3": Exercise(
+    "02.3": Exercise(
         "The same step as **2 micro-batches** of half the rows (gradient accumulation): the largest saved "
         "activations of one forward are what fraction of the single-batch ones? Answer a number, e.g. `0.25`.",
         "what autograd saves grows with the rows of one forward, not with the step's batch.",
         "0.5: every saved tensor has the micro-batch's rows; the parameters, gradients and Adam state do not change.",
     ),
-    "15.1": Exercise(
+    "09.1": Exercise(
         "With p = 2 stages and 1F1B, what is the **smallest number of microbatches m** that brings the "
         "bubble down to **10 % or less** of the step?",
         "the bubble is (p - 1) / (m + p - 1): solve it for m, then round up to a whole microbatch.",
@@ -322,7 +322,7 @@ def wire_bytes_per_rank(result, rank: int = 0) -> float:
 
 
 def units_not_regathered(result, rank: int = 0) -> set[str]:
-    """Units (trace ``module`` labels) all-gathered on fsdp in forward but not in backward (10.2)."""
+    """Units (trace ``module`` labels) all-gathered on fsdp in forward but not in backward (01.2)."""
     events = [e for e in result.traces[rank] if e.get("kind") == "collective" and e["op"] == "all_gather"]
     last = max(e["step"] for e in events)
     gathered = {
@@ -333,7 +333,7 @@ def units_not_regathered(result, rank: int = 0) -> set[str]:
 
 
 def all_reduce_share(result, rank: int = 0) -> float:
-    """Bytes all-reduced on dp_replicate over bytes reduce-scattered on fsdp in the last step (02.1)."""
+    """Bytes all-reduced on dp_replicate over bytes reduce-scattered on fsdp in the last step (07.1)."""
     events = [e for e in result.traces[rank] if e.get("kind") == "collective" and e.get("phase") == "backward"]
     last = max(e["step"] for e in events)
     total = {
@@ -341,18 +341,18 @@ def all_reduce_share(result, rank: int = 0) -> float:
         for key in (("all_reduce", "dp_replicate"), ("reduce_scatter", "fsdp"))
     }
     if not total[("reduce_scatter", "fsdp")]:
-        raise ValueError("this run reduce-scatters nothing on fsdp: 02.1 needs an HSDP run (M7)")
+        raise ValueError("this run reduce-scatters nothing on fsdp: 07.1 needs an HSDP run (M7)")
     return total[("all_reduce", "dp_replicate")] / total[("reduce_scatter", "fsdp")]
 
 
 def fewer_saved_activations(results: Mapping[str, Any], labels: Iterable[str]) -> str:
-    """The label of the run whose rank 0 saved the fewest activation bytes for backward (11.2; the
+    """The label of the run whose rank 0 saved the fewest activation bytes for backward (03.2; the
     worker measures them with ``hyper_parallel.recipes.activation_memory``)."""
     return min(labels, key=lambda label: results[label].metrics["saved_activation_bytes"])
 
 
 def microbatches_for_bubble(schedule: str, pp: int, at_most: float) -> int:
-    """The smallest number of microbatches whose bubble (the cost model's formula) is at most ``at_most`` (15.1)."""
+    """The smallest number of microbatches whose bubble (the cost model's formula) is at most ``at_most`` (09.1)."""
     from hyper_parallel.cost_model.pipeline import bubble_fraction
 
     if not 0 < at_most < 1:
@@ -364,19 +364,19 @@ def microbatches_for_bubble(schedule: str, pp: int, at_most: float) -> int:
 
 
 def drifted(replica_spread: Mapping[str, float]) -> set[str]:
-    """Parameters whose copies differ between the TP ranks (03's ``replica_spread``)."""
+    """Parameters whose copies differ between the TP ranks (10's ``replica_spread``)."""
     return {name for name, spread in replica_spread.items() if spread > 0}
 
 
 def tp_wire_bytes(result, rank: int = 0) -> float:
     """Bytes rank ``rank`` sends on the tp group in the last step (ring algorithms): TP and TP + SP send
-    the same (11)."""
+    the same (03)."""
     tp_only = {rank: [e for e in result.traces.get(rank, []) if e.get("group") == "tp"]}
     return wire_bytes_per_rank(tp_only, rank)
 
 
 def block_collectives(bench_result, config: str, impl: str = "ours") -> int:
-    """Collectives on FSDP groups one block unit issued in the traced step of ``config`` (95.1); every
+    """Collectives on FSDP groups one block unit issued in the traced step of ``config`` (91.1); every
     block issues the same number, else ``ValueError``."""
     from hyper_parallel.mesh_dims import FSDP_GROUPS
 

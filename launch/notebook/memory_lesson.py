@@ -1,4 +1,4 @@
-"""Notebook 16_memory's predictions, all from the cost model, and the table that puts them beside a run.
+"""Notebook 02_memory's predictions, all from the cost model, and the table that puts them beside a run.
 
 The run is ``hyper_parallel.benchmark.memory_probe`` (M4's MLP with Adam under our ``fully_shard``);
 the predictions are ``hyper_parallel.cost_model`` for the same model, mesh and knobs:

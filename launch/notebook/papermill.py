@@ -37,35 +37,36 @@ FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 
 READING_ORDER = (
     "00_start_here",
-    "10_ddp_fsdp",
-    "16_memory",
-    "11_tensor_sequence_parallel",
-    "12_context_parallel",
-    "13_hsdp",
-    "01_mesh_algebra",
-    "02_fully_shard_groupinfo",
-    "14_moe_expert_parallel",
-    "15_pipeline_parallel",
-    "03_pure_tp_fix",
-    "04_planning_at_scale",
-    "05_your_own_model",
+    "01_ddp_fsdp",
+    "02_memory",
+    "03_tensor_sequence_parallel",
+    "04_context_parallel",
+    "05_hsdp",
+    "06_mesh_algebra",
+    "07_fully_shard_groupinfo",
+    "08_moe_expert_parallel",
+    "09_pipeline_parallel",
+    "10_pure_tp_fix",
+    "11_planning_at_scale",
+    "12_your_own_model",
     "90_negative_cases",
-    "95_performance",
-    "91_recipe_matrix",
+    "91_performance",
+    "92_recipe_matrix",
 )
-"""The learning path: concepts before mechanics, each notebook after every one it builds on (13's
-second run stacks 12's CP under HSDP; 14's dual-stack meshes need 01's efsdp and 02's GroupInfo;
-pipelines, 15, once the mesh of 01 is known), the appendix last. File names keep their numbers (tests and links use them); 00 and every notebook's
-"Next:" link give this order."""
+"""The learning path, which the file names follow: concepts before mechanics, each notebook after every one
+it builds on (05's second run stacks 04's CP under HSDP; 08's dual-stack meshes need 06's efsdp and 07's
+GroupInfo; pipelines, 09, once the mesh of 06 is known), the appendix last (90-92). 00 and every
+notebook's "Next:" link give this order; an exercise's id starts with its notebook's number ("05.2")."""
 
 
-SOLO = ("95_performance",)
+SOLO = ("91_performance",)
 """Notebooks that time things: they run alone, after the others, so that no other notebook's load skews
 their ratios."""
 
 
 def notebooks(folder: str | Path = NOTEBOOKS_DIR) -> list[Path]:
-    """The workbook's notebooks in reading order (``READING_ORDER``; any other notebook after them, by name)."""
+    """The workbook's notebooks in reading order (``READING_ORDER``, the order of their names; any other
+    notebook after them, by name)."""
     found = sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("."))
     rank = {name: i for i, name in enumerate(READING_ORDER)}
     return sorted(found, key=lambda p: (rank.get(p.stem, len(rank)), p.name))

@@ -1,4 +1,4 @@
-"""Every rank runs the memory probe of 16_memory in each configuration and writes its numbers to
+"""Every rank runs the memory probe of 02_memory in each configuration and writes its numbers to
 ``$HYPER_PARALLEL_RUN_DIR/memory_rank<r>.json`` (read by tests/test_memory_lesson.py)."""
 
 from __future__ import annotations
