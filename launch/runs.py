@@ -259,6 +259,7 @@ def run_many(
         if overlap not in (None, True, False):
             raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
         recipe, dims, options = resolve_run(name, **spec)
+        inputs.rank_count(dims.world_size, "world_size")  # every rank is a local process
         steps = recipe.steps if steps is None else inputs.steps(steps)
         prepared.append((recipe, dims, steps, seed, overlap, options))
     worlds = {dims.world_size for _, dims, *_ in prepared}

@@ -23,8 +23,9 @@ from hyper_parallel.mesh import ParallelDims
 
 OPTION_NAMES = ("global_batch", "seq_len", "num_experts", "microbatches")
 """In resolution order: the microbatches split the rows the global batch gives each dp rank."""
-CANDIDATE_LIMIT = 4096
-"""Values above this are not searched for a valid choice (the tiny models do not need them)."""
+SEARCH_SPAN = 1 << 20
+"""How far from a value the nearest valid one is looked for (every rule has one within a few multiples of
+the degrees, so the search only ends here for values no mesh could use)."""
 TOP_K = 2  # the MoE recipes route each token to 2 experts: fewer experts than that cannot route
 
 
@@ -117,8 +118,8 @@ def _rules(dims: ParallelDims, shapes: dict) -> dict[str, _Rule]:
 
 def _fitting(rule: _Rule, chosen: dict[str, int], below: int, above: int) -> tuple[int | None, int | None]:
     """The largest fitting value <= ``below`` and the smallest >= ``above`` (None where there is none)."""
-    down = next((v for v in range(below, 0, -1) if rule.broken(v, chosen) is None), None)
-    up = next((v for v in range(max(above, 1), CANDIDATE_LIMIT + 1) if rule.broken(v, chosen) is None), None)
+    down = next((v for v in range(below, max(below - SEARCH_SPAN, 0), -1) if rule.broken(v, chosen) is None), None)
+    up = next((v for v in range(max(above, 1), above + SEARCH_SPAN) if rule.broken(v, chosen) is None), None)
     return down, up
 
 
