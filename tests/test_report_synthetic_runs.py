@@ -101,3 +101,21 @@ def test_volume_rows_carry_the_cost_model_for_tp_collectives_too(tmp_path):
     assert {(r["op"], r["group"]): r["predicted"] for r in rows} == expected
     assert {(r["op"], r["group"]): r["measured"] for r in rows} == pytest.approx(expected)
     assert {r["group"] for r in rows} == {MeshDim.TP} and all(r["minimum"] is None for r in rows)
+
+
+def test_reports_embed_the_figures_a_notebook_saved_and_draw_the_rest(tmp_path):
+    """make workbook's layout: runs/<run>/ next to figures/<run>/<name>.png; the report of each run embeds
+    the saved PNG byte for byte instead of drawing that figure again."""
+    import base64
+
+    runs, shown = tmp_path / "runs", tmp_path / "figures"
+    run_dir = failed_run(runs / "M4")
+    (shown / "M4").mkdir(parents=True)
+    saved = b"\x89PNG\r\n\x1a\n" + b"saved by the notebook"
+    (shown / "M4" / "mesh.png").write_bytes(saved)
+    written, problems = write_reports(runs, shown=shown)
+    assert problems == [] and written == [(run_dir / REPORT_FILE).resolve()]
+    text = written[0].read_text(encoding="utf-8")
+    assert base64.b64encode(saved).decode("ascii") in text
+    write_reports(runs)  # without the notebook's files: drawn as before
+    assert base64.b64encode(saved).decode("ascii") not in written[0].read_text(encoding="utf-8")

@@ -138,7 +138,8 @@ def run_notebook(path: Path, root: Path, extra: Mapping[str, Any]) -> NotebookOu
     began = time.monotonic()
     ok, error = execute_notebook(path, root / path.name, params)
     pngs = len(list((root / "figures" / path.stem).rglob("*.png")))
-    written, problems = write_reports(root / "runs" / path.stem)  # one report.html per run directory
+    # one report.html per run directory, embedding the figures the notebook already saved of that run
+    written, problems = write_reports(root / "runs" / path.stem, shown=root / "figures" / path.stem)
     return NotebookOutcome(path.stem, ok, error, time.monotonic() - began, pngs, written, problems)
 
 

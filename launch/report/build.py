@@ -41,14 +41,21 @@ def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def build_report(
-    run_dir: str | Path, *, logs: dict[int, list[str]] | None = None, figures: dict[str, Any] | None = None
+    run_dir: str | Path,
+    *,
+    logs: dict[int, list[str]] | None = None,
+    figures: dict[str, Any] | None = None,
+    shown: dict[str, bytes] | None = None,
 ) -> str:
     """The HTML of ``run_dir``'s report. ``logs`` (rank -> lines, e.g. ``RunResult.logs``) replaces the
-    log files; ``figures`` (``run_figures``' result, if already drawn) saves drawing them again."""
+    log files; ``figures`` (``run_figures``' result, if already drawn) saves drawing them again, and so do
+    ``shown``: name -> the PNG a notebook saved of that figure (the report uses those bytes)."""
     run = read_run(run_dir, logs=logs)
     missing: dict[str, str] = {}
     if figures is None:
         figures, missing = _draw_figures(run)
+    if shown:
+        figures = {name: shown.get(name) or figures[name] for name in figures}
     volume = volume_rows(run) if "comm_volume" in figures else None  # same inputs as the figure, which was drawn
     summary = summary_section(run, volume, at_scale(run))
     downloads = {"numerics": losses_csv(run), "volume": volume_csv(volume)}
@@ -61,12 +68,14 @@ def write_report(
     *,
     logs: dict[int, list[str]] | None = None,
     figures: dict[str, Any] | None = None,
+    shown: dict[str, bytes] | None = None,
 ) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``run_dir/report.html``; a folder, or a path
-    without a suffix, gets ``report.html`` inside) and return its path.
+    without a suffix, gets ``report.html`` inside) and return its path (``figures``, ``shown``: as
+    ``build_report``).
 
     ``ValueError`` when ``run_dir`` is missing or not a run directory."""
-    page = build_report(run_dir, logs=logs, figures=figures)
+    page = build_report(run_dir, logs=logs, figures=figures, shown=shown)
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     if path.is_dir() or not path.suffix:
         path = path / REPORT_FILE
@@ -80,12 +89,16 @@ def find_run_dirs(root: str | Path) -> list[Path]:
     return sorted(path.parent for path in Path(root).rglob(SUMMARY_FILE))
 
 
-def write_reports(root: str | Path) -> tuple[list[Path], list[str]]:
-    """A report in every run directory under ``root``: (paths written, "run dir: problem" for the rest)."""
+def write_reports(root: str | Path, shown: str | Path | None = None) -> tuple[list[Path], list[str]]:
+    """A report in every run directory under ``root``: (paths written, "run dir: problem" for the rest).
+    ``shown``: the folder where a notebook saved the figures of those runs (``<shown>/<run>/<name>.png``
+    for ``<root>/<run>``, as ``make workbook`` lays them out); the reports embed those PNGs as they are."""
     written, problems = [], []
     for run_dir in find_run_dirs(root):
+        saved = Path(shown) / Path(run_dir).relative_to(root) if shown is not None else None
+        pngs = {png.stem: png.read_bytes() for png in saved.glob("*.png")} if saved is not None else {}
         try:
-            written.append(write_report(run_dir))
+            written.append(write_report(run_dir, shown=pngs))
         except (OSError, ValueError) as error:
             problems.append(f"{run_dir}: {error}")
     return written, problems

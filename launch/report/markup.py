@@ -24,8 +24,10 @@ def esc(value: Any) -> str:
 
 
 def png_data_uri(fig) -> str:
-    """A figure as an inline PNG, so the page stays one file that opens offline."""
-    return "data:image/png;base64," + base64.b64encode(png_bytes(fig)).decode("ascii")
+    """A figure (or the PNG bytes of one, e.g. the file a notebook saved) as an inline PNG, so the page
+    stays one file that opens offline."""
+    data = fig if isinstance(fig, bytes) else png_bytes(fig)
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
 def num_cell(value: Any, spec: str, key: str, step: int | None = None) -> str:
