@@ -159,13 +159,12 @@ def resolve(recipe_name: str, shapes: dict, dims: ParallelDims, **given: int | N
     return RunOptions(**{name: chosen.get(name) for name in OPTION_NAMES}, adapted=adapted)
 
 
-def microbatch_choices(recipe_name: str, shapes: dict, dims: ParallelDims) -> list[int]:
-    """Every microbatch count a pipeline recipe can run on ``dims`` with its default global batch
-    (adapted to the mesh): what a picker offers. Empty for a recipe without microbatches."""
+def microbatch_choices(shapes: dict, dims: ParallelDims, options: RunOptions) -> list[int]:
+    """Every microbatch count a pipeline recipe (its ``shapes``) can run on ``dims`` with the global batch of
+    ``options`` (the run's resolved options): what a picker offers. Empty for a recipe without microbatches."""
     if "microbatches" not in shapes:
         return []
-    chosen = resolve(recipe_name, shapes, dims).values()
-    return _rules(dims, shapes)["microbatches"].choices(chosen)
+    return _rules(dims, shapes)["microbatches"].choices(options.values())
 
 
 def _refusal(name: str, value: int, broken: str, rule: _Rule, chosen: dict[str, int], dims: ParallelDims) -> str:

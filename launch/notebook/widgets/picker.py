@@ -319,11 +319,12 @@ class DegreePicker(widgets.VBox):
         """A pipeline recipe on a valid mesh: offer the microbatch counts that fit it, keeping the pick
         while it still fits (else the recipe's default, adapted to the mesh)."""
         spec, selector = self.spec, self.microbatches_selector
-        choices = microbatch_choices(spec.name, spec.shapes, self.dims) if self.dims is not None else []
+        options = spec.options(self.dims) if self.dims is not None else None
+        choices = microbatch_choices(spec.shapes, self.dims, options) if options is not None else []
         selector.layout.display = "" if choices else "none"
         if not choices:
             return
-        value = selector.value if selector.value in choices else spec.options(self.dims).microbatches
+        value = selector.value if selector.value in choices else options.microbatches
         self._updating = True
         try:
             selector.options = choices
