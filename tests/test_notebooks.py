@@ -253,3 +253,57 @@ def test_run_workbook_runs_two_at_a_time_prints_in_reading_order_and_times_alone
     times = {name: json.loads((root / "runs" / name / "times.json").read_text()) for name in bodies}
     assert times["11_fails"][0] < times["10_slow"][1]  # started while the slow one was still running
     assert times[SOLO[0]][0] >= max(times["10_slow"][1], times["11_fails"][1])  # alone, last
+
+
+def test_ctrl_c_stops_a_workbook_of_two_at_a_time_and_leaves_no_kernel(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the process group) while two notebooks run: the workbook stops at
+    once instead of waiting for them and starting the rest, and no kernel outlives it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    for name in ("10_first", "11_second", "12_third"):
+        nb = nbformat.v4.new_notebook(
+            cells=[
+                nbformat.v4.new_code_cell("figures_dir = None\nruns_dir = None"),
+                nbformat.v4.new_code_cell(
+                    "import os, pathlib, time\npathlib.Path(runs_dir).mkdir(parents=True)\n"
+                    "(pathlib.Path(runs_dir) / 'pid').write_text(str(os.getpid()))\n"
+                    "time.sleep(120)"
+                ),
+            ]
+        )
+        nb.cells[0].metadata["tags"] = ["parameters"]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, folder / f"{name}.ipynb")
+    code = (
+        "from launch.notebook.papermill import run_workbook\n"
+        f"run_workbook({str(tmp_path / 'runs')!r}, notebooks_dir={str(folder)!r}, jobs=2)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((tmp_path / "runs").rglob("pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        kernels = [int(p.read_text()) for p in (tmp_path / "runs").rglob("pid")]
+        assert len(kernels) == 2, "the two first notebooks did not start"
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)  # before: it waited for both and then ran the third
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(5)
+    assert not [k for k in kernels if psutil.pid_exists(k) and psutil.Process(k).status() != psutil.STATUS_ZOMBIE]
+    assert not list((tmp_path / "runs").rglob("12_third"))

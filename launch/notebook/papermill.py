@@ -26,7 +26,6 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,14 +186,22 @@ def run_workbook(
             outcomes.append(run_notebook(path, root, extra[path.stem]))
             _report_outcome(outcomes[-1])
     else:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as executor:
-            futures: list[Future] = [executor.submit(run_notebook, path, root, extra[path.stem]) for path in shared]
-            for future in futures:  # printed in reading order, each as soon as it and those before it are done
-                outcomes.append(future.result())
+        workers = multiprocessing.get_context("spawn").Pool(jobs)
+        try:
+            pending = [workers.apply_async(run_notebook, (path, root, extra[path.stem])) for path in shared]
+            for result in pending:  # printed in reading order, each as soon as it and those before it are done
+                outcomes.append(result.get())
                 _report_outcome(outcomes[-1])
             for path in solo:
-                outcomes.append(executor.submit(run_notebook, path, root, extra[path.stem]).result())
+                outcomes.append(workers.apply_async(run_notebook, (path, root, extra[path.stem])).get())
                 _report_outcome(outcomes[-1])
+        except BaseException:  # Ctrl-C or a broken worker: stop the running notebooks, start no other
+            workers.terminate()
+            raise
+        else:
+            workers.close()
+        finally:
+            workers.join()
     failed = [outcome.name for outcome in outcomes if not outcome.ok]
     reports = [report for outcome in outcomes for report in outcome.reports]
     total = time.monotonic() - start
