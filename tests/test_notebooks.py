@@ -10,6 +10,7 @@ notebook's own checks where no worker runs).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -71,6 +72,21 @@ def test_notebooks_come_in_reading_order_and_link_the_next_one():
         following = READING_ORDER[(index + 1) % len(READING_ORDER)]
         markdown = [cell.source for cell in nb.cells if cell.cell_type == "markdown"]
         assert markdown[-1].startswith("**Next:**") and f"({following}.ipynb)" in markdown[-1], (name, markdown[-1])
+
+
+def test_titles_and_the_map_number_each_notebook_as_its_file_does():
+    """A title ("# 05 · HSDP ...") and a row of 00's map carry the file's number, and "You need:" names only
+    notebooks before it: all three outlived a renumbering once (titles said 13 for 05_hsdp)."""
+    start = nbformat.read(NOTEBOOKS["00_start_here"], as_version=4).cells[0].source
+    for name in READING_ORDER[1:]:
+        number = name[:2]
+        nb = nbformat.read(NOTEBOOKS[name], as_version=4)
+        assert nb.cells[0].source.startswith(f"# {number} · "), (name, nb.cells[0].source.splitlines()[0])
+        assert f"| {number} | `{name}` |" in start, f"00's map numbers {name} otherwise"
+        opening = " ".join(cell.source for cell in nb.cells[:2])
+        needs = opening[opening.index("**You need:**") :].split("\n\n")[0]
+        mentioned = {int(n) for n in re.findall(r"(?<![\w.])(\d\d)(?=_[a-z]|\b(?! ?(?:%|s\b|ms\b)))", needs)}
+        assert all(n < int(number) for n in mentioned), f"{name} needs a later notebook: {needs!r}"
 
 
 def test_no_notebook_cites_documents_a_learner_does_not_have():

@@ -110,7 +110,7 @@ EXERCISES: dict[str, Exercise] = {
     "08.2": Exercise(
         "In S1 (4 ranks, ep = 2) the experts are one fully_shard unit on `efsdp` = 4 / 2 = 2 ranks. How "
         "many collectives does rank 0 issue **on efsdp** per step?",
-        "the expert unit is an FSDP unit like a block in 10: it is not the root; count what it does "
+        "the expert unit is an FSDP unit like a block in 01: it is not the root; count what it does "
         "in forward, in backward, and with its gradients.",
         "3: one all-gather before the experts compute in forward, one again in backward (the unit "
         "resharded after forward), one reduce-scatter of the expert gradients. (In S2, ep x etp = 2 x 2 "

@@ -25,7 +25,7 @@ def _decision(unit: Mapping[str, Any]) -> str:
 
 
 def gradient_reduction(shard: int, dp: int) -> str:
-    """How a unit's gradients are reduced, from its GroupInfo sizes (the decision table of 02):
+    """How a unit's gradients are reduced, from its GroupInfo sizes (the decision table of 07):
     ``RS(shard) + AR(dp)``, ``RS(shard)``, ``AR(dp)`` or ``no communication``."""
     if shard > 1:
         return f"RS({shard})" + (f" + AR({dp})" if dp > 1 else "")
