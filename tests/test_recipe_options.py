@@ -109,6 +109,25 @@ def test_valid_microbatches_are_every_fitting_count():
     assert f"one of {[m for m in range(1, rows + 1) if rows % m == 0 and m >= stages]}" in str(error.value)
 
 
+def test_adapting_microbatches_asks_the_rules_only_about_counts_a_rank_could_split(monkeypatch):
+    """P1 on pp=2 x dp_replicate=3: the batch adapts to 9 (3 rows per rank), no count <= the default of 4
+    both splits 3 rows and fills 2 stages, so the nearest above is taken: 3. The candidates are the divisors
+    of the rows, so the rules are asked a handful of times (the widget of 09 checks every mesh it offers);
+    a scan upwards asked them a million times (15 s) before finding that none above the rows fits."""
+    calls = Counter()
+    check_model = ParallelDims.check_model
+
+    def counted(self, **shape):
+        calls["check_model"] += 1
+        return check_model(self, **shape)
+
+    monkeypatch.setattr(ParallelDims, "check_model", counted)
+    options = RECIPES["P1"].options(ParallelDims(world_size=6, pp=2, dp_replicate=3))
+    rows = options.global_batch // 3
+    assert options.microbatches == min(m for m in range(2, rows + 1) if rows % m == 0)
+    assert calls["check_model"] <= 4 * (rows + len(OPTION_NAMES))
+
+
 def test_an_option_the_recipe_does_not_have_is_refused():
     with pytest.raises(ValueError, match=r"M1 has no microbatches option.*--global-batch"):
         launch.validate("M1", world_size=2, dp_shard=2, microbatches=2)
