@@ -16,7 +16,9 @@ Before their fixes (checked by running the worker against the previous fsdp pack
   taken for the forward order, and every block prefetched the one just done).
 
 frozen_layer_two_backwards_of_one_forward passed before too; it guards the counters reset at the end
-of each backward.
+of each backward. compiled_model_under_torch_compile passed before too; it guards the hooks' opt-out of
+dynamo, now decided when a hook runs so that importing fully_shard does not import dynamo
+(``test_importing_fully_shard_does_not_import_dynamo``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ GRADIENT_CASES = (
     "loss_on_a_feature_not_the_output",
     "backward_raises_then_training_goes_on",
     "reshard_to_subgroup_then_weights_change",
+    "compiled_model_under_torch_compile",
 )
 
 
@@ -61,3 +64,16 @@ def test_gradients_equal_the_reference(results, name):
 def test_reentrant_checkpointing_keeps_its_gathers(results):
     for per_rank in results:
         assert per_rank["reentrant_checkpointing_keeps_its_gathers"] == [10, 10, 10]
+
+
+@pytest.mark.parametrize("module", ["hyper_parallel.fsdp", "launch.processes.pool_worker"])
+def test_importing_fully_shard_does_not_import_dynamo(module):
+    """Every warm-pool rank imports fully_shard at start; dynamo and inductor would add 0.45 s to each."""
+    import subprocess
+    import sys
+
+    probe = f"import sys, {module}; print('torch._dynamo' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.checkpoint import checkpoint
 
 from hyper_parallel import trace
-from hyper_parallel.fsdp import fully_shard
+from hyper_parallel.fsdp import FullyShardModule, fully_shard
 from hyper_parallel.mesh_dims import MeshDim
 
 D, ROWS = 16, 4  # ROWS per rank; the reference sees ROWS * world rows
@@ -226,6 +226,28 @@ def reshard_to_subgroup_then_weights_change():
         model(xs[1]).pow(2).mean().backward()
 
     return compare(Net, shard, run)
+
+
+@case
+def compiled_model_under_torch_compile():
+    """``torch.compile`` (eager backend: dynamo's graphs, no code generation) over a per-block fully_shard
+    model: the hooks' collectives must run in every step, the replayed ones too, so each step gives the
+    reference's gradients and eager's all-gathers: by hand, forward 1 (the root, kept) + 3 blocks,
+    backward 3 blocks = 7."""
+
+    def run(model, xs):
+        sharded = isinstance(model, FullyShardModule)
+        compiled = torch.compile(model, backend="eager") if sharded else model
+        for x in xs:
+            with trace.record() as recorder:
+                compiled(x).pow(2).mean().backward()
+            gathers = sum(1 for e in recorder.events if e["kind"] == "collective" and e["op"] == "all_gather")
+            if sharded and gathers != 7:
+                raise RuntimeError(f"{gathers} all-gathers in a compiled step, 7 expected")
+
+    return compare(Net, per_block, run, count=3)
+
+    return compare(Net, per_block, run)
 
 
 @case
