@@ -115,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     workbook = sub.add_parser("workbook", help="run the workbook headless")
     workbook.add_argument("--out", default="runs")
     workbook.add_argument(
-        "--jobs", type=int, default=2, help="notebooks run at a time, each in its own kernel (1: one after another)"
+        "--jobs",
+        type=int,
+        default=2,
+        help="notebooks run at a time (1: one after another); each worker keeps one kernel, reset between notebooks",
     )
     latency = sub.add_parser("bench-latency", help="wall time of a run: fresh launch, first and warm pool run")
     latency.add_argument("--repeats", type=int, default=5, help="runs per column (medians are printed)")

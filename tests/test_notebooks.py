@@ -323,3 +323,53 @@ def test_ctrl_c_stops_a_workbook_of_two_at_a_time_and_leaves_no_kernel(tmp_path)
     time.sleep(5)
     assert not [k for k in kernels if psutil.pid_exists(k) and psutil.Process(k).status() != psutil.STATUS_ZOMBIE]
     assert not list((tmp_path / "runs").rglob("12_third"))
+
+
+def _notebook(folder: Path, name: str, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("figures_dir = None\nruns_dir = None")])
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.cells.extend(nbformat.v4.new_code_cell(source) for source in cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / f"{name}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.distributed
+def test_a_kept_kernel_starts_each_notebook_afresh_but_keeps_the_warm_pool(tmp_path):
+    """make workbook's kernel (WorkbookKernel): the second notebook sees none of the first one's names, in
+    the kernel or on the ranks, counts its cells from 1 and runs on the same warm workers; after a notebook
+    that failed, the kernel is a new one."""
+    from launch.notebook.workbook_kernel import WorkbookKernel
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    workers = "import launch.processes.pool as pool\nsorted(pool.current().worker_pids.values())"
+    first = _notebook(folder, "a", "%load_ext launch", "kept = 1", "%%torchrun -n 2\non_ranks = rank", workers)
+    second = _notebook(
+        folder,
+        "b",
+        "%load_ext launch",
+        "assert 'kept' not in dir(), 'a name of the first notebook'",
+        "%%torchrun -n 2\n'on_ranks' in dir()",
+        workers,
+        "import os\nos.getpid()",
+    )
+    failing = _notebook(folder, "c", "import os\nprint(os.getpid())\nraise RuntimeError('fails')")
+    after = _notebook(folder, "d", "import os\nos.getpid()")
+    with WorkbookKernel() as kernel:
+        results = [
+            execute_notebook(path, tmp_path / path.name, kernel=kernel) for path in (first, second, failing, after)
+        ]
+    assert [ok for ok, _ in results] == [True, True, False, True], results
+    a, b, c, d = (nbformat.read(tmp_path / f"{name}.ipynb", as_version=4) for name in "abcd")
+
+    def value(nb, source: str) -> str:
+        cell = next(cell for cell in nb.cells if cell.source == source)
+        return next(o["data"]["text/plain"] for o in cell.outputs if "text/plain" in o.get("data", {}))
+
+    assert value(b, "%%torchrun -n 2\n'on_ranks' in dir()") == "[False, False]", "a rank name reached b"
+    assert value(a, workers) == value(b, workers) != "[]", "the warm workers were restarted"
+    assert [cell.execution_count for cell in b.cells if cell.cell_type == "code"][0] == 1
+    pid_c = next(o["text"].strip() for cell in c.cells for o in cell.get("outputs", []) if o.get("name") == "stdout")
+    assert value(b, "import os\nos.getpid()") == pid_c != value(d, "import os\nos.getpid()")

@@ -184,3 +184,23 @@ def test_compare_two_runs_side_by_side(real_run, real_report, tmp_path):
     assert [float(v) for key, v, _ in page.cell_list if key == "predicted_a"] == mine
     assert all(v is None for key, v, _ in page.cell_list if key in ("measured_b", "predicted_b"))
     assert len(_csv_of(page, "comparison.csv")) == len(mine)
+
+
+@pytest.mark.distributed
+def test_workbook_report_embeds_the_shown_figures_and_names_the_others_with_their_command(real_run, tmp_path):
+    """make workbook's reports (write_reports with the notebook's figures folder) draw nothing: the figures
+    the notebook saved are embedded, every other one of run_figures' is named with the command that draws it."""
+    import shutil
+
+    from launch.report import write_reports
+
+    runs, shown = tmp_path / "runs", tmp_path / "figures"
+    shutil.copytree(real_run, runs / "M4", ignore=shutil.ignore_patterns(REPORT_FILE))
+    (shown / "M4").mkdir(parents=True)
+    (shown / "M4" / "timeline.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"shown by the notebook")
+    written, problems = write_reports(runs, shown=shown)
+    page = Page(written[0].read_text(encoding="utf-8"))
+    assert problems == [] and list(page.figures()) == ["timeline"]
+    others = set(run_figures(real_run)) - {"timeline"}
+    text = written[0].read_text(encoding="utf-8")
+    assert len(others) == 5 and text.count(f"python -m launch report {runs / 'M4'}") == len(others)

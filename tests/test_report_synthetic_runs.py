@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from report_page import INJECTED, Page, assert_self_contained, failed_run, write_log
 
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.run_files import SUMMARY_FILE
-from hyper_parallel.viz import run_figures
+from hyper_parallel.viz import FIGURES, run_figures
 from launch.report import REPORT_FILE, find_run_dirs, write_report, write_reports
 
 
@@ -103,9 +104,10 @@ def test_volume_rows_carry_the_cost_model_for_tp_collectives_too(tmp_path):
     assert {r["group"] for r in rows} == {MeshDim.TP} and all(r["minimum"] is None for r in rows)
 
 
-def test_reports_embed_the_figures_a_notebook_saved_and_draw_the_rest(tmp_path):
+def test_reports_embed_the_figures_a_notebook_saved_and_name_the_rest(tmp_path):
     """make workbook's layout: runs/<run>/ next to figures/<run>/<name>.png; the report of each run embeds
-    the saved PNG byte for byte instead of drawing that figure again."""
+    the saved PNG byte for byte, draws no other figure and names each one it lacks (with the command that
+    draws them, tests/test_report_real_run.py); without the notebook's folder every figure is drawn."""
     import base64
 
     runs, shown = tmp_path / "runs", tmp_path / "figures"
@@ -117,5 +119,8 @@ def test_reports_embed_the_figures_a_notebook_saved_and_draw_the_rest(tmp_path):
     assert problems == [] and written == [(run_dir / REPORT_FILE).resolve()]
     text = written[0].read_text(encoding="utf-8")
     assert base64.b64encode(saved).decode("ascii") in text
+    assert text.count("<img") == 1, "a figure the notebook did not show was drawn"
+    assert set(re.findall(r"data-missing-figure='(\w+)'", text)) == set(FIGURES) - {"mesh"}
     write_reports(runs)  # without the notebook's files: drawn as before
-    assert base64.b64encode(saved).decode("ascii") not in written[0].read_text(encoding="utf-8")
+    drawn = written[0].read_text(encoding="utf-8")
+    assert base64.b64encode(saved).decode("ascii") not in drawn and "draws every figure" not in drawn

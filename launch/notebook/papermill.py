@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing
+import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from launch.notebook.workbook_kernel import KERNEL_ARGUMENTS, WorkbookKernel
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # launch/notebook/papermill.py
 FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
@@ -72,14 +75,24 @@ def notebooks(folder: str | Path = NOTEBOOKS_DIR) -> list[Path]:
 
 
 def execute_notebook(
-    path: str | Path, output: str | Path, parameters: Mapping[str, Any] | None = None, timeout: float = 900.0
+    path: str | Path,
+    output: str | Path,
+    parameters: Mapping[str, Any] | None = None,
+    timeout: float = 900.0,
+    kernel: WorkbookKernel | None = None,
 ) -> tuple[bool, str]:
-    """Run one notebook with papermill (cwd: its folder); returns (ok, error summary or "")."""
+    """Run one notebook with papermill (cwd: its folder); returns (ok, error summary or "").
+
+    Without ``kernel`` the notebook gets a kernel of its own, as a learner's *Run All*; with one, it runs
+    in that kernel after the notebooks before it, started afresh (``launch.notebook.workbook_kernel``)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     path, output = Path(path), Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    if kernel is not None:
+        kernel.prepare(path.parent)
+    ok, error = True, ""
     try:
         papermill.execute_notebook(
             str(path),
@@ -90,18 +103,18 @@ def execute_notebook(
             log_output=False,
             request_save_on_cell_execute=False,
             execution_timeout=timeout,
-            # the kernel's own log is noise here (TCP-without-encryption warning on loopback,
-            # the KeyboardInterrupt of jupyter_client's shutdown); cell errors still fail the run
-            extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
+            extra_arguments=KERNEL_ARGUMENTS,
+            **({"km": kernel.manager} if kernel is not None else {}),
         )
-    except PapermillExecutionError as error:
-        return (
-            False,
-            f"cell {error.exec_count}: {error.ename}: {str(error.evalue).splitlines()[0] if error.evalue else ''}",
-        )
-    except Exception as error:  # kernel died, timeout, bad notebook
-        return False, f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-    return True, ""
+    except PapermillExecutionError as failure:
+        ok = False
+        error = f"cell {failure.exec_count}: {failure.ename}: {str(failure.evalue).splitlines()[0] if failure.evalue else ''}"
+    except Exception as failure:  # kernel died, timeout, bad notebook
+        ok = False
+        error = f"{type(failure).__name__}: {str(failure).strip().splitlines()[0] if str(failure).strip() else ''}"
+    if kernel is not None:
+        kernel.finished(ok)
+    return ok, error
 
 
 @dataclass(frozen=True)
@@ -124,9 +137,9 @@ class NotebookOutcome:
         )
 
 
-def run_notebook(path: Path, root: Path, extra: Mapping[str, Any]) -> NotebookOutcome:
-    """Execute one notebook into ``root`` (its figures and runs under ``root/figures|runs/<name>``) and
-    write a report for each of its runs. A top-level function: ``run_workbook`` runs it in worker processes."""
+def run_notebook(path: Path, root: Path, extra: Mapping[str, Any], kernel: WorkbookKernel) -> NotebookOutcome:
+    """Execute one notebook into ``root`` (its figures and runs under ``root/figures|runs/<name>``) in
+    ``kernel``, and write a report for each of its runs."""
     from launch.report import write_reports
 
     params = {
@@ -135,7 +148,7 @@ def run_notebook(path: Path, root: Path, extra: Mapping[str, Any]) -> NotebookOu
         **dict(extra),
     }
     began = time.monotonic()
-    ok, error = execute_notebook(path, root / path.name, params)
+    ok, error = execute_notebook(path, root / path.name, params, kernel=kernel)
     pngs = len(list((root / "figures" / path.stem).rglob("*.png")))
     # one report.html per run directory, embedding the figures the notebook already saved of that run
     written, problems = write_reports(root / "runs" / path.stem, shown=root / "figures" / path.stem)
@@ -182,26 +195,12 @@ def run_workbook(
     start, outcomes = time.monotonic(), []
     extra = {path.stem: dict((parameters or {}).get(path.stem, {})) for path in chosen}
     if jobs == 1:
-        for path in chosen:
-            outcomes.append(run_notebook(path, root, extra[path.stem]))
-            _report_outcome(outcomes[-1])
+        with WorkbookKernel() as kernel:
+            for path in chosen:
+                outcomes.append(run_notebook(path, root, extra[path.stem], kernel))
+                _report_outcome(outcomes[-1])
     else:
-        workers = multiprocessing.get_context("spawn").Pool(jobs)
-        try:
-            pending = [workers.apply_async(run_notebook, (path, root, extra[path.stem])) for path in shared]
-            for result in pending:  # printed in reading order, each as soon as it and those before it are done
-                outcomes.append(result.get())
-                _report_outcome(outcomes[-1])
-            for path in solo:
-                outcomes.append(workers.apply_async(run_notebook, (path, root, extra[path.stem])).get())
-                _report_outcome(outcomes[-1])
-        except BaseException:  # Ctrl-C or a broken worker: stop the running notebooks, start no other
-            workers.terminate()
-            raise
-        else:
-            workers.close()
-        finally:
-            workers.join()
+        outcomes = _run_in_workers(shared, solo, root, extra, jobs)
     failed = [outcome.name for outcome in outcomes if not outcome.ok]
     reports = [report for outcome in outcomes for report in outcome.reports]
     total = time.monotonic() - start
@@ -216,6 +215,64 @@ def run_workbook(
     if failed:
         print("failed: " + ", ".join(failed) + " (open the executed notebook to see the failing cell)")
     return 1 if failed else 0
+
+
+def _serve(tasks: multiprocessing.SimpleQueue, done: multiprocessing.SimpleQueue, root: Path, extra: dict) -> None:
+    """A worker process of ``run_workbook``: notebooks from ``tasks`` (None: stop), one kernel for all.
+    A terminal's Ctrl-C is for the parent, which ends the workers (``terminate``); a kernel whose worker is
+    gone ends itself (ipykernel watches its parent), and its warm pool with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with WorkbookKernel() as kernel:
+        for index, path in iter(tasks.get, None):
+            done.put((index, run_notebook(path, root, extra[path.stem], kernel)))
+
+
+def _run_in_workers(shared: list[Path], solo: list[Path], root: Path, extra: dict, jobs: int) -> list[NotebookOutcome]:
+    """``shared`` notebooks ``jobs`` at a time, each worker taking the next one when it is done, then the
+    ``solo`` ones alone; each line is printed once it and every one before it in reading order are done."""
+    context = multiprocessing.get_context("spawn")
+    tasks, done = context.SimpleQueue(), context.SimpleQueue()
+    workers = [context.Process(target=_serve, args=(tasks, done, root, extra)) for _ in range(jobs)]
+    outcomes: dict[int, NotebookOutcome] = {}
+    try:
+        for worker in workers:
+            worker.start()
+        for index, path in enumerate(shared):
+            tasks.put((index, path))
+        for _ in workers:
+            tasks.put(None)  # each worker ends, its kernel and warm pool with it, once the queue is empty
+        printed = 0
+        while printed < len(shared):
+            while done.empty():
+                ended = [worker.exitcode for worker in workers if worker.exitcode is not None]
+                if (any(ended) or len(ended) == len(workers)) and done.empty():
+                    raise RuntimeError("a workbook worker process ended without finishing its notebook")
+                time.sleep(0.1)
+            index, outcome = done.get()
+            outcomes[index] = outcome
+            while printed in outcomes:
+                _report_outcome(outcomes[printed])
+                printed += 1
+        for worker in workers:
+            worker.join()
+        for index, path in enumerate(solo, len(shared)):  # alone: no other kernel, pool or agent is up
+            outcomes[index] = _run_alone(path, root, extra)
+            _report_outcome(outcomes[index])
+    finally:  # Ctrl-C or a broken worker: stop the running notebooks (their kernels follow), start no other
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+    return [outcomes[index] for index in sorted(outcomes)]
+
+
+def _run_alone(path: Path, root: Path, extra: dict) -> NotebookOutcome:
+    with WorkbookKernel() as kernel:
+        return run_notebook(path, root, extra[path.stem], kernel)
 
 
 def _report_outcome(outcome: NotebookOutcome) -> None:

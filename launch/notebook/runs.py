@@ -29,7 +29,7 @@ def run_recipes(
     seed: int = 0,
     verbose: bool = True,
 ) -> dict[str, Any]:
-    """Run recipes against their single-process references, one torchrun launch per world size.
+    """Run recipes against their single-process references, one launch per world size (largest first).
 
     ``runs`` maps a label to degrees (``{"M4": {"world_size": 2, "dp_shard": 2}}``) and options
     (``"microbatches": 2``, see ``launch.run``); the label is the recipe unless the degrees hold ``"recipe"``; ``"overlap": False`` runs it with every collective
@@ -59,7 +59,9 @@ def run_recipes(
         if verbose:
             print(f"  {update.get('recipe', '')} {step_text(update)}", flush=True)
 
-    for world, group in prepared.items():
+    # the largest world size first: the warm pool starts at its final size, where growing it means a second
+    # cold start (04's M5 on 4 ranks, M6 on 8, then M5's schemes on 4 started it twice)
+    for world, group in sorted(prepared.items(), key=lambda item: -item[0]):
         labels = [label for label, _ in group]
         if verbose:
             print(

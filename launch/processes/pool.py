@@ -248,6 +248,17 @@ class Pool:
                 )
             return [replies[rank] for rank in range(world_size)], self._logs, time.monotonic() - start
 
+    def forget_names(self, timeout: float = 60.0) -> None:
+        """Drop every name the ``%%torchrun`` cells defined on the ranks, keeping the workers up: what a
+        kernel that goes on to another notebook does (``make workbook`` runs several in one kernel)."""
+        with self._lock:
+            if not self.alive:
+                return
+            self._logs, self._on_line = {}, None
+            for conn in self._conns.values():
+                conn.send_bytes(json.dumps({"kind": "forget"}).encode())
+            self._collect(time.monotonic() + timeout, timeout)
+
     def _fail(self, reason: str, message: str, rank: int) -> PoolError:
         logs = self._logs
         self._end(reason)

@@ -133,6 +133,11 @@ def main() -> int:
         task = json.loads(conn.recv_bytes())
         if task["kind"] == "exit":
             return 0
+        if task["kind"] == "forget":  # the kernel moved on to another notebook: its cells' names go
+            namespace.clear()
+            release_run(recipes=True)
+            conn.send_bytes(json.dumps({"ok": True}).encode())
+            continue
         world = task["world_size"]
         if rank >= world:
             conn.send_bytes(json.dumps({"ok": True, "idle": True}).encode())

@@ -40,22 +40,33 @@ def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
     return figures, {name: reason for name in FIGURES if name not in figures}
 
 
+NOT_SHOWN = "the notebook did not show it; python -m launch report {run_dir} draws every figure"
+
+
 def build_report(
     run_dir: str | Path,
     *,
     logs: dict[int, list[str]] | None = None,
     figures: dict[str, Any] | None = None,
     shown: dict[str, bytes] | None = None,
+    only_shown: bool = False,
 ) -> str:
     """The HTML of ``run_dir``'s report. ``logs`` (rank -> lines, e.g. ``RunResult.logs``) replaces the
     log files; ``figures`` (``run_figures``' result, if already drawn) saves drawing them again, and so do
-    ``shown``: name -> the PNG a notebook saved of that figure (the report uses those bytes)."""
+    ``shown``: name -> the PNG a notebook saved of that figure (the report uses those bytes).
+    ``only_shown``: the page holds the ``shown`` figures only and names the others, drawing none."""
     run = read_run(run_dir, logs=logs)
     missing: dict[str, str] = {}
     if figures is None:
         figures, missing = _draw_figures(run)
-    if shown:
-        figures = {name: shown.get(name) or figures[name] for name in figures}
+    if shown or only_shown:
+        kept = {name: (shown or {}).get(name) for name in figures}
+        if only_shown:
+            reason = NOT_SHOWN.format(run_dir=Path(run_dir))
+            missing.update({name: reason for name, png in kept.items() if png is None})
+            figures = {name: png for name, png in kept.items() if png is not None}
+        else:
+            figures = {name: png or figures[name] for name, png in kept.items()}
     volume = volume_rows(run) if "comm_volume" in figures else None  # same inputs as the figure, which was drawn
     summary = summary_section(run, volume, at_scale(run))
     downloads = {"numerics": losses_csv(run), "volume": volume_csv(volume)}
@@ -69,13 +80,14 @@ def write_report(
     logs: dict[int, list[str]] | None = None,
     figures: dict[str, Any] | None = None,
     shown: dict[str, bytes] | None = None,
+    only_shown: bool = False,
 ) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``run_dir/report.html``; a folder, or a path
-    without a suffix, gets ``report.html`` inside) and return its path (``figures``, ``shown``: as
-    ``build_report``).
+    without a suffix, gets ``report.html`` inside) and return its path (``figures``, ``shown``,
+    ``only_shown``: as ``build_report``).
 
     ``ValueError`` when ``run_dir`` is missing or not a run directory."""
-    page = build_report(run_dir, logs=logs, figures=figures, shown=shown)
+    page = build_report(run_dir, logs=logs, figures=figures, shown=shown, only_shown=only_shown)
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     if path.is_dir() or not path.suffix:
         path = path / REPORT_FILE
@@ -92,13 +104,15 @@ def find_run_dirs(root: str | Path) -> list[Path]:
 def write_reports(root: str | Path, shown: str | Path | None = None) -> tuple[list[Path], list[str]]:
     """A report in every run directory under ``root``: (paths written, "run dir: problem" for the rest).
     ``shown``: the folder where a notebook saved the figures of those runs (``<shown>/<run>/<name>.png``
-    for ``<root>/<run>``, as ``make workbook`` lays them out); the reports embed those PNGs as they are."""
+    for ``<root>/<run>``, as ``make workbook`` lays them out); the reports embed those PNGs as they are
+    and draw no other (each names the figures it lacks and the command that draws them): drawing them
+    cost ``make workbook`` 25 s of CPU, the largest share of its reports."""
     written, problems = [], []
     for run_dir in find_run_dirs(root):
         saved = Path(shown) / Path(run_dir).relative_to(root) if shown is not None else None
         pngs = {png.stem: png.read_bytes() for png in saved.glob("*.png")} if saved is not None else {}
         try:
-            written.append(write_report(run_dir, shown=pngs))
+            written.append(write_report(run_dir, shown=pngs, only_shown=shown is not None))
         except (OSError, ValueError) as error:
             problems.append(f"{run_dir}: {error}")
     return written, problems
