@@ -3,7 +3,8 @@
     python -m launch workbook --out runs      every notebook in notebooks/ through papermill into
                                               runs/<timestamp>/: executed .ipynb, figures/, run data,
                                               a report.html in every run directory; --jobs 2 (default)
-                                              runs two notebooks at a time (each has its own kernel)
+                                              runs two notebooks at a time (each worker keeps one
+                                              kernel and warm pool, reset between its notebooks)
 
 The helpers the notebooks call (so their cells stay one call each) live in ``launch.notebook.runs``
 (running recipes, figures, invalid meshes, the CLI) and ``launch.notebook.tables`` (result tables);
@@ -164,8 +165,9 @@ def run_workbook(
 ) -> int:
     """Execute every notebook into ``out/<timestamp>/``; print one status line per notebook; 1 if any failed.
 
-    ``jobs`` > 1 runs that many notebooks at a time in worker processes (each notebook has its own kernel
-    and its own warm pool either way; ``SOLO`` notebooks run alone, last); lines are printed in reading order.
+    ``jobs`` > 1 runs that many notebooks at a time in worker processes, each keeping one kernel (and so
+    one warm pool) for its notebooks, started afresh for each (``WorkbookKernel``; with ``jobs`` 1 the
+    same in this process); ``SOLO`` notebooks run last, alone; lines are printed in reading order.
 
     Each notebook gets ``figures_dir=<root>/figures/<notebook>`` and ``runs_dir=<root>/runs/<notebook>``;
     ``only`` restricts to notebooks whose name starts with one of the given prefixes; ``parameters``
