@@ -189,7 +189,8 @@ def test_compare_two_runs_side_by_side(real_run, real_report, tmp_path):
 @pytest.mark.distributed
 def test_workbook_report_embeds_the_shown_figures_and_names_the_others_with_their_command(real_run, tmp_path):
     """make workbook's reports (write_reports with the notebook's figures folder) draw nothing: the figures
-    the notebook saved are embedded, every other one of run_figures' is named with the command that draws it."""
+    the notebook saved are embedded, every other one of run_figures' is named with the command that draws it,
+    and the communication table stays."""
     import shutil
 
     from launch.report import write_reports
@@ -204,3 +205,4 @@ def test_workbook_report_embeds_the_shown_figures_and_names_the_others_with_thei
     others = set(run_figures(real_run)) - {"timeline"}
     text = written[0].read_text(encoding="utf-8")
     assert len(others) == 5 and text.count(f"python -m launch report {runs / 'M4'}") == len(others)
+    assert "id='volume-table'" in text  # the communication table needs the traces, not the figure

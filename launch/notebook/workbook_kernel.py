@@ -46,7 +46,6 @@ class WorkbookKernel:
 
     def __init__(self) -> None:
         self.manager = None
-        self.notebooks = 0
         self._dirty = False
 
     def __enter__(self) -> WorkbookKernel:
@@ -65,7 +64,6 @@ class WorkbookKernel:
 
     def finished(self, ok: bool) -> None:
         """The notebook ran through (the kernel is reset for the next) or not (it is replaced)."""
-        self.notebooks += 1
         self._dirty = not ok
 
     def _start(self, folder: Path) -> None:

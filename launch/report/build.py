@@ -49,25 +49,21 @@ def build_report(
     logs: dict[int, list[str]] | None = None,
     figures: dict[str, Any] | None = None,
     shown: dict[str, bytes] | None = None,
-    only_shown: bool = False,
 ) -> str:
     """The HTML of ``run_dir``'s report. ``logs`` (rank -> lines, e.g. ``RunResult.logs``) replaces the
-    log files; ``figures`` (``run_figures``' result, if already drawn) saves drawing them again, and so do
-    ``shown``: name -> the PNG a notebook saved of that figure (the report uses those bytes).
-    ``only_shown``: the page holds the ``shown`` figures only and names the others, drawing none."""
+    log files; ``figures`` (``run_figures``' result, if already drawn) saves drawing them again.
+    ``shown``: name -> the PNG a notebook saved of that figure; given, the page holds those bytes only and
+    names every other figure with the command that draws it, drawing none."""
     run = read_run(run_dir, logs=logs)
     missing: dict[str, str] = {}
     if figures is None:
         figures, missing = _draw_figures(run)
-    if shown or only_shown:
-        kept = {name: (shown or {}).get(name) for name in figures}
-        if only_shown:
-            reason = NOT_SHOWN.format(run_dir=Path(run_dir))
-            missing.update({name: reason for name, png in kept.items() if png is None})
-            figures = {name: png for name, png in kept.items() if png is not None}
-        else:
-            figures = {name: png or figures[name] for name, png in kept.items()}
-    volume = volume_rows(run) if "comm_volume" in figures else None  # same inputs as the figure, which was drawn
+    # the table has the figure's inputs: shown or not, it is there whenever the figure could be drawn
+    volume = volume_rows(run) if "comm_volume" in figures else None
+    if shown is not None:
+        reason = NOT_SHOWN.format(run_dir=Path(run_dir))
+        missing.update({name: reason for name in figures if name not in shown})
+        figures = {name: shown[name] for name in figures if name in shown}
     summary = summary_section(run, volume, at_scale(run))
     downloads = {"numerics": losses_csv(run), "volume": volume_csv(volume)}
     return render_page(run, figures, missing=missing, volume=volume, summary=summary, downloads=downloads)
@@ -80,14 +76,13 @@ def write_report(
     logs: dict[int, list[str]] | None = None,
     figures: dict[str, Any] | None = None,
     shown: dict[str, bytes] | None = None,
-    only_shown: bool = False,
 ) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``run_dir/report.html``; a folder, or a path
-    without a suffix, gets ``report.html`` inside) and return its path (``figures``, ``shown``,
-    ``only_shown``: as ``build_report``).
+    without a suffix, gets ``report.html`` inside) and return its path (``figures``, ``shown``: as
+    ``build_report``).
 
     ``ValueError`` when ``run_dir`` is missing or not a run directory."""
-    page = build_report(run_dir, logs=logs, figures=figures, shown=shown, only_shown=only_shown)
+    page = build_report(run_dir, logs=logs, figures=figures, shown=shown)
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     if path.is_dir() or not path.suffix:
         path = path / REPORT_FILE
@@ -110,9 +105,9 @@ def write_reports(root: str | Path, shown: str | Path | None = None) -> tuple[li
     written, problems = [], []
     for run_dir in find_run_dirs(root):
         saved = Path(shown) / Path(run_dir).relative_to(root) if shown is not None else None
-        pngs = {png.stem: png.read_bytes() for png in saved.glob("*.png")} if saved is not None else {}
+        pngs = {png.stem: png.read_bytes() for png in saved.glob("*.png")} if saved is not None else None
         try:
-            written.append(write_report(run_dir, shown=pngs, only_shown=shown is not None))
+            written.append(write_report(run_dir, shown=pngs))
         except (OSError, ValueError) as error:
             problems.append(f"{run_dir}: {error}")
     return written, problems
