@@ -373,3 +373,20 @@ def test_a_kept_kernel_starts_each_notebook_afresh_but_keeps_the_warm_pool(tmp_p
     assert [cell.execution_count for cell in b.cells if cell.cell_type == "code"][0] == 1
     pid_c = next(o["text"].strip() for cell in c.cells for o in cell.get("outputs", []) if o.get("name") == "stdout")
     assert value(b, "import os\nos.getpid()") == pid_c != value(d, "import os\nos.getpid()")
+
+
+def test_a_kept_kernel_leaves_no_client_open_between_notebooks(tmp_path):
+    """nbclient leaves its kernel client open when it does not own the kernel (12 fds and a heartbeat thread
+    per notebook, measured); a workbook worker runs eight notebooks or more, so WorkbookKernel closes them."""
+    import os
+    import threading
+
+    from launch.notebook.workbook_kernel import WorkbookKernel
+
+    path = _notebook(tmp_path, "tiny", "x = 1")
+    held = []
+    with WorkbookKernel() as kernel:
+        for _ in range(6):
+            assert execute_notebook(path, tmp_path / "out.ipynb", kernel=kernel) == (True, "")
+            held.append((len(os.listdir("/proc/self/fd")), threading.active_count()))
+    assert held[-1] == held[1], held

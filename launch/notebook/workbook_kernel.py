@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from types import TracebackType
 
+from jupyter_client import KernelManager
+
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 """The kernel's own log is noise here (the TCP-without-encryption warning on loopback, the KeyboardInterrupt
 of jupyter_client's shutdown); cell errors still fail the run."""
@@ -63,16 +65,17 @@ class WorkbookKernel:
         self._dirty = True  # until ``finished`` says the notebook ran through
 
     def finished(self, ok: bool) -> None:
-        """The notebook ran through (the kernel is reset for the next) or not (it is replaced)."""
+        """The notebook ran through (the kernel is reset for the next) or not (it is replaced). The client
+        papermill opened is closed here: nbclient leaves it open when it does not own the kernel, and each
+        one kept 12 fds and its heartbeat thread."""
         self._dirty = not ok
+        self.manager.close_clients()
 
     def _start(self, folder: Path) -> None:
         """A new kernel (so no warm pool yet), ending the one before. A new manager with new ports: a
         kernel restarted in place (``restart_kernel``) did not answer a new client within 30 s."""
-        from jupyter_client import KernelManager
-
         self.close()
-        self.manager = KernelManager(kernel_name="python3")
+        self.manager = _ClientsKept(kernel_name="python3")
         self.manager.start_kernel(extra_arguments=KERNEL_ARGUMENTS, cwd=str(folder))
 
     def _execute(self, code: str) -> bool:
@@ -92,6 +95,26 @@ class WorkbookKernel:
 
     def close(self) -> None:
         """End the kernel (and the warm pool it holds)."""
-        if self.manager is not None and self.manager.has_kernel:
-            self.manager.shutdown_kernel(now=True)
+        if self.manager is not None:
+            self.manager.close_clients()
+            if self.manager.has_kernel:
+                self.manager.shutdown_kernel(now=True)
         self.manager = None
+
+
+class _ClientsKept(KernelManager):
+    """A kernel manager that remembers the clients it made, so that they can be closed."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._open_clients: list = []
+
+    def client(self, **kwargs):
+        opened = super().client(**kwargs)
+        self._open_clients.append(opened)
+        return opened
+
+    def close_clients(self) -> None:
+        for opened in self._open_clients:
+            opened.stop_channels()
+        self._open_clients.clear()
