@@ -91,24 +91,35 @@ class PendingCollective:
         self._work = None
 
 
+def _chunk_field(chunk: int | None) -> dict[str, int]:
+    return {} if chunk is None else {"chunk": chunk}
+
+
 def _issue(
-    op: str, info: GroupInfo, nbytes: int, dtype: torch.dtype, module: str | None, async_op: bool, call
+    op: str, info: GroupInfo, nbytes: int, dtype: torch.dtype, module: str | None, async_op: bool, call, **fields
 ) -> PendingCollective | None:
-    """Run ``call(async_op)`` traced: synchronously, or issued now and recorded when waited for."""
+    """Run ``call(async_op)`` traced: synchronously, or issued now and recorded when waited for; ``fields``
+    are added to its trace event (e.g. the chunk of a pipelined collective)."""
     if not async_op:
-        with trace.collective(op, info.name, info.ranks, nbytes, dtype, module):
+        with trace.collective(op, info.name, info.ranks, nbytes, dtype, module, **fields):
             call(False)
         return None
-    completed = trace.issued(op, info.name, info.ranks, nbytes, dtype, module)
+    completed = trace.issued(op, info.name, info.ranks, nbytes, dtype, module, **fields)
     with trace.outside_compute():
         work = call(True)
     return PendingCollective(work, completed)
 
 
 def all_gather_into_tensor(
-    output: torch.Tensor, shard: torch.Tensor, info: GroupInfo, module: str | None = None, async_op: bool = False
+    output: torch.Tensor,
+    shard: torch.Tensor,
+    info: GroupInfo,
+    module: str | None = None,
+    async_op: bool = False,
+    chunk: int | None = None,
 ) -> PendingCollective | None:
-    """``output`` (size x shard, contiguous) <- every rank's ``shard`` in rank order of the group."""
+    """``output`` (size x shard, contiguous) <- every rank's ``shard`` in rank order of the group; ``chunk``:
+    which piece of a pipelined collective this is (``parallel.async_tp``), recorded in its trace event."""
     if info.size == 1:
         output.copy_(shard.reshape(output.shape))
         return PendingCollective(None, None) if async_op else None
@@ -120,13 +131,19 @@ def all_gather_into_tensor(
         module,
         async_op,
         lambda run_async: dist.all_gather_single(output, shard, group=info.group, async_op=run_async),
+        **_chunk_field(chunk),
     )
 
 
 def reduce_scatter_tensor(
-    output: torch.Tensor, full: torch.Tensor, info: GroupInfo, module: str | None = None, async_op: bool = False
+    output: torch.Tensor,
+    full: torch.Tensor,
+    info: GroupInfo,
+    module: str | None = None,
+    async_op: bool = False,
+    chunk: int | None = None,
 ) -> PendingCollective | None:
-    """``output`` <- this rank's 1/size of the sum of every rank's ``full``."""
+    """``output`` <- this rank's 1/size of the sum of every rank's ``full`` (``chunk`` as for the all-gather)."""
     if info.size == 1:
         output.copy_(full.reshape(output.shape))
         return PendingCollective(None, None) if async_op else None
@@ -140,6 +157,7 @@ def reduce_scatter_tensor(
         lambda run_async: dist.reduce_scatter_single(
             output, full, op=dist.ReduceOp.SUM, group=info.group, async_op=run_async
         ),
+        **_chunk_field(chunk),
     )
 
 

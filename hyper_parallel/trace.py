@@ -157,10 +157,10 @@ def labels(*, phase: str | None = None, step: int | None = None, module: str | N
 
 @contextlib.contextmanager
 def collective(
-    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None
+    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None, **fields
 ) -> Iterator[None]:
     """Time one synchronous collective issued inside the block; ``nbytes`` is the full (unsharded) buffer
-    size. Compute is paused meanwhile: the training thread waits for the wire."""
+    size, ``fields`` are added to the event. Compute is paused meanwhile: the training thread waits for the wire."""
     recorder = _current.get()
     if recorder is None:
         yield
@@ -171,18 +171,18 @@ def collective(
         yield
         if recorder.sync_cuda:
             torch.cuda.synchronize()
-        _append_collective(recorder, op, group, ranks, nbytes, dtype, labels_now, start, recorder.now())
+        _append_collective(recorder, op, group, ranks, nbytes, dtype, labels_now, start, recorder.now(), **fields)
 
 
 def issued(
-    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None
+    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None, **fields
 ) -> Callable[[float, bool], None] | None:
     """For a collective issued asynchronously now: take its labels and issue time; the returned function,
     called once it has been waited for with (wait-call time, completed before the wait?), records it.
 
     ``t_start`` is the issue, ``t_end`` the moment ``wait()`` returned (gloo's work objects tell no
     completion time of their own), ``t_wait`` when the wait was called: a collective that had
-    completed by then (``done_before_wait``) was hidden behind compute entirely.
+    completed by then (``done_before_wait``) was hidden behind compute entirely. ``fields`` are added.
     """
     recorder = _current.get()
     if recorder is None:
@@ -204,6 +204,7 @@ def issued(
             asynchronous=True,
             t_wait=t_wait,
             done_before_wait=done_before_wait,
+            **fields,
         )
 
     return completed

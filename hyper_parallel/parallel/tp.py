@@ -32,6 +32,25 @@ from torch.distributed.tensor.parallel import (
 from hyper_parallel.models.transformer import FeedForward, Transformer
 
 
+def check_heads(n_heads: int, tp: int) -> None:
+    """Each tp rank computes whole heads."""
+    if n_heads % tp:
+        raise ValueError(f"n_heads={n_heads} must be divisible by tp={tp}")
+
+
+def parallelize_root(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """The embeddings rowwise (vocabulary rows), the head colwise, the final norm on sequence shards with SP:
+    the output of the embedding is reduce-scattered (SP) or all-reduced, the head's input all-gathered."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    root_plan: dict[str, object] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "output": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+    }
+    if sequence_parallel:
+        root_plan["norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, root_plan)
+
+
 def parallelize_transformer_tp(
     model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool, moe_tokens_replicated: bool = False
 ) -> Transformer:
@@ -43,17 +62,9 @@ def parallelize_transformer_tp(
     """
     if tp_mesh.size() == 1:
         return model
-    config = model.config
-    if config.n_heads % tp_mesh.size():
-        raise ValueError(f"n_heads={config.n_heads} must be divisible by tp={tp_mesh.size()}")
+    check_heads(model.config.n_heads, tp_mesh.size())
     seq = Shard(1) if sequence_parallel else Replicate()
-    root_plan: dict[str, object] = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-        "output": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
-    }
-    if sequence_parallel:
-        root_plan["norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, root_plan)
+    parallelize_root(model, tp_mesh, sequence_parallel)
     for layer in model.layers:
         plan: dict[str, object] = {
             "attention.wq": ColwiseParallel(),
