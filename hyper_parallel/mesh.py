@@ -257,8 +257,16 @@ class ParallelDims:
         n_layers: int | None = None,
         microbatches: int | None = None,
         stages_per_rank: int = 1,
+        async_tp: bool = False,
+        float8_dims: Iterable[int] = (),
     ) -> None:
         """Check a model config against the degrees; raise ``ValueError`` naming the broken rule.
+
+        ``async_tp``: TP+SP's gathers and scatters are cut into tp chunks of each rank's sequence shard
+        (``parallel.async_tp``), so the shard ``seq_len / (cp * tp)`` must divide by tp; without SP there
+        is no gather or scatter to cut. ``float8_dims``: the in / out features of the float8 linears, whose
+        weight shards ``torch._scaled_mm`` takes only in multiples of 16 (so each dim % (16 * tp)), as it
+        takes the tokens of a tp group (the weight gradient's inner dim) only in multiples of 16.
 
         Pipeline (pp > 1): the layers split evenly into pp * stages_per_rank stages, and each data-parallel
         rank's rows split evenly into ``microbatches``, at least one per stage (a schedule with fewer
@@ -305,8 +313,46 @@ class ParallelDims:
             )
         self._check_divisible(hidden_sizes, self.tp, MeshDim.TP)
         self._check_divisible(expert_hidden_sizes, self.etp, MeshDim.ETP)
+        if async_tp:
+            self._check_async_tp(seq_len, sequence_parallel)
+        if float8_dims:
+            self._check_float8(tuple(float8_dims), seq_len, global_batch)
         if self.pp > 1:
             self._check_pipeline(n_layers, microbatches, stages_per_rank, global_batch)
+
+    def _check_async_tp(self, seq_len: int | None, sequence_parallel: bool) -> None:
+        if not sequence_parallel:
+            raise ValueError(
+                "async TP pipelines sequence parallelism's all-gather and reduce-scatter, and without SP a TP "
+                "block all-reduces instead: turn sequence parallelism on (M3-A, M6-A do), or use M2 for TP alone"
+            )
+        if self.tp < 2:
+            raise ValueError("async TP cuts the tp group's collectives into chunks: it needs tp > 1")
+        if seq_len is not None and seq_len % (self.cp * self.tp * self.tp):
+            divisor = self.cp * self.tp * self.tp * (2 if self.cp > 1 else 1)
+            raise ValueError(
+                f"async TP cuts each rank's sequence shard (seq_len / (cp*tp) = {seq_len}/{self.cp * self.tp}) "
+                f"into tp={self.tp} chunks, which needs seq_len % (cp*tp*tp) == 0; nearest valid seq_len: "
+                f"{_nearest_multiple(seq_len, divisor)}"
+            )
+
+    def _check_float8(self, dims: tuple[int, ...], seq_len: int | None, global_batch: int | None) -> None:
+        multiple = 16 * self.tp
+        wrong = [d for d in dims if d % multiple]
+        if wrong:
+            raise ValueError(
+                f"float8 linears with in / out features {list(dims)}: {wrong} not multiples of 16*tp = {multiple}; "
+                "torch._scaled_mm takes weight shards whose dims are multiples of 16. Use model dims that are "
+                f"multiples of {multiple}, a smaller tp, or the recipe without float8"
+            )
+        if seq_len is not None and global_batch is not None and global_batch % self.dp == 0:
+            tokens = global_batch // self.dp * (seq_len // self.cp)
+            if tokens % 16:
+                raise ValueError(
+                    f"float8's weight gradient multiplies over the {tokens} tokens of a tp group "
+                    f"(global_batch/dp * seq_len/cp), and torch._scaled_mm needs a multiple of 16; change "
+                    "--global-batch or --seq-len"
+                )
 
     def _check_pipeline(
         self, n_layers: int | None, microbatches: int | None, stages_per_rank: int, global_batch: int | None

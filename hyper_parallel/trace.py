@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hyper_parallel.run_files import TRACE_FORMAT
@@ -315,7 +316,8 @@ class TorchCollectiveTracer(TorchDispatchMode):
     """Record the collectives torch issues by itself (DTensor redistributions of TP/SP layers).
 
     Our own collectives go through ``hyper_parallel.comm``; DTensor's go through the functional
-    collectives ``_c10d_functional.*``, which this dispatch mode intercepts. ``group_names`` maps a
+    collectives ``_c10d_functional.*``, which this dispatch mode intercepts (a tensor subclass's, such as
+    torchao's float8 tensors, once it has unwrapped them: with their real dtype and bytes). ``group_names`` maps a
     group's sorted global ranks to the mesh dim it belongs to (``MeshViews.group_names()``). Each op is
     waited for at once so its bar on the timeline has a real end (on CPU/gloo it is synchronous anyway).
     """
@@ -326,6 +328,8 @@ class TorchCollectiveTracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not all(issubclass(t, DTensor) or t.__torch_dispatch__ is torch.Tensor.__torch_dispatch__ for t in types):
+            return NotImplemented  # a tensor subclass (torchao's float8) unwraps first; its inner collective comes back
         op = _FUNCTIONAL_OPS.get(func._overloadpacket.__name__) if func.namespace == "_c10d_functional" else None
         if op is None or _current.get() is None:
             return func(*args, **kwargs)

@@ -182,6 +182,10 @@ def cmd_list() -> int:
                 recipe.title,
             )
         )
+    rows += [
+        (name, "-", "-", "-", "not runnable here", reason.split(". ")[0])
+        for name, reason in registry.NOT_RUNNABLE.items()
+    ]
     print_table(("recipe", "tier", "ranks: default dims", "constraints", "status", "title"), rows)
     print("\nstatus: runs of tests/test_recipes.py against the single-process reference (python -m launch run RECIPE)")
     return 0

@@ -8,8 +8,11 @@ inside the library or a worker that fails later. Mesh degrees have their own rul
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 RANKS_PER_CORE = 8
@@ -147,3 +150,18 @@ def launch_target(target: str) -> list[str]:
     else:
         raise ValueError(f"target {target!r} is neither an existing file nor a dotted module name such as 'pkg.train'")
     return entry
+
+
+SCALED_MM_PROBE = "from hyper_parallel.parallel.float8 import require_scaled_mm; require_scaled_mm()"
+"""What a float8 recipe needs of this torch build, run in a child process (the launcher's own process never
+imports torch): ``torch._scaled_mm`` on a 16 x 16 float8 product."""
+
+
+@functools.cache
+def float8_kernel(probe: str = SCALED_MM_PROBE) -> None:
+    """Refuse a float8 recipe on a torch build without a working ``torch._scaled_mm`` (the probe's error)."""
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    if child.returncode:
+        lines = [line for line in child.stderr.strip().splitlines() if line.strip()]
+        reason = lines[-1].split(": ", 1)[-1] if lines else f"the probe exited with {child.returncode}"
+        raise ValueError(reason)

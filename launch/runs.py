@@ -168,7 +168,10 @@ def resolve_run(recipe: str, **given: int | None) -> tuple[registry.Recipe, Para
     options = {name: given.pop(name) for name in OPTION_NAMES if name in given}
     spec = registry.get(inputs.recipe_name(recipe))
     dims = spec.validate(**resolve_degrees(spec, given))
-    return spec, dims, spec.options(dims, **options)
+    resolved = spec.options(dims, **options)
+    if spec.shapes.get("float8_dims"):
+        inputs.float8_kernel(inputs.SCALED_MM_PROBE)
+    return spec, dims, resolved
 
 
 def validate(recipe: str, **given: int | None) -> tuple[registry.Recipe, ParallelDims]:

@@ -42,6 +42,12 @@ CLI_CASES = [
     (["run", "M4", "--out", "/dev/null"], "exists and is not a directory"),
     (["run", "M4", "--steps", "0"], "steps must be"),
     (["run", "M4", "--dp-shard", "100000"], "world_size 100000 is more ranks than this machine can run"),
+    (["run", "DeepEP", "--dp-shard", "2"], "DeepEP is not runnable on this stack: .*CUDA GPUs and NVSHMEM.*ExpertParallelExperts"),
+    (["run", "HybridEP"], "HybridEP is not runnable on this stack"),
+    (["run", "M3-A", "--tp", "2", "--seq-len", "18"], r"async TP cuts each rank's sequence shard .* into tp=2 chunks.*--seq-len"),
+    (["run", "M6-A", "--cp", "2", "--tp", "4", "--seq-len", "48"], r"seq_len % \(cp\*tp\*tp\) == 0"),
+    (["run", "M3-F8", "--tp", "4"], r"not multiples of 16\*tp = 64; torch._scaled_mm takes weight shards"),
+    (["run", "M3-F8", "--tp", "2", "--global-batch", "2", "--seq-len", "4"], "the 8 tokens of a tp group"),
 ]  # fmt: skip
 
 
@@ -116,3 +122,21 @@ def test_one_timeout_rule_everywhere(value):
     with pytest.raises(ValueError, match="positive number of seconds"):
         inputs.timeout(value)
     assert inputs.timeout(math.inf) == math.inf and inputs.timeout(2) == 2.0
+
+
+def test_async_tp_without_sequence_parallelism_is_refused():
+    """The rule M3-A and M6-A check through their shapes; a recipe without SP asking for async TP breaks it."""
+    from hyper_parallel.mesh import ParallelDims
+
+    with pytest.raises(ValueError, match="async TP pipelines sequence parallelism's .* turn sequence parallelism on"):
+        ParallelDims(world_size=2, tp=2).check_model(seq_len=16, async_tp=True, sequence_parallel=False)
+
+
+def test_float8_on_a_torch_without_scaled_mm_is_refused(capsys, monkeypatch):
+    """The kernel probe runs in a child process (the launcher's never imports torch): here one whose torch
+    lacks torch._scaled_mm; the run is refused with the fix, exit 2."""
+    probe = "import torch; del torch._scaled_mm; " + inputs.SCALED_MM_PROBE
+    monkeypatch.setattr(inputs, "SCALED_MM_PROBE", probe)
+    assert cli.main(["run", "M3-F8", "--tp", "2"]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "this build has no torch._scaled_mm" in err and "Fix: install a torch with it" in err

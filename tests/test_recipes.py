@@ -56,6 +56,10 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     (M5-R): cp-1 all-to-all shifts of the K/V block per attention in forward and again in backward;
     Ulysses (M5-U, M6-U): per attention one all-to-all of the stacked q/k/v and one of the output in
     forward, the same two in backward (no GQA here).
+    Async TP (M3-A, M6-A): each dense block's gather and scatter, forward and backward, becomes tp chunks
+    (one collective each); the embedding's, the head's and the logits' stay whole. Float8 TP (M3-F8): M3's
+    collectives, the block inputs (forward) and rowwise output gradients (backward) gathered in float8; the
+    amax reductions of the casts run inside DTensor operators, where the tracer does not see them.
     EP per MoE layer (all-to-all dispatch): forward counts + dispatch + combine all-to-alls, backward
     two; all-gather dispatch: forward counts and rows all-gathered, outputs reduce-scattered, backward
     one of each. ETP: one etp all-reduce per MoE layer in each direction. The experts are a unit of
@@ -70,7 +74,13 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     moe_layers = 1 if moe else 0  # MOE_CONFIG.moe_layers == (1,)
     dense_layers = LAYERS - moe_layers
     expected: Counter = Counter()
-    if workload in ("dense:ddp_mlp", "transformer:tensor_parallel", "transformer:tensor_sequence_parallel"):
+    if workload in (
+        "dense:ddp_mlp",
+        "transformer:tensor_parallel",
+        "transformer:tensor_sequence_parallel",
+        "transformer:async_tensor_sequence_parallel",
+        "transformer:float8_tensor_sequence_parallel",
+    ):
         if dp_replicate * fsdp > 1:
             expected[("all_reduce", "dp_replicate+fsdp", "backward")] = UNITS
     else:
@@ -86,15 +96,19 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
             "transformer:fsdp_transformer",
             "transformer:fsdp_transformer_ring",
             "transformer:fsdp_transformer_ulysses",
+            "transformer:async_tensor_sequence_parallel",
+            "transformer:fsdp_transformer_async_tp",
+            "transformer:float8_tensor_sequence_parallel",
         )
         or moe
     )
     moe_input_gathers = moe_layers if dims.etp > 1 else 0
+    chunks = tp if "async" in workload else 1  # async TP: each block's gather / scatter in tp chunks
     if tp > 1 and sequence_parallel:
-        expected[("all_gather", "tp", "forward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 2
-        expected[("reduce_scatter", "tp", "forward")] = 2 * dense_layers + moe_layers + 1
-        expected[("all_gather", "tp", "backward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 1
-        expected[("reduce_scatter", "tp", "backward")] = 2 * dense_layers + moe_layers + 1
+        expected[("all_gather", "tp", "forward")] = chunks * 2 * dense_layers + moe_layers + moe_input_gathers + 2
+        expected[("reduce_scatter", "tp", "forward")] = chunks * 2 * dense_layers + moe_layers + 1
+        expected[("all_gather", "tp", "backward")] = chunks * 2 * dense_layers + moe_layers + moe_input_gathers + 1
+        expected[("reduce_scatter", "tp", "backward")] = chunks * 2 * dense_layers + moe_layers + 1
         expected[("all_reduce", "tp", "backward")] = UNITS
     elif tp > 1:
         expected[("all_reduce", "tp", "forward")] = 2 * LAYERS + 1
@@ -228,6 +242,8 @@ SAME_MESH_SCHEMES = [  # (recipes that differ only in the sequence scheme, the m
     (("A-CP", "M5-R", "M5-U"), {"world_size": 4, "cp": 4}),
     (("M6", "M6-U"), {"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2}),
     (("M6", "M6-U"), {"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2}),
+    (("M3", "M3-A"), {"world_size": 2, "tp": 2}),
+    (("M6", "M6-A"), {"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2}),
 ]
 
 
@@ -237,7 +253,8 @@ SAME_MESH_SCHEMES = [  # (recipes that differ only in the sequence scheme, the m
 )
 def test_sequence_schemes_give_the_same_losses(recipes, degrees, recipe_results):
     """K/V all-gather, ring and Ulysses attend over the same tokens with the same weights: on one mesh
-    their losses agree to float32 rounding (the summation order inside attention differs)."""
+    their losses agree to float32 rounding (the summation order inside attention differs). So do TP+SP
+    with one collective per step and with async TP's chunks (the matmuls' rows in another grouping)."""
     results = [result_of(recipe, degrees, recipe_results) for recipe in recipes]
     assert all(r.ok for r in results), [r.error for r in results]
     assert len({run_key(recipe, degrees)[0] for recipe in recipes}) == len(recipes)  # really different workloads

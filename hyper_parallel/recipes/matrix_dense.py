@@ -6,7 +6,10 @@ tables need not import the registry that gathers them. Torch-free.
 """
 
 from hyper_parallel.recipes.matrix_shapes import (
+    ASYNC_TP_CODE,
+    ASYNC_TP_SHAPES,
     CP_CODE,
+    FLOAT8_SHAPES,
     FSDP_CODE,
     MLP_CODE,
     MLP_SHAPES,
@@ -79,6 +82,53 @@ DENSE_ROWS: list[dict] = [
         implementation="hyper_parallel.recipes.transformer:tensor_sequence_parallel",
         code=TRANSFORMER_CODE + TP_CODE + FSDP_CODE,
         shapes=SP_SHAPES,
+        must_be_one=("cp", "ep"),
+        must_exceed_one=("tp",),
+    ),
+    dict(
+        name="M3-A",
+        title="async tensor + sequence parallelism",
+        description="M3 with each block's all-gather and reduce-scatter cut into tp chunks of the sequence "
+        "shard, each an async collective, so chunk k's communication runs while another chunk's matmul "
+        "computes (torch's fused all-gather-matmul / matmul-reduce-scatter, torchtitan's "
+        "enable_async_tensor_parallel). Same numbers and tp bytes as M3.",
+        matrix_row="M3-A | dense | TP >1 | SP 1 (async) | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | seq_len % (tp*chunks) | mini transformer",
+        tier="",
+        default={"world_size": 2, "tp": 2},
+        alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:async_tensor_sequence_parallel",
+        code=TRANSFORMER_CODE + ASYNC_TP_CODE + FSDP_CODE,
+        shapes=ASYNC_TP_SHAPES,
+        must_be_one=("cp", "ep"),
+        must_exceed_one=("tp",),
+    ),
+    dict(
+        name="M6-A",
+        title="async TP + SP + CP + FSDP",
+        description="M6 with async TP inside each block (M3-A's chunked collectives), CP attention and "
+        "parameters sharded over fsdp = dp_shard * cp.",
+        matrix_row="M6-A | dense | TP >1 | SP 1 (async) | CP >1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | seq_len % (tp*2*cp), shard % chunks | mini transformer",
+        tier="",
+        default={"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2},
+        alternatives=(),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_async_tp",
+        shapes=ASYNC_TP_SHAPES,
+        must_be_one=("ep", "dp_replicate"),
+        must_exceed_one=("tp", "cp"),
+    ),
+    dict(
+        name="M3-F8",
+        title="TP + SP in float8",
+        description="M3 with every block linear in float8 (torchao Float8Linear, tensorwise dynamic scales, "
+        "torch._scaled_mm) and each block input cast to float8 before its all-gather over tp (torchao's "
+        "Float8ColwiseParallel / Float8RowwiseParallel): a quarter of fp32's gather bytes. Checked against "
+        "the same model in float8 on one process, and against M3 within a bound derived from e4m3.",
+        matrix_row="M3-F8 | dense | TP >1 | SP 1 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | float8 tensorwise, dims % 16 | mini transformer",
+        tier="",
+        default={"world_size": 2, "tp": 2},
+        alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2},),
+        implementation="hyper_parallel.recipes.transformer:float8_tensor_sequence_parallel",
+        shapes=FLOAT8_SHAPES,
         must_be_one=("cp", "ep"),
         must_exceed_one=("tp",),
     ),

@@ -8,6 +8,8 @@ MLP_SHAPES = {"global_batch": 16, "hidden_sizes": (32, 64)}
 # TransformerConfig defaults: d_model 32, 4 heads, hidden 64, vocab 64, seq_len 16; global batch 8.
 TRANSFORMER_SHAPES = {"global_batch": 8, "seq_len": 16, "num_heads": 4, "hidden_sizes": (32, 64, 64)}
 SP_SHAPES = {**TRANSFORMER_SHAPES, "sequence_parallel": True}
+ASYNC_TP_SHAPES = {**SP_SHAPES, "async_tp": True}  # each rank's sequence shard cut into tp chunks
+FLOAT8_SHAPES = {**SP_SHAPES, "float8_dims": (32, 64)}  # the block linears' d_model and hidden: multiples of 16*tp
 ULYSSES_SHAPES = {**TRANSFORMER_SHAPES, "ulysses": True}  # n_heads % (tp * cp) == 0
 SP_ULYSSES_SHAPES = {**SP_SHAPES, "ulysses": True}
 # MOE_CONFIG: layer 1 is a MoE with 4 experts of hidden 32, top-2, a shared expert.
@@ -24,6 +26,11 @@ MOE_WORKLOAD = "hyper_parallel.recipes.moe"
 MLP_CODE = ("hyper_parallel.recipes.dense:_mlp_workload",)
 TRANSFORMER_CODE = (f"{DENSE_WORKLOAD}:transformer_workload",)
 TP_CODE = ("hyper_parallel.parallel.tp:parallelize_transformer_tp",)
+ASYNC_TP_CODE = (
+    "hyper_parallel.parallel.async_tp:parallelize_transformer_async_tp",
+    "hyper_parallel.parallel.async_tp:pipelined_all_gather",
+    "hyper_parallel.parallel.async_tp:pipelined_reduce_scatter",
+)
 CP_CODE = (f"{DENSE_WORKLOAD}:apply_context_parallel",)
 FSDP_CODE = (f"{DENSE_WORKLOAD}:apply_fully_shard",)
 MOE_CODE = (

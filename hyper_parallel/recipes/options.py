@@ -110,7 +110,13 @@ def _rules(dims: ParallelDims, shapes: dict) -> dict[str, _Rule]:
 
     return {
         "global_batch": _Rule(global_batch),
-        "seq_len": _Rule(lambda v, _: check(seq_len=v, sequence_parallel=shapes.get("sequence_parallel", False))),
+        "seq_len": _Rule(
+            lambda v, _: check(
+                seq_len=v,
+                sequence_parallel=shapes.get("sequence_parallel", False),
+                async_tp=shapes.get("async_tp", False),
+            )
+        ),
         "num_experts": _Rule(num_experts),
         "microbatches": _Rule(microbatches, True, every_microbatch_count, batch_for),
     }

@@ -90,8 +90,24 @@ TIERS = [Recipe(**row) for row in TIER_ROWS]
 RECIPES.update({recipe.name: recipe for recipe in TIERS})
 
 
+NOT_RUNNABLE: dict[str, str] = {
+    name: (
+        f"{name} is not runnable on this stack: its dispatch and combine kernels need CUDA GPUs and NVSHMEM "
+        "(GPU-initiated transfers over NVLink / RDMA), and this stack trains on CPU with gloo. Where it would "
+        "plug in: the EP dispatch of hyper_parallel/parallel/ep/, a subclass of ExpertParallelExperts whose "
+        "forward(routed, counts) sends each expert its rows and returns them combined, chosen by "
+        "parallelize_moe(dispatch=...) as 'all_gather' is; run S1 (all-to-all dispatch) or S3 (all-gather) instead"
+    )
+    for name in ("DeepEP", "HybridEP")
+}
+"""Appendix-B rows of the matrix that cannot run here: the recipe name and the sentence that refuses it."""
+
+
 def get(name: str) -> Recipe:
     by_key = {key.upper(): recipe for key, recipe in RECIPES.items()}
+    refused = {key.upper(): reason for key, reason in NOT_RUNNABLE.items()}
+    if name.upper() in refused:
+        raise ValueError(refused[name.upper()])
     if name.upper() not in by_key:
         raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}")
     return by_key[name.upper()]
@@ -107,4 +123,6 @@ def markdown_table() -> str:
             f"| {recipe.name} | {recipe.tier or '-'} | {recipe.title} | {recipe.default['world_size']}: {dims} "
             f"| {recipe.constraints() or '-'} |"
         )
+    for name, reason in NOT_RUNNABLE.items():
+        rows.append(f"| {name} | - | not runnable here: {reason.split(': ', 1)[1].split('. ')[0]} | - | - |")
     return "\n".join(rows)

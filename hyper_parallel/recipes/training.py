@@ -35,6 +35,8 @@ class Workload:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     lr: float = 0.05
     notes: dict = field(default_factory=dict)  # recipe-specific facts for the summary
+    step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """Entered around each training step's forward and backward (float8 on gloo: ``Float8WireAsBytes``)."""
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
@@ -61,7 +63,7 @@ def train_and_compare(
     for step in range(steps):
         trace.set_step(step)
         start = time.perf_counter()
-        with trace_torch_collectives():
+        with workload.step_context(), trace_torch_collectives():
             with saved.measure():
                 loss = workload.loss_fn(model(*workload.inputs), workload.targets)
             loss.backward()

@@ -1,7 +1,7 @@
 """Recipes on the mini transformer, applied in TorchTitan's order: TP(+SP) -> EP/ETP -> CP -> fully_shard.
 
-One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U) and the dense
-tiers; the degrees decide which styles apply.
+One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U), async TP (M3-A,
+M6-A) and the dense tiers; the degrees decide which styles apply.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel.async_tp import parallelize_transformer_async_tp
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.recipes.batches import data_parallel_rows, sequence_positions
 from hyper_parallel.recipes.options import RunOptions
@@ -66,12 +67,20 @@ def transformer_workload(
     enable_param_shard: bool | None,
     config: TransformerConfig = DENSE_CONFIG,
     sequence_scheme: str = "all_gather",
+    async_tp: bool = False,
 ) -> Workload:
+    """``async_tp``: TP+SP with each block's gather and scatter pipelined (``parallel.async_tp``) instead of
+    torch's styles; the same numbers and bytes."""
     config = dataclasses.replace(config, seq_len=options.seq_len)
     torch.manual_seed(seed)
     model = Transformer(config)
     reference = copy.deepcopy(model)
-    parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=sequence_parallel)
+    if async_tp:
+        if not sequence_parallel:
+            raise ValueError("async TP pipelines sequence parallelism's all-gather and reduce-scatter: it needs SP")
+        parallelize_transformer_async_tp(model, views[MeshDim.TP], sequence_len=config.seq_len // dims.cp)
+    else:
+        parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=sequence_parallel)
     if dims.cp > 1:
         apply_context_parallel(model, views, sequence_scheme)
     apply_fully_shard(model, views, enable_param_shard)
@@ -123,3 +132,36 @@ def fsdp_transformer_ulysses(dims: ParallelDims, views: MeshViews, seed: int, op
     return transformer_workload(
         dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ulysses"
     )
+
+
+def async_tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
+    """M3-A: M3 with each block's all-gather and reduce-scatter cut into chunks that overlap the matmuls."""
+    return transformer_workload(
+        dims, views, seed, options, sequence_parallel=True, enable_param_shard=False, async_tp=True
+    )
+
+
+def fsdp_transformer_async_tp(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
+    """M6-A: M6 (TP + SP + CP + FSDP) with async TP inside each block."""
+    return transformer_workload(
+        dims, views, seed, options, sequence_parallel=True, enable_param_shard=None, async_tp=True
+    )
+
+
+def float8_tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
+    """M3-F8: M3 with every block linear in float8 (torchao, tensorwise scales) and the block inputs gathered
+    over tp in float8. The reference is the same model converted to float8 on one process (the same scales:
+    amax is global under TP), so the run matches it to float32 rounding; against M3 it differs by what float8
+    costs (tests/test_float8.py derives the bound)."""
+    from hyper_parallel.parallel.float8 import Float8WireAsBytes, convert_to_float8, parallelize_transformer_float8_tp
+
+    config = dataclasses.replace(DENSE_CONFIG, seq_len=options.seq_len)
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    reference = convert_to_float8(copy.deepcopy(model))
+    convert_to_float8(model)
+    parallelize_transformer_float8_tp(model, views[MeshDim.TP])
+    apply_fully_shard(model, views, enable_param_shard=False)
+    workload = lm_workload(model, reference, config, dims, seed, options.global_batch)
+    workload.step_context = Float8WireAsBytes
+    return workload

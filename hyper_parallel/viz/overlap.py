@@ -71,3 +71,21 @@ def exposure(traces: dict[int, list[dict[str, Any]]], step: int) -> dict[int, di
 
 def has_compute(traces: dict[int, list[dict[str, Any]]]) -> bool:
     return any(e.get("kind") == "compute" for events in traces.values() for e in events)
+
+
+def chunk_overlap(events: list[dict[str, Any]], step: int) -> dict[str, float] | None:
+    """Async TP's pipelined collectives (events with a ``chunk``) in ``step`` of one rank: seconds in flight,
+    seconds of that with compute running (hidden), and ``fraction`` = hidden / in flight. None without any.
+
+    A chunk hidden behind another chunk's matmul counts as hidden: that is the pipeline at work."""
+    chunked = [e for e in events if e.get("kind") == "collective" and e["step"] == step and e.get("chunk") is not None]
+    if not chunked:
+        return None
+    numbers = step_exposure([*chunked, *(e for e in events if e.get("kind") == "compute")], step)
+    in_flight = numbers["in_flight"]
+    return {
+        "in_flight": in_flight,
+        "hidden": numbers["hidden"],
+        "fraction": numbers["hidden"] / in_flight if in_flight > 0 else 0.0,
+        "collectives": len(chunked),
+    }

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from hyper_parallel.viz.overlap import exposure, has_compute
+from hyper_parallel.viz.overlap import chunk_overlap, exposure, has_compute
 from hyper_parallel.viz.style import (
     OP_COLORS,
     OP_SHORT,
@@ -318,6 +318,11 @@ def timeline(
         exposed = "\nexposed / in-flight communication: " + ", ".join(
             f"r{r} {v['exposed'] * 1e3:.1f}/{v['in_flight'] * 1e3:.1f} ms" for r, v in per_rank.items()
         )
+        pipelined = {r: chunk_overlap(traces[r], step) for r in ranks}
+        if all(v is not None for v in pipelined.values()):
+            exposed += "\nasync TP chunks in flight behind compute: " + ", ".join(
+                f"r{r} {v['fraction']:.0%}" for r, v in pipelined.items()
+            )
     shown = "" if ranks == all_ranks else f", ranks {', '.join(map(str, ranks))} of {len(all_ranks)}"
     fig.suptitle(
         title(f"{'Compute and c' if computing else 'C'}ollectives, step {step}{shown}", recipe, degrees) + exposed,

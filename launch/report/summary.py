@@ -12,6 +12,8 @@ import csv
 import io
 from collections.abc import Iterable
 
+from hyper_parallel.run_files import load_traces
+from hyper_parallel.viz.overlap import chunk_overlap
 from launch.report.markup import degrees_text, esc
 from launch.report.predicted import AtScale, at_scale_sentence
 from launch.report.run_data import RunData
@@ -71,6 +73,21 @@ def communication_check(volume: list[dict] | None) -> str:
     return text
 
 
+def async_tp_row(run: RunData) -> list[tuple[str, str]]:
+    """Async TP's overlap on rank 0 in the last step: the share of its chunked collectives' in-flight time
+    during which compute ran (none for a run without chunked collectives)."""
+    traces = load_traces(run.run_dir) if run.trace_ranks else {}
+    steps = [e["step"] for e in traces.get(0, []) if e.get("kind") == "collective"]
+    overlap = chunk_overlap(traces[0], max(steps)) if steps else None
+    if overlap is None:
+        return []
+    text = (
+        f"{overlap['fraction']:.0%} of the {overlap['in_flight'] * 1e3:.1f} ms its {overlap['collectives']} "
+        "chunked tp collectives were in flight, compute ran (rank 0, last step)"
+    )
+    return [("async TP overlap", esc(text))]
+
+
 def summary_section(run: RunData, volume: list[dict] | None, scaled: AtScale | None) -> str:
     verdict = (
         "<span class='pass'>PASSED</span>: losses and parameters match the single-process reference"
@@ -92,6 +109,7 @@ def summary_section(run: RunData, volume: list[dict] | None, scaled: AtScale | N
             esc(f"{sum(times) / len(times):.3f} s mean over {len(times)} steps") if times else "–",
         ),
         ("communication", esc(communication_check(volume))),
+        *async_tp_row(run),
         (
             "this layout at scale",
             esc(at_scale_sentence(scaled)) + f"<br><code>{esc(scaled.command)}</code>"
