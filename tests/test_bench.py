@@ -146,3 +146,18 @@ def test_table_and_figure(bench):
 def test_bad_input_exits_2_before_any_worker(args, message):
     done = subprocess.run([sys.executable, "-m", "launch", "bench", *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_tensor_parallel_configurations_run_only_when_named():
+    """TP+SP and AsyncTP exist on both world sizes (tp=2) but the default set is the FSDP comparison; the
+    async / sync ratio divides the two rows' medians (the torch baseline cancels) and needs both."""
+    from hyper_parallel.benchmark.configs import async_tp_ratio, configurations
+
+    for world in (2, 4):
+        named = {c.name: c for c in configurations(world)}
+        assert named["AsyncTP"].tp_style == "async" and named["TP+SP"].tp_style == "sp"
+        assert named["AsyncTP"].degrees == {"world_size": world, "dp_shard": world // 2, "tp": 2}
+        assert not {"AsyncTP", "TP+SP"} & {c.name for c in configurations(world, include_optional=False)}
+    rows = [{"config": "TP+SP", "ratio": {"median": 0.8}}, {"config": "AsyncTP", "ratio": {"median": 0.6}}]
+    assert async_tp_ratio(rows) == pytest.approx(0.75)
+    assert async_tp_ratio(rows[:1]) is None

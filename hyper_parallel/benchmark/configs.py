@@ -32,19 +32,51 @@ class BenchModel:
         return dict(self.__dict__)
 
 
+TP_STYLES = ("tp", "sp", "async")
+"""How a configuration applies tensor parallelism to both implementations: ``tp`` torch's styles without
+SP, ``sp`` with SP (``parallelize_module`` with ``SequenceParallel``), ``async`` ours pipelined
+(``parallel.async_tp``) against torch's TP+SP: the one configuration whose two sides differ in TP too."""
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     name: str
     title: str
     degrees: dict[str, int]  # ParallelDims keyword arguments, world_size included
+    tp_style: str = "tp"  # one of TP_STYLES
+    optional: bool = False  # run only when named (--configs): the default set stays the FSDP comparison
 
     @property
     def world_size(self) -> int:
         return self.degrees["world_size"]
 
 
-def configurations(world_size: int) -> list[BenchConfig]:
-    """FSDP on every rank; HSDP and FSDP+TP need a second mesh dim, so 4 ranks (2 x 2)."""
+def _tensor_parallel_configs(world_size: int) -> list[BenchConfig]:
+    """TP+SP (our fully_shard + torch's TP+SP against FSDP2 + torch's TP+SP: the same TP on both sides) and
+    AsyncTP (our fully_shard + async TP against the same torch stack). Their ratios against one baseline
+    give async against synchronous TP+SP: ratio(AsyncTP) / ratio(TP+SP) (``async_tp_ratio``)."""
+    degrees = {"world_size": world_size, "dp_shard": world_size // 2, "tp": 2}
+    mesh = " x ".join(f"{k}={v}" for k, v in degrees.items() if k != "world_size" and v > 1)
+    return [
+        BenchConfig("TP+SP", f"torch's TP+SP under both, {mesh}", degrees, tp_style="sp", optional=True),
+        BenchConfig(
+            "AsyncTP", f"ours: async TP+SP; torch: its TP+SP, {mesh}", degrees, tp_style="async", optional=True
+        ),
+    ]
+
+
+def async_tp_ratio(rows: list[dict[str, Any]]) -> float | None:
+    """Async TP+SP's step time over synchronous TP+SP's, both under our fully_shard: the two configurations'
+    median ratios against the same torch stack divided (the baseline cancels); None unless both ran."""
+    by_name = {row["config"]: row for row in rows}
+    if "AsyncTP" not in by_name or "TP+SP" not in by_name:
+        return None
+    return by_name["AsyncTP"]["ratio"]["median"] / by_name["TP+SP"]["ratio"]["median"]
+
+
+def configurations(world_size: int, include_optional: bool = True) -> list[BenchConfig]:
+    """FSDP on every rank; HSDP and FSDP+TP need a second mesh dim, so 4 ranks (2 x 2); TP+SP and AsyncTP
+    (optional: run when named) on tp=2, with dp_shard=2 on 4 ranks."""
     if world_size not in (2, 4):
         raise ValueError(f"the benchmark runs on 2 or 4 ranks (--world 2|4), got {world_size}")
     configs = [
@@ -59,7 +91,8 @@ def configurations(world_size: int) -> list[BenchConfig]:
         configs.append(
             BenchConfig("FSDP+TP", "FSDP + TP, dp_shard=2 x tp=2", {"world_size": 4, "dp_shard": 2, "tp": 2})
         )
-    return configs
+    configs += _tensor_parallel_configs(world_size)
+    return [c for c in configs if include_optional or not c.optional]
 
 
 def median(values: list[float]) -> float:

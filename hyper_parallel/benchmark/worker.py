@@ -46,6 +46,7 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews, build_mesh
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
+from hyper_parallel.parallel.async_tp import parallelize_transformer_async_tp
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes.batches import data_parallel_rows
@@ -86,14 +87,20 @@ class Trainer:
         return forward_backward
 
 
-def build_model(impl: str, base: Transformer, dims: ParallelDims, views: MeshViews, overlap: bool) -> torch.nn.Module:
-    """A copy of ``base`` with TP (if tp > 1) and then one fully_shard unit per block + the root.
+def build_model(
+    impl: str, base: Transformer, dims: ParallelDims, views: MeshViews, overlap: bool, tp_style: str = "tp"
+) -> torch.nn.Module:
+    """A copy of ``base`` with TP (if tp > 1, in ``tp_style``, see ``configs.TP_STYLES``) and then one
+    fully_shard unit per block + the root.
 
     Both implementations get the same data-parallel mesh: (dp_replicate, fsdp) for HSDP, the 1-D fsdp
     mesh otherwise (a size-1 mesh dim would cost DTensor dispatch time on every optimizer op).
     """
     model = copy.deepcopy(base)
-    parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=False)
+    if tp_style == "async" and impl == "ours":
+        parallelize_transformer_async_tp(model, views[MeshDim.TP])
+    else:
+        parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=tp_style != "tp")
     mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP] if dims.dp_replicate > 1 else views[MeshDim.FSDP]
     shard = fully_shard if impl == "ours" else torch_fully_shard
     for layer in model.layers:
@@ -155,7 +162,8 @@ def run_config(
     tokens, targets = token_batch(model_config, shape.global_batch, seed=0)
     tokens, targets = data_parallel_rows(tokens, dims).to(device), data_parallel_rows(targets, dims).to(device)
     trainers = {
-        impl: Trainer(impl, build_model(impl, base, dims, views, overlap), tokens, targets) for impl in IMPLEMENTATIONS
+        impl: Trainer(impl, build_model(impl, base, dims, views, overlap, config.tp_style), tokens, targets)
+        for impl in IMPLEMENTATIONS
     }
     del base
     for _ in range(warmup):
@@ -227,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     shape = BenchModel(**json.loads(args.model))
     wanted = [name for name in args.configs.split(",") if name]
-    configs = [c for c in configurations(dist.get_world_size()) if not wanted or c.name in wanted]
+    configs = [c for c in configurations(dist.get_world_size()) if c.name in wanted or not (wanted or c.optional)]
     try:
         results = []
         for config in configs:

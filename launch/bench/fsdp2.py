@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchModel, configurations, summarize
+from hyper_parallel.benchmark.configs import (
+    BENCH_FILE,
+    IMPLEMENTATIONS,
+    BenchModel,
+    async_tp_ratio,
+    configurations,
+    summarize,
+)
 from hyper_parallel.mesh_dims import FSDP_GROUPS
 from hyper_parallel.run_files import load_traces
 from hyper_parallel.viz.overlap import exposure
@@ -269,6 +276,12 @@ def print_bench(result: BenchResult) -> None:
     for row in result.rows:
         print(
             f"collectives per step, {row['config']}: ours {row['per_unit']['ours']}; torch {row['per_unit']['torch']}"
+        )
+    ratio = async_tp_ratio(result.rows)
+    if ratio is not None:
+        print(
+            f"async TP+SP / synchronous TP+SP, both under our fully_shard: {ratio:.3f} "
+            "(AsyncTP's median ratio over TP+SP's, against the same torch stack)"
         )
     figures = bench_figures(result, result.directory, svg=True)
     print(
