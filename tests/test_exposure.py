@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyper_parallel.viz.overlap import exposure, length, minus, step_exposure, union
+from hyper_parallel.viz.overlap import chunk_overlap, exposure, length, minus, step_exposure, union
 from hyper_parallel.viz.timeline import timeline
 
 
@@ -67,3 +67,17 @@ def test_timeline_draws_compute_and_in_flight_parts():
     gids = [patch.get_gid() for patch in ax.patches]
     assert gids.count("compute") == 2 and gids.count("in_flight") == 2 and gids.count("collective") == 2
     assert "r0 1000.0/2500.0 ms" in fig._suptitle.get_text()  # exposed 2.0-3.0 s, in flight 0.5-3.0 s
+
+
+def test_chunk_overlap_counts_only_chunked_collectives():
+    """Chunks 0 and 1 in flight 0-4 s and 1-3 s, compute 2-6 s: of their 4 s in flight, 2 s ran behind compute
+    (fraction 0.5); the unchunked all-gather at 5-7 s is not async TP's and is left out."""
+    events = [
+        collective("all_gather", 0.0, 4.0, asynchronous=True, t_wait=3.5, chunk=0),
+        collective("all_gather", 1.0, 3.0, asynchronous=True, t_wait=2.5, chunk=1),
+        collective("all_gather", 5.0, 7.0),
+        compute(2.0, 6.0),
+    ]
+    overlap = chunk_overlap(events, step=1)
+    assert overlap == {"in_flight": 4.0, "hidden": 2.0, "fraction": 0.5, "collectives": 2}
+    assert chunk_overlap(events[2:], step=1) is None
