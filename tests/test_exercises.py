@@ -211,8 +211,39 @@ def test_95_1_block_collectives_of_a_benchmark_row():
         block_collectives(bench, "HSDP")
 
 
+def test_03_3_async_tp_collectives_from_the_hand_derived_counts():
+    """The counts test_recipes holds every run to: M3 issues 11 tp collectives in forward, M3-A 19."""
+    from test_recipes import expected_collectives
+
+    def forward_tp(recipe):
+        counts = expected_collectives(recipe, {"world_size": 2, "tp": 2})
+        return sum(n for (op, group, phase), n in counts.items() if group == "tp" and phase == "forward")
+
+    assert forward_tp("M3") == 11 and "11 collectives" in EXERCISES["03.3"].question
+    truth = forward_tp("M3-A")
+    assert truth == 19 and EXERCISES["03.3"].solution.startswith("19")
+    assert check("03.3", 19, truth) == RIGHT and check("03.3", 11, truth) == WRONG
+
+
+def test_03_4_float8_gather_share_of_a_trace():
+    """Block gathers of 4 x 16 values: 64 B in e4m3 against 256 B in float32; the head's float32 gather of
+    the float8 run and a root gather are not block gathers."""
+    from launch.notebook.exercises import float8_gather_share
+
+    def result(dtype, nbytes):
+        events = [{**_event("all_gather", "tp", [0, 1], nbytes, module="layers.0"), "dtype": dtype}]
+        events.append({**_event("all_gather", "tp", [0, 1], 512, module="root"), "dtype": "float32"})
+        return SimpleNamespace(traces={0: events})
+
+    truth = float8_gather_share(result("float8_e4m3fn", 64), result("float32", 256))
+    assert truth == 0.25 and EXERCISES["03.4"].solution.startswith("0.25")
+    assert check("03.4", 0.25, truth) == RIGHT and check("03.4", 1 / 4, truth) == RIGHT
+    assert check("03.4", 0.5, truth) == WRONG
+
+
 def test_every_exercise_is_tested_and_unanswered_passes(capsys):
     tested = set(COUNTED) | {"03.2", "01.2", "05.2", "04.1", "10.1", "10.2", "07.1", "90.1", "91.1", "06.1"}
+    tested |= {"03.3", "03.4"}
     tested |= {"09.1"}  # tests/test_lesson_texts.py
     assert tested == {key for key in EXERCISES if not key.startswith("02.")}  # 02: the memory notebook's tests
     for key in EXERCISES:

@@ -81,6 +81,21 @@ EXERCISES: dict[str, Exercise] = {
         "sequence) in both, and q, k, v, attention and the feed-forward hidden are split by heads / "
         "hidden units in both. That memory is SP's gain; the bytes on the wire are the same.",
     ),
+    "03.3": Exercise(
+        "M3 issues 11 collectives on tp in **forward** per step (2 layers: 2 all-gathers + 2 reduce-scatters "
+        "each, the embedding's reduce-scatter, the head's and the logits' all-gathers). Predict: **how many** "
+        "does M3-A (async TP, tp = 2 chunks) issue?",
+        "only the blocks' gathers and scatters are cut into tp chunks; the embedding's, the head's and the "
+        "logits' stay whole.",
+        "19 = 8 block collectives x 2 chunks + 3 whole ones: the bytes are M3's, in twice the pieces, so each "
+        "chunk's matmul can run while the next chunk is on the wire.",
+    ),
+    "03.4": Exercise(
+        "M3-F8 casts each block input to float8 (e4m3, 1 byte per value) before its all-gather over tp. What "
+        "**fraction** of M3's float32 bytes do those forward all-gathers move? Answer a number.",
+        "float32 is 4 bytes per value; the scale (one float per tensor) is not gathered.",
+        "0.25: a quarter of float32's bytes (half of bf16's), for the same values gathered.",
+    ),
     "05.1": Exercise(
         "Predict: how many **all-gathers** does rank 0 of M7 (HSDP 2 x 2, 2 layers + root) issue per step?",
         "HSDP gathers only on fsdp, exactly as FSDP does; dp_replicate is never gathered.",
@@ -319,6 +334,25 @@ def wire_bytes_per_rank(result, rank: int = 0) -> float:
         return 0.0
     last = max(e["step"] for e in events)
     return sum(e["bytes"] * wire_factor(e["op"], len(e["ranks"])) for e in events if e["step"] == last)
+
+
+def float8_gather_share(float8_result, float32_result, rank: int = 0) -> float:
+    """Bytes of the float8 run's forward all-gathers in float8 over the float32 run's of the same blocks
+    (the last step on ``rank``): what float8 TP does to the block inputs' gathers (03.4)."""
+
+    def block_gathers(result, float8: bool) -> int:
+        events = [e for e in result.traces[rank] if e.get("kind") == "collective" and e.get("phase") == "forward"]
+        last = max(e["step"] for e in events)
+        return sum(
+            e["bytes"]
+            for e in events
+            if e["step"] == last
+            and e["op"] == "all_gather"
+            and e["module"].startswith("layers.")
+            and e["dtype"].startswith("float8") == float8
+        )
+
+    return block_gathers(float8_result, True) / block_gathers(float32_result, False)
 
 
 def units_not_regathered(result, rank: int = 0) -> set[str]:
