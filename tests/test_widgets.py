@@ -311,9 +311,10 @@ def test_bench_widget_offers_only_the_configurations_of_its_world_size_and_runs_
         return Finished()
 
     widget = BenchWidget(world_size=4, steps=3, runner=runner)
-    assert widget.configs.options == ("FSDP", "HSDP", "FSDP+TP")
+    assert widget.configs.options == ("FSDP", "HSDP", "FSDP+TP", "TP+SP", "AsyncTP")
+    assert widget.configs.value == ("FSDP", "HSDP", "FSDP+TP")  # async TP only when picked
     widget.world.value = 2
-    assert widget.configs.options == ("FSDP",) and widget.configs.value == ("FSDP",)
+    assert widget.configs.options == ("FSDP", "TP+SP", "AsyncTP") and widget.configs.value == ("FSDP",)
     widget.launch()
     widget.wait(10)
     assert calls == [(2, 3, ["FSDP"])]

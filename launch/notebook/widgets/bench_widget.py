@@ -54,9 +54,10 @@ class BenchWidget(widgets.VBox):
         )
 
     def _offer_configs(self) -> None:
-        names = [config.name for config in configurations(self.world.value)]
-        self.configs.options = names
-        self.configs.value = tuple(names)
+        """Every configuration of the world size; chosen at first: the default set (TP+SP and AsyncTP run
+        when picked)."""
+        self.configs.options = [config.name for config in configurations(self.world.value)]
+        self.configs.value = tuple(c.name for c in configurations(self.world.value, include_optional=False))
 
     def _say(self, color: str, text: str) -> None:
         self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
