@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 RUNS ?= runs
 
-.PHONY: install workbook lint test test-fast test-torchtitan lab clean
+.PHONY: install workbook lint test test-fast test-torchtitan lab clean docs
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 
 workbook: install
 	$(VPY) -m launch workbook --out $(RUNS)
+
+# The documents rendered from the planner (its tests only compare them with a fresh rendering).
+docs: install
+	$(VPY) -m hyper_parallel.cost_model.validation_doc > docs/planner_validation.md.new
+	mv docs/planner_validation.md.new docs/planner_validation.md
+	$(VPY) -m launch.plan.review_example docs
 
 # ruff (lint + format check) and the import contracts of pyproject.toml: a layering breach or an
 # import circle fails here, before any test runs.

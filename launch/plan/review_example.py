@@ -1,6 +1,6 @@
 """docs/design_review_512.md and .html: the worked design review of an 8B model on 512 H100s, generated
-from the planner so it cannot drift from it (tests/test_review.py regenerates both and fails when the
-committed files are stale). By hand:
+from the planner so it cannot drift from it (tests/test_review.py compares both with a fresh rendering;
+``make docs`` rewrites them):
 
     python -m launch.plan.review_example docs
 """
@@ -31,7 +31,7 @@ KNOBS = (
 
 def _reviews(**changes):
     config = get_model("llama-8b-like").replace(**changes)
-    machine = get_hardware("h100-nvl8-ndr")
+    machine = get_hardware("h100-sxm")
     return config, machine, review_layouts(config, parse_layouts(LAYOUTS, WORLD), GPUS_PER_NODE, machine)
 
 
