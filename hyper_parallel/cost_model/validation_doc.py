@@ -46,7 +46,7 @@ EXPLANATIONS = {
     "the tensors a step holds (full checkpointing keeps 80 sequence-sharded layer inputs, 20 GiB, one layer's "
     "recomputed activations, 9 GiB, the loss-parallel float32 logits, 8 GiB): what the allocator reserves on top "
     "(about 30 GiB here, 0 to 6 GiB for the FSDP-only 8B runs) is not derived from the layout",
-    "torchtitan Llama 3.1 405B": "the same (max_reserved against the tensors held): 1F1B's peak is published 10 GiB above "
+    "torchtitan Llama 3.1 405B": "The same (max_reserved against the tensors held): 1F1B's peak is published 10 GiB above "
     "interleaved 1F1B's with the same microbatches in flight, which the tensors held do not explain",
     "BLOOM 176B": "'60 GB of memory on each GPU' is BigScience's round figure for what a GPU shows (nvidia-smi: the CUDA "
     "context, NCCL's and DeepSpeed's buffers and the allocator's reserve with it); the model counts the tensors: "
@@ -62,13 +62,13 @@ RANK_EXPLANATIONS = {
     "a global batch of 512 on 256 GPUs, FSDP alone (two sequences per GPU) keeps every matmul whole and hides its "
     "all-gathers behind 15 s of compute; TP 8 adds four sequence all-gathers / reduce-scatters per layer on the "
     "critical path.",
-    "torchtitan Llama 3 70B": "the async-TP benchmark measures TP with and without async TP on a fixed layout; FSDP "
+    "torchtitan Llama 3 70B": "The async-TP benchmark measures TP with and without async TP on a fixed layout; FSDP "
     "alone avoids TP's activation collectives (see the Table 4 rows).",
-    "torchtitan Llama 3 8B": "the async-TP benchmark measures TP on a fixed layout; an 8B model needs no TP on 64 "
-    "GPUs: FSDP 64 keeps the matmuls whole and its all-gathers hidden.",
+    "torchtitan Llama 3 8B": "The async-TP benchmark measures TP on a fixed layout; an 8B model needs no TP on 64 "
+    "GPUs: without it the matmuls stay whole and no activation collective waits.",
     "DeepSpeed ZeRO-3": "Narayanan et al. ran these ZeRO-3 layouts to show that PTD-P is faster (their Table 2); the "
     "planner agrees: its first layouts are tensor- and pipeline-parallel.",
-    "DeepSeek-V3": "no layout of 2048 H800 fits the planner's memory model for DeepSeek-V3 (it keeps every micro-"
+    "DeepSeek-V3": "No layout of 2048 H800 fits the planner's memory model for DeepSeek-V3 (it keeps every micro-"
     "batch's routed activations of DualPipe's PP + 1 in flight), so the ranking is by step time among layouts "
     "that all exceed the budget.",
 }
