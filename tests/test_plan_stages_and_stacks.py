@@ -21,6 +21,7 @@ from hyper_parallel.cost_model.pipeline import (
     bubble_fraction,
     edge_stages,
     layer_ranges,
+    plan_lines,
     stage_layer_counts,
 )
 from hyper_parallel.cost_model.stages import rank_layers
@@ -46,6 +47,8 @@ def test_uneven_splits_as_the_teams_ran_them():
     assert stage_layer_counts(126, 16) == (7,) + (8,) * 14 + (7,) == edge_stages(16, 1, 7, 7, 126)
     assert stage_layer_counts(70, 12, (5,) + (6,) * 10 + (5,)) == (5,) + (6,) * 10 + (5,)
     assert edge_stages(16, 8, 0, 0, 126) == (0,) + (1,) * 126 + (0,)
+    text = plan_lines(get_model("llama-405b-like").replace(micro_batch=1), ParallelDims(world_size=2048, pp=16))
+    assert "pp=16 stages of 7, 8 x 14, 7 layers" in text[0]
     with pytest.raises(ValueError, match="must give 12 stages"):
         stage_layer_counts(70, 12, (6,) * 11)
     with pytest.raises(ValueError, match="each stage needs a layer"):

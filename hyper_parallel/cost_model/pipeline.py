@@ -252,7 +252,14 @@ def plan_lines(config, dims) -> list[str]:
     middle = p2p_bytes(dims.pp, min(1, dims.pp - 1), microbatches, message, v, schedule)
     counts = stage_layer_counts(config.n_layers, dims.pp * v, config.stage_layers)
     stages = f"pp={dims.pp}" + (f" x {v}" if v > 1 else "")
-    layers = f"{counts[0]}" if len(set(counts)) == 1 else ", ".join(map(str, counts))
+    runs: list[list[int]] = []  # "0, 1 x 126, 0": runs of equal counts
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    layers = ", ".join(f"{count}" if n == 1 else f"{count} x {n}" for count, n in runs)
+    layers = f"{counts[0]}" if len(runs) == 1 else layers
     lines = [
         f"pipeline: {stages} stages of {layers} layers, {microbatches} microbatch(es) of {rows} rows (the "
         f"accumulation steps; set --micro-batch to have more); {get_schedule(schedule).torch_class}"
