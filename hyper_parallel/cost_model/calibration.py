@@ -329,27 +329,10 @@ def _bloom_rows() -> list[PublishedRun]:
     )
     dims = ParallelDims(world_size=384, dp_shard=8, tp=4, pp=12)
     assumed = "1F1B (DeepSpeed's pipeline engine); the embedding-weighted split as the README draws it"
+    name = "BLOOM 176B, 384 A100, TP 4 x PP 12 x DP 8 (ZeRO-1)"
     return [
-        PublishedRun(
-            "BLOOM 176B, 384 A100, TP 4 x PP 12 x DP 8 (ZeRO-1)",
-            "bloom",
-            "a100-sxm-80gb-opa",
-            model,
-            dims,
-            "TFLOP/s/GPU (eq. 3)",
-            149.77,
-            assumed=assumed,
-        ),
-        PublishedRun(
-            "BLOOM 176B, 384 A100, TP 4 x PP 12 x DP 8 (ZeRO-1)",
-            "bloom",
-            "a100-sxm-80gb-opa",
-            model,
-            dims,
-            "memory GB",
-            60,
-            assumed=assumed,
-        ),
+        PublishedRun(name, "bloom", "a100-sxm-80gb-opa", model, dims, metric, value, assumed=assumed)
+        for metric, value in (("TFLOP/s/GPU (eq. 3)", 149.77), ("memory GB", 60))
     ]
 
 
