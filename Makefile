@@ -37,7 +37,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 workbook: install
 	$(VPY) -m launch workbook --out $(RUNS)
 
-# The generated parts of docs/ (the recipe table, ...) rewritten from the code; the tests only compare.
+# The generated parts of docs/ (the recipe table, the planner's validation table, the design-review example)
+# rewritten from the code; the tests only compare.
 docs: install
 	$(VPY) tools/regenerate_docs.py
 

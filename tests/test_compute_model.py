@@ -98,7 +98,7 @@ def test_activation_checkpointing_adds_the_forward_and_saves_activations():
 def test_gemm_time_by_hand():
     """A (4096 x 4096) x (4096 x 4096) GEMM on the H100 preset: 2 x 4096^3 FLOPs at 989e12 x gemm_efficiency
     x (4096 / (4096 + 128))^3; a thin one (m = 128) runs at half that rate again on its m axis."""
-    h100 = get_hardware("h100-nvl8-ndr")
+    h100 = get_hardware("h100-sxm")
     f = 4096 / (4096 + 128)
     assert gemm_seconds(4096, 4096, 4096, h100) == pytest.approx(
         2 * 4096**3 / (989e12 * h100.gemm_efficiency * f**3), rel=1e-12
@@ -114,7 +114,7 @@ def test_work_time_of_a_one_layer_model_by_hand():
     efficiency of shape (T, s, head_dim 128), x (1 + 2.5). Memory-bound elements per token: 4d + 6d norms and
     residuals, 2 (d + kv) rotary, 3 F activation, x3 (backward twice), 2 B each; the loss 20 B per logit.
     Optimizer: 34 B per parameter element."""
-    h100 = get_hardware("h100-nvl8-ndr")
+    h100 = get_hardware("h100-sxm")
     d, f, v, t = 1024, 4096, 32000, 2048
     one = ModelConfig(
         "one-layer",
@@ -148,7 +148,7 @@ def test_step_time_overlap_by_hand():
     compute -+20 %. FSDP 8 inside a node: the all-gathers and reduce-scatter are far below the compute of
     a phase, so only the first stage of the prefetch pipeline shows: exposed = all of it / 33 units
     (32 layers and the root). MFU = model FLOPs / (step x peak)."""
-    h100 = get_hardware("h100-nvl8-ndr")
+    h100 = get_hardware("h100-sxm")
     cost = estimate(LLAMA, ParallelDims(world_size=8, tp=8))
     tp = estimate_step(cost, 8, h100)
     flops = step_flops(LLAMA, ParallelDims(world_size=8, tp=8))
@@ -170,7 +170,7 @@ def test_mfu_is_an_output_layouts_of_one_model_differ():
     """The same model and FLOPs on two layouts of 64 ranks: wide TP cuts every GEMM to a thin n or k and
     waits for its collectives, so its MFU is lower than FSDP's; before this model every layout's compute
     was the same FLOPs at one assumed efficiency."""
-    h100 = get_hardware("h100-nvl8-ndr")
+    h100 = get_hardware("h100-sxm")
     fsdp = estimate_step(estimate(LLAMA, ParallelDims(world_size=64)), 8, h100)
     tp = estimate_step(estimate(LLAMA, ParallelDims(world_size=64, tp=8)), 8, h100)
     assert fsdp.flops.model == pytest.approx(tp.flops.model, rel=1e-12)

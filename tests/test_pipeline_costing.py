@@ -62,8 +62,9 @@ def test_layers_embedding_and_head_per_stage():
         # 1F1B: min(m, pp - r) = 4, 3, 2, 1
         ("1f1b", 1, [4 * 2 * LAYER, 3 * 2 * LAYER, 2 * 2 * LAYER, 1 * (2 * LAYER + LOGITS)]),
         # interleaved, v = 2: chunks min(m v, 2 (pp - r - 1) + (v - 1) pp + 1) = 11, 9, 7, 5, each half the
-        # rank's two layers: 5.5, 4.5, 3.5 and 2.5 microbatches of the rank's activations
-        ("interleaved_1f1b", 2, [5.5 * 2 * LAYER, 4.5 * 2 * LAYER, 3.5 * 2 * LAYER, 2.5 * (2 * LAYER + LOGITS)]),
+        # rank's two layers: 5.5, 4.5, 3.5 and 2.5 microbatches of the rank's activations; the head's logits
+        # live from the last stage's forward to its backward, which follows it: one microbatch's
+        ("interleaved_1f1b", 2, [5.5 * 2 * LAYER, 4.5 * 2 * LAYER, 3.5 * 2 * LAYER, 2.5 * 2 * LAYER + LOGITS]),
     ],
 )
 def test_stage_activations_hold_the_microbatches_in_flight(schedule, virtual, expected):
@@ -79,7 +80,7 @@ def test_bubble_is_the_schedules_fraction_of_the_step(schedule, virtual):
     """step = m t + (pp - 1) / v x t with t the slowest stage's busy time per microbatch: the bubble is
     (pp - 1) / (v m + pp - 1) of the step, 3/11 for GPipe and 1F1B, 3/19 interleaved."""
     config = TOY.replace(pp_schedule=schedule, virtual_stages=virtual)
-    step = estimate_step(estimate(config, PP4), 4, get_hardware("h100-nvl8-ndr"))
+    step = estimate_step(estimate(config, PP4), 4, get_hardware("h100-sxm"))
     slowest = max(step.stage_seconds)
     assert step.bubble_seconds == pytest.approx(3 / virtual * slowest / 8, rel=1e-12)
     assert step.seconds == pytest.approx(slowest + step.bubble_seconds, rel=1e-12)
@@ -111,7 +112,7 @@ def test_p2p_runs_on_the_link_between_stages(gpus_per_node, crosses):
     """16 ranks, pp 2: a stage is 8 contiguous ranks, so rank r's peer is r + 8: another node with 8 GPUs per
     node (inter-node bandwidth, 45 GB/s), the same node with 16 (360 GB/s). Rank 0 sends m = 2 microbatches
     of 1 x 32 x 64 x 4 B forward: 16,384 B."""
-    h100 = get_hardware("h100-nvl8-ndr")
+    h100 = get_hardware("h100-sxm")
     config = TOY.replace(global_batch=16)
     step = estimate_step(estimate(config, ParallelDims(world_size=16, dp_shard=8, pp=2)), gpus_per_node, h100)
     sends = [c for c in step.timed if c.group == "pp" and c.op == "send"]
@@ -129,7 +130,7 @@ def test_pp_changes_memory_and_time():
     piped = estimate(config, ParallelDims(world_size=256, tp=8, pp=4))
     state = lambda m: m.parameters + m.gradients + m.optimizer  # noqa: E731
     assert state(piped.memory) < 0.4 * state(flat.memory)
-    assert estimate_step(piped, 8, get_hardware("h100-nvl8-ndr")).bubble_seconds > 0
+    assert estimate_step(piped, 8, get_hardware("h100-sxm")).bubble_seconds > 0
 
 
 def test_plan_lines_shard_the_boundary_tensor_with_sequence_parallelism():

@@ -169,7 +169,7 @@ def test_compare_ranks_layouts_by_the_models_own_numbers(sort):
     assert code == 0, err
     shown = doc["compare"]
     config = get_model("llama-8b-like")
-    hardware = get_hardware("h100-nvl8-ndr")
+    hardware = get_hardware("h100-sxm")
     expected = []  # every dense layout of 64 ranks (pp too, with micro-batches of one row) costed here
     for dims in valid_choices(64, {"ep": 1, "etp": 1}, pipeline=True):
         try:
@@ -178,7 +178,7 @@ def test_compare_ranks_layouts_by_the_models_own_numbers(sort):
             continue
         seconds = estimate_step(cost, 8, hardware).seconds
         serial = sum(c.seconds for c in timed_collectives(cost, 8, hardware.bandwidth))
-        fits = cost.memory.total <= (40 - 8) * 1024**3  # --memory-gib 40 minus the 8 GiB reserve
+        fits = cost.memory.total <= (40 - hardware.reserve_gib) * 1024**3  # --memory-gib 40 minus the reserve
         key = (not fits, seconds, cost.memory.total) if sort == "time" else (not fits, cost.memory.total, seconds)
         expected.append((key, dims.degrees(), cost.memory.total, seconds, fits, serial))
     expected.sort(key=lambda row: row[0])
@@ -246,7 +246,7 @@ def test_plan_widget_offers_only_valid_values_and_explains_invalid_ones():
     expected = ParallelDims(world_size=64, dp_shard=2, tp=32)
     assert widget.error is None and widget.dims == expected
     assert widget.cost == estimate(get_model("llama-8b-like"), expected)
-    assert widget.step.seconds == estimate_step(widget.cost, 8, get_hardware("h100-nvl8-ndr")).seconds
+    assert widget.step.seconds == estimate_step(widget.cost, 8, get_hardware("h100-sxm")).seconds
     assert f"MFU {widget.step.middle.mfu:.0%}" in widget.status.value
     assert _without_ids(widget.command) == _without_ids(
         torchrun_command(widget.config, widget.dims, 8, "$MASTER_ADDR:29500")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hyper_parallel.cost_model import validation_doc
 from hyper_parallel.recipes.registry import TABLE_MARKER, markdown_table
+from launch.plan import review_example
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -21,6 +23,19 @@ def recipe_table() -> Path:
     return page
 
 
+def planner_validation() -> Path:
+    """docs/planner_validation.md: the published runs against what the planner predicts for them."""
+    page = DOCS / "planner_validation.md"
+    page.write_text(validation_doc.render(), encoding="utf-8")
+    return page
+
+
+def design_review_example() -> list[Path]:
+    """docs/design_review_512.md and .html: the planner's review of one 512-GPU layout."""
+    review_example.write(DOCS)
+    return [DOCS / "design_review_512.md", DOCS / "design_review_512.html"]
+
+
 if __name__ == "__main__":
-    for written in (recipe_table(),):
+    for written in (recipe_table(), planner_validation(), *design_review_example()):
         print(f"wrote {written}")

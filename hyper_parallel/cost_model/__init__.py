@@ -25,7 +25,7 @@ from hyper_parallel.cost_model.communication import Collective, by_op_group, cou
 from hyper_parallel.cost_model.memory import Memory, memory
 from hyper_parallel.cost_model.model_configs import PRECISIONS, ModelConfig, Precision
 from hyper_parallel.cost_model.presets import CLI_MODELS, PRESETS, get_model, load_model_config, recipe_model
-from hyper_parallel.cost_model.stages import StageCost, pipeline_stages, worst_stage
+from hyper_parallel.cost_model.stages import StageCost, pipeline_stages, stage_view, worst_stage
 from hyper_parallel.cost_model.units import Param, Unit, build_units, parameter_count
 from hyper_parallel.mesh import ParallelDims
 
@@ -59,7 +59,8 @@ def estimate(config: ModelConfig, dims: ParallelDims) -> CostEstimate:
         worst = worst_stage(stages)
         return CostEstimate(config, dims, worst.units, worst.memory, worst.collectives, tuple(stages))
     units = build_units(config, dims)
-    return CostEstimate(config, dims, units, memory(config, dims, units), step_collectives(config, dims, units))
+    view = stage_view(config, tuple(range(config.total_layers))) if config.mtp_layers else config
+    return CostEstimate(config, dims, units, memory(config, dims, units), step_collectives(view, dims, units))
 
 
 __all__ = [

@@ -12,6 +12,14 @@ FSDP, per unit with gathered buffer G elements (``units.Unit``), shard size S, r
     D > 1    all_reduce G*r / S on the replicate group (HSDP; DDP / pure-TP compat when S == 1)
     tp > 1   all_reduce over tp of the unit's partial parameters' shards (SP norm weights; router and
              shared expert with etp == 1): sum(padded numel / S) * r, once per unit that has any
+    float8   the all-gathers move 1 B per element (torchao's float8 all-gather of the linears' weights)
+    pipeline the stack's ``pp_grad_reduce`` "once" (torch.distributed.pipelining): one reduce-scatter per
+             step after the last microbatch and the all-gathers of ``fsdp_collectives``; "per_round" (Llama 3)
+             all-gathers and reduce-scatters once per round of the schedule (``pipeline.rounds``) as a
+             step of that many micro-batches
+ZeRO-1/2 (``ModelConfig.zero`` < 3; parameters replicated over S): reduce_scatter G*r once per step
+    (ZeRO-1) or per micro-batch (ZeRO-2), and one all_gather G*a of the updated parameters after the
+    optimizer step (phase "step"); D > 1 as FSDP
 TP with SP (each over tp, V = vocab):
     forward  all_gather (2 L_dense + L_moe + L_moe[etp>1] + 1) * X + B * s * V * a (the logits);
              reduce_scatter (2 L_dense + L_moe + 1) * X
@@ -29,7 +37,9 @@ and K = B * s * kv_heads_per_tp_rank * head_dim * a (its keys; values the same):
                 attention output, Q; backward the same all_to_alls in reverse
 EP, per MoE layer with T tokens per rank entering the MoE (B * s / tp under SP with etp == 1, else B * s)
 and Y = T * top_k * d_model * a routed rows:
-    all_to_all dispatch: forward E * 8 (int64 counts) + Y (dispatch) + Y (combine), backward 2 Y
+    all_to_all dispatch: forward E * 8 (int64 counts) + Y (dispatch) + Y (combine), backward 2 Y; with
+                         node-limited routing (DeepSeek-V3: at most M nodes per token) min(top_k, M) copies
+                         of each token cross nodes, and float8 dispatches at 1 B
     all_gather dispatch: forward all_gather ep * E * 8 + ep * Y, reduce_scatter ep * Y; backward
                          all_gather ep * Y, reduce_scatter ep * Y
     ETP (etp > 1): all_reduce Y over etp in forward and in backward
@@ -45,9 +55,13 @@ from dataclasses import dataclass
 
 from hyper_parallel.cost_model import pipeline
 from hyper_parallel.cost_model.model_configs import INT64_BYTES, ModelConfig
+from hyper_parallel.cost_model.stacks import get_stack
 from hyper_parallel.cost_model.units import Unit
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes.workload_facts import SequenceScheme
+
+FLOAT8_BYTES = 1
+"""torchao's float8 all-gather of the linears' weights (torchtitan's enable_fsdp_float8_all_gather)."""
 
 
 @dataclass(frozen=True)
@@ -112,23 +126,69 @@ def fsdp_collectives(
     return result
 
 
+def zero_collectives(
+    gather_bytes: float,
+    reduce_bytes: float,
+    shard_size: int,
+    dp_size: int,
+    zero: int,
+    sharded_group: str,
+    unsharded_group: str,
+    micro_batches: int = 1,
+) -> list[Collective]:
+    """One unit's collectives under ZeRO-1 or -2 (module docstring, "ZeRO-1/2"): the gradients reduce-
+    scattered once per step (ZeRO-1: after the last micro-batch) or after every micro-batch (ZeRO-2), the
+    updated parameters all-gathered once after the optimizer step (phase "step"); replicas all-reduce."""
+    result = []
+    if shard_size > 1:
+        r = micro_batches if zero == 2 else 1
+        result.append(Collective("reduce_scatter", sharded_group, "backward", reduce_bytes * r, r, shard_size))
+        result.append(Collective("all_gather", sharded_group, "step", gather_bytes, 1, shard_size))
+    if dp_size > 1:
+        result.append(Collective("all_reduce", unsharded_group, "backward", reduce_bytes / shard_size, 1, dp_size))
+    return result
+
+
 def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims, warmup: int = 1) -> list[Collective]:
     precision = config.precision
-    result = fsdp_collectives(
-        unit.gathered_numel * precision.compute,
-        unit.gathered_numel * precision.reduce,
-        unit.shard_size,
-        unit.dp_size,
-        unit.reshard_after_forward,
-        unit.sharded_group,
-        unit.unsharded_group,
-        config.accumulation(dims)[1],
-        reduce_once=dims.pp > 1,
-        warmup=warmup,
-    )
+    gather = unit.gathered_numel * (FLOAT8_BYTES if config.float8 else precision.compute)
+    sizes = (gather, unit.gathered_numel * precision.reduce, unit.shard_size, unit.dp_size)
+    groups = (unit.sharded_group, unit.unsharded_group)
+    m = config.accumulation(dims)[1]
+    if config.zero < 3:
+        result = zero_collectives(*sizes, config.zero, *groups, m)
+    else:
+        handling = get_stack(config.stack).pp_grad_reduce if dims.pp > 1 else ""
+        rounds = pipeline.rounds(dims.pp, m) if handling == "per_round" else m
+        reshard = unit.reshard_after_forward
+        result = fsdp_collectives(*sizes, reshard, *groups, rounds, reduce_once=handling == "once", warmup=warmup)
     partial = unit.partial_numel()
     if dims.tp > 1 and partial:
         result.append(Collective("all_reduce", "tp", "backward", partial * precision.reduce, 1, dims.tp))
+    return result
+
+
+def _units_collectives(units: list[Unit], config: ModelConfig, dims: ParallelDims, warmup: int) -> list[Collective]:
+    """Every unit's collectives: units alike (the layers of a kind share their parameters) are costed once
+    and counted (a --compare costs thousands of layouts)."""
+    alike: dict[tuple, list] = {}
+    for unit in units:
+        key = (
+            id(unit.params),
+            unit.shard_size,
+            unit.dp_size,
+            unit.sharded_group,
+            unit.unsharded_group,
+            unit.is_root,
+            unit.reshard,
+        )
+        alike.setdefault(key, [unit, 0])[1] += 1
+    result = []
+    for unit, count in alike.values():
+        for c in _unit_collectives(unit, config, dims, warmup):
+            result.append(
+                c if count == 1 else Collective(c.op, c.group, c.phase, c.bytes * count, c.count * count, c.group_size)
+            )
     return result
 
 
@@ -169,16 +229,22 @@ def _tensor_parallel(
 
 
 def _expert_parallel(config: ModelConfig, dims: ParallelDims, rows: int, seq: int) -> list[Collective]:
-    ep, etp, layers = dims.ep, dims.etp, len(config.moe_layers)
+    ep, etp = dims.ep, dims.etp
+    layers = sum(1 for layer in range(config.total_layers) if config.is_moe_layer(layer))
     a = config.precision.compute
     tokens = rows * seq // (dims.tp if dims.etp == 1 and config.uses_sequence_parallel(dims) else 1)
     routed = tokens * config.top_k * config.d_model * a
     counts = config.num_experts * INT64_BYTES
     result = []
     if ep > 1 and config.dispatch == "all_to_all":
+        # node-limited routing sends a token once per target node (forwarded inside it over NVLink, which
+        # overlaps): min(top_k, limit) copies; float8 dispatches at 1 B (DeepSeek-V3 sections 3.2.2, 3.3.3)
+        copies = min(config.top_k, config.ep_node_limit) if config.ep_node_limit else config.top_k
+        sent = tokens * copies * config.d_model
+        dispatch = sent * (FLOAT8_BYTES if config.float8 else a)
         result += [
-            Collective("all_to_all", "ep", "forward", layers * (counts + 2 * routed), 3 * layers, ep),
-            Collective("all_to_all", "ep", "backward", layers * 2 * routed, 2 * layers, ep),
+            Collective("all_to_all", "ep", "forward", layers * (counts + dispatch + sent * a), 3 * layers, ep),
+            Collective("all_to_all", "ep", "backward", layers * 2 * sent * a, 2 * layers, ep),
         ]
     elif ep > 1:
         result += [
@@ -226,7 +292,7 @@ def merged(collectives: list[Collective]) -> list[Collective]:
 def _fsdp_and_activation_collectives(
     config: ModelConfig, dims: ParallelDims, units: list[Unit], embedding: bool, head: bool, warmup: int
 ) -> list[Collective]:
-    result = [c for unit in units for c in _unit_collectives(unit, config, dims, warmup)]
+    result = _units_collectives(units, config, dims, warmup)
     if config.architecture == "mlp":
         return result
     a = config.precision.compute

@@ -15,6 +15,7 @@ its group uses: ``intra_node`` if every rank of the group is on one node, else `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import log2, prod
 
 from hyper_parallel.cost_model import CostEstimate
@@ -39,6 +40,7 @@ class Bandwidth:
         )
 
 
+@lru_cache(maxsize=65536)
 def _group_structure(dims: ParallelDims, group: str) -> tuple[int, int, int]:
     """(stride, size, block) of a trace group name: one mesh dim ("tp") or adjacent dims of one view
     joined by '+' ("dp_replicate+fsdp", fully_shard's unsharded group when it does not shard). The groups
@@ -76,10 +78,18 @@ def nodes_spanned(dims: ParallelDims, group: str, gpus_per_node: int) -> int:
     between the first and the last rank is skipped. Shifting c by G shifts every node by one, so only the
     residues c mod G of the groups' first ranks need checking."""
     check_gpus_per_node(dims.world_size, gpus_per_node)
-    stride, size, block = _group_structure(dims, group)
+    return _nodes_spanned(*_group_structure(dims, group), dims.world_size, gpus_per_node)
+
+
+@lru_cache(maxsize=4096)
+def _nodes_spanned(stride: int, size: int, block: int, world_size: int, gpus_per_node: int) -> int:
+    """``nodes_spanned`` from a group's structure: the first ranks are base + offset (base a multiple of
+    block, offset < stride); their residues mod G repeat after G bases and G offsets, so at most G x G of
+    them are looked at whatever the world size (a --compare costs thousands of layouts)."""
     if stride >= gpus_per_node:
         return size
-    firsts = {(base + offset) % gpus_per_node for base in range(0, dims.world_size, block) for offset in range(stride)}
+    bases = range(0, min(world_size, block * gpus_per_node), block)
+    firsts = {(base + offset) % gpus_per_node for base in bases for offset in range(min(stride, gpus_per_node))}
     return max((c + (size - 1) * stride) // gpus_per_node - c // gpus_per_node + 1 for c in firsts)
 
 
@@ -110,11 +120,18 @@ class TimedCollective:
 def timed_collectives(
     cost: CostEstimate, gpus_per_node: int, bandwidth: Bandwidth = Bandwidth()
 ) -> list[TimedCollective]:
+    return time_collectives(cost.dims, cost.collectives, gpus_per_node, bandwidth)
+
+
+def time_collectives(
+    dims: ParallelDims, collectives, gpus_per_node: int, bandwidth: Bandwidth
+) -> list[TimedCollective]:
+    """``timed_collectives`` of a list of collectives on ``dims`` (a pipeline stage's)."""
     spans: dict[str, int] = {}
     result = []
-    for c in cost.collectives:
+    for c in collectives:
         if c.group not in spans:
-            spans[c.group] = nodes_spanned(cost.dims, c.group, gpus_per_node)
+            spans[c.group] = nodes_spanned(dims, c.group, gpus_per_node)
         crosses = spans[c.group] > 1
         wire = c.bytes * wire_factor(c.op, c.group_size)
         speed = bandwidth.inter_node if crosses else bandwidth.intra_node
@@ -125,10 +142,30 @@ def timed_collectives(
 
 
 def candidate_layouts(world_size: int, with_experts: bool, pipeline: bool = False) -> list[ParallelDims]:
-    """``valid_choices(world_size)`` (pp = 1 unless ``pipeline``); ep and etp stay 1 unless the model has experts."""
+    """``valid_choices(world_size)`` (pp = 1 unless ``pipeline``); ep and etp stay 1 unless the model has
+    experts (then the (pp, dp_replicate, cp, tp) products are enumerated directly: no expert degrees to try)."""
     if with_experts:
         return valid_choices(world_size, pipeline=pipeline)
-    return valid_choices(world_size, {"ep": 1, "etp": 1}, pipeline=pipeline)
+    return list(_dense_layouts(world_size, pipeline))
+
+
+@lru_cache(maxsize=64)
+def _dense_layouts(world_size: int, pipeline: bool) -> tuple[ParallelDims, ...]:
+    divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+    result = []
+    for pp in divisors if pipeline else (1,):
+        stage = world_size // pp
+        for dp_replicate in (d for d in divisors if stage % d == 0):
+            for cp in (d for d in divisors if (stage // dp_replicate) % d == 0):
+                for tp in (d for d in divisors if (stage // (dp_replicate * cp)) % d == 0):
+                    shard = stage // (dp_replicate * cp * tp)
+                    try:
+                        result.append(
+                            ParallelDims(world_size, dp_replicate=dp_replicate, dp_shard=shard, cp=cp, tp=tp, pp=pp)
+                        )
+                    except ValueError:
+                        continue
+    return tuple(result)
 
 
 def nearest_valid(layouts: list[ParallelDims], wanted: dict[str, int]) -> ParallelDims | None:

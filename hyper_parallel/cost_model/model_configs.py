@@ -32,13 +32,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from hyper_parallel.cost_model import hf_config
+from hyper_parallel.cost_model.pipeline import SCHEDULES, get_schedule, stage_layer_counts
+from hyper_parallel.cost_model.stacks import STACKS
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes.workload_facts import SequenceScheme
 
 INT64_BYTES = 8
 """EP exchanges its per-expert token counts as int64."""
 AC_MODES = ("none", "op", "selective", "full")
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+PP_SCHEDULES = SCHEDULES
+ZERO_STAGES = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -46,18 +49,72 @@ class Precision:
     """Bytes per element of what a rank stores and sends."""
 
     name: str
-    storage: int  # sharded parameters and their gradients (the optimizer's master copy)
+    storage: int  # the parameters kept between steps (FSDP2: the float32 master; Megatron: bfloat16)
     compute: int  # all-gathered parameters and activations (param_dtype)
     reduce: int  # gradient reduce-scatter / all-reduce (reduce_dtype)
-    optimizer_state: int  # optimizer state per parameter element (SGD 0, Adam m and v in float32: 8)
+    optimizer_state: int  # per parameter element (SGD 0, Adam m and v in float32: 8, plus a float32 master: 12)
+    gradient: int = 0  # the gradient buffer (0: as storage; Megatron's float32 main_grad: 4)
+    description: str = ""
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.gradient or self.storage
 
 
 PRECISIONS = {
     p.name: p
     for p in [
-        Precision("fp32-sgd", storage=4, compute=4, reduce=4, optimizer_state=0),
-        Precision("fp32-adam", storage=4, compute=4, reduce=4, optimizer_state=8),
-        Precision("bf16-adam", storage=4, compute=2, reduce=4, optimizer_state=8),
+        Precision("fp32-sgd", storage=4, compute=4, reduce=4, optimizer_state=0, description="float32, SGD"),
+        Precision("fp32-adam", storage=4, compute=4, reduce=4, optimizer_state=8, description="float32, Adam"),
+        Precision(
+            "bf16-adam",
+            storage=4,
+            compute=2,
+            reduce=4,
+            optimizer_state=8,
+            description="FSDP2 mixed precision: float32 parameters and gradients, bfloat16 all-gathers and "
+            "activations, float32 reduction, Adam m and v in float32 (16 B per parameter)",
+        ),
+        Precision(
+            "bf16-master",
+            storage=2,
+            compute=2,
+            reduce=4,
+            optimizer_state=12,
+            gradient=4,
+            description="Megatron-LM / DeepSpeed mixed precision: bfloat16 parameters, float32 main gradients "
+            "reduced in float32, the optimizer's float32 master copy and Adam m and v (18 B per parameter)",
+        ),
+        Precision(
+            "bf16-deepspeed",
+            storage=2,
+            compute=2,
+            reduce=4,
+            optimizer_state=12,
+            gradient=6,
+            description="DeepSpeed's BF16_Optimizer (Megatron-DeepSpeed, BLOOM): bfloat16 parameters and gradients, "
+            "an unsharded float32 buffer the gradients accumulate in (bigscience tr11-176B-ml README), the float32 "
+            "master copy and Adam m and v",
+        ),
+        Precision(
+            "fp8-deepseek",
+            storage=2,
+            compute=2,
+            reduce=4,
+            optimizer_state=8,
+            gradient=4,
+            description="DeepSeek-V3's FP8 framework (report section 3.3.3): bfloat16 parameters, float32 gradients "
+            "and master copy, Adam m and v in bfloat16",
+        ),
+        Precision(
+            "fp16-master",
+            storage=2,
+            compute=2,
+            reduce=2,
+            optimizer_state=12,
+            description="ZeRO's mixed precision (Rajbhandari et al. 2020, section 3.1): fp16 parameters and "
+            "gradients, float32 master copy and Adam m and v (16 B per parameter)",
+        ),
     ]
 }
 
@@ -107,8 +164,26 @@ class ModelConfig:
     tied_embeddings: bool = False  # the head reuses the embedding table (GPT-2, small Qwen2)
     position_embeddings: int = 0  # rows of a learned position table (GPT-2 n_positions); 0: rotary
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate [1, d] on the shared expert
-    pp_schedule: str = "1f1b"  # gpipe, 1f1b or interleaved_1f1b (cost_model.pipeline)
-    virtual_stages: int = 1  # stages per pp rank (interleaved_1f1b: >= 2)
+    pp_schedule: str = "1f1b"  # a name of cost_model.pipeline.SCHEDULES
+    virtual_stages: int = 1  # stages per pp rank (interleaved: >= 2; zbv, dualpipev: 2)
+    stage_layers: tuple[int, ...] | None = None  # layers of each of the pp x virtual_stages stages (None: split)
+    zero: int = 3  # ZeRO stage over dp_shard: 3 shards parameters (FSDP), 2 gradients and optimizer, 1 optimizer
+    float8: bool = False  # tensorwise float8 linears: the layers' GEMMs at the fp8 peak, float8 all-gathers
+    async_tp: bool = False  # TP's all-gather / reduce-scatter overlapped with the matmuls (async TP)
+    stack: str = "torchtitan"  # the training stack's habits (cost_model.stacks)
+    attention_head_dim: int = 0  # 0: d_model / n_heads (Qwen3 and Gemma set their own)
+    qk_norm: bool = False  # RMSNorm on every query and key head (Qwen3, OLMo 2)
+    sliding_window: int = 0  # keys each query sees (Mistral); 0: the whole (causal) sequence
+    sliding_layers: tuple[int, ...] | None = None  # the windowed layers (None: all of them when sliding_window)
+    q_lora_rank: int = 0  # multi-head latent attention (DeepSeek-V2/V3): query down-projection rank (0: none)
+    kv_lora_rank: int = 0  # MLA's compressed K/V dimension; 0: standard attention
+    qk_rope_head_dim: int = 0  # MLA: the decoupled rotary part of each query/key head
+    qk_nope_head_dim: int = 0  # MLA: the non-rotary part of each query/key head
+    v_head_dim: int = 0  # MLA: each value head
+    mtp_layers: int = 0  # multi-token prediction modules (DeepSeek-V3's num_nextn_predict_layers)
+    ep_node_limit: int = 0  # node-limited routing: a token reaches at most this many nodes' experts (0: any)
+    embedding_norm: bool = False  # a norm right after the embedding (BLOOM's word_embeddings_layernorm)
+    notes: tuple[str, ...] = ()  # what reading the model's config did not model (shown with every plan)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "seq_len", "global_batch"):
@@ -118,13 +193,21 @@ class ModelConfig:
         for name in ("ffn_hidden", "moe_hidden", "shared_expert_hidden", "position_embeddings"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}; nearest valid {name}: 0")
-        if self.pp_schedule not in PP_SCHEDULES:
-            raise ValueError(f"pp_schedule must be one of {', '.join(PP_SCHEDULES)}, got {self.pp_schedule!r}")
-        if (self.virtual_stages > 1) != (self.pp_schedule == "interleaved_1f1b") or self.virtual_stages < 1:
-            nearest = 2 if self.pp_schedule == "interleaved_1f1b" else 1
+        schedule = get_schedule(self.pp_schedule)
+        if self.virtual_stages < 1:
+            raise ValueError(f"virtual_stages must be >= 1, got {self.virtual_stages}; nearest valid virtual_stages: 1")
+        schedule.check_stages(self.virtual_stages)
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"zero must be 1, 2 or 3 (the ZeRO stage over dp_shard), got {self.zero!r}")
+        if self.stack not in STACKS:
+            raise ValueError(f"stack must be one of {', '.join(STACKS)}, got {self.stack!r}")
+        for name in ("sliding_window", "attention_head_dim", "mtp_layers", "ep_node_limit", "kv_lora_rank"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}; nearest valid {name}: 0")
+        if self.kv_lora_rank and not (self.qk_rope_head_dim + self.qk_nope_head_dim and self.v_head_dim):
             raise ValueError(
-                f"virtual_stages={self.virtual_stages} with pp_schedule {self.pp_schedule!r}: only interleaved_1f1b "
-                f"runs several stages per rank (and needs >= 2); nearest valid virtual_stages: {nearest}"
+                "multi-head latent attention (kv_lora_rank > 0) needs qk_rope_head_dim + qk_nope_head_dim > 0 and "
+                f"v_head_dim > 0, got {self.qk_rope_head_dim}, {self.qk_nope_head_dim}, {self.v_head_dim}"
             )
         if self.architecture not in ("transformer", "mlp"):
             raise ValueError(f"architecture must be 'transformer' or 'mlp', got {self.architecture!r}")
@@ -147,10 +230,12 @@ class ModelConfig:
         for name in ("micro_batch", "grad_accum"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}; nearest valid {name}: 1")
-        if self.architecture == "transformer" and (self.d_model % self.n_heads or self.n_heads % self.kv_heads):
+        if self.architecture == "transformer" and (
+            (self.d_model % self.n_heads and not self.attention_head_dim) or self.n_heads % self.kv_heads
+        ):
             raise ValueError(
-                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}, and n_heads by "
-                f"n_kv_heads={self.kv_heads}"
+                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} (or attention_head_dim given), "
+                f"and n_heads by n_kv_heads={self.kv_heads}"
             )
 
     @classmethod
@@ -170,11 +255,42 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        """Per head of queries and keys (MLA: the non-rotary plus the rotary part)."""
+        if self.kv_lora_rank:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return self.attention_head_dim or self.d_model // self.n_heads
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim if self.kv_lora_rank else self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        """Query features of all heads (d_model unless head_dim is set apart from it)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def attention_out_dim(self) -> int:
+        """The attention output (input of wo) of all heads."""
+        return self.n_heads * self.value_head_dim
+
+    def attended_keys(self, layer: int) -> int:
+        """Keys each query attends to in ``layer``: the sequence, or the sliding window where it applies."""
+        windowed = self.sliding_window and (self.sliding_layers is None or layer in self.sliding_layers)
+        return min(self.seq_len, self.sliding_window) if windowed else self.seq_len
 
     @property
     def is_moe(self) -> bool:
         return bool(self.moe_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Layers n_layers.. are the multi-token-prediction modules' blocks, of the last layer's kind."""
+        return layer in self.moe_layers or (layer >= self.n_layers and self.n_layers - 1 in self.moe_layers)
+
+    @property
+    def total_layers(self) -> int:
+        """Transformer blocks with the multi-token-prediction modules' (numbered after the last layer)."""
+        return self.n_layers + self.mtp_layers
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -188,6 +304,14 @@ class ModelConfig:
         knobs += ["loss parallel"] if self.loss_parallel else []
         knobs += ["no reshard after forward"] if not self.reshard_after_forward else []
         knobs += [f"experts sharded on dim {self.expert_shard_dim}"] if self.expert_shard_dim else []
+        knobs += [f"ZeRO-{self.zero}"] if self.zero != 3 else []
+        knobs += ["float8 linears"] if self.float8 else []
+        knobs += ["async TP"] if self.async_tp else []
+        knobs += [f"stack {self.stack}"] if self.stack != "torchtitan" else []
+        if self.pp_schedule != "1f1b" or self.virtual_stages > 1:
+            knobs.append(f"{self.pp_schedule} x {self.virtual_stages} stage(s) per rank")
+        if self.stage_layers:
+            knobs.append("stage layers " + ",".join(map(str, self.stage_layers)))
         return f"{self.description}; " + ", ".join(knobs) if self.description else ", ".join(knobs)
 
     def accumulation(self, dims: ParallelDims) -> tuple[int, int]:
@@ -267,50 +391,41 @@ class ModelConfig:
             self._check_pipeline(dims)
 
     def _check_pipeline(self, dims: ParallelDims) -> None:
-        """The schedule's rules (torch.distributed.pipelining's, Megatron's for interleaving): the layers
-        split evenly into pp * virtual_stages stages; 1F1B needs at least pp microbatches in flight, the
-        interleaved schedule a multiple of pp; ``ValueError`` gives the nearest valid pp or micro-batch."""
+        """The schedule's rules (torch.distributed.pipelining's): every stage of pp * virtual_stages gets its
+        layers (``pipeline.stage_layer_counts``: given, or split with the first and last one short when they
+        do not divide); 1F1B needs at least pp microbatches, the interleaved schedules a multiple of their
+        rounds, DualPipeV as many as stages. ``ValueError`` gives the nearest valid pp or micro-batch."""
         stages = dims.pp * self.virtual_stages
         if self.architecture != "transformer":
             raise ValueError(f"model {self.name} (an MLP) has no pipeline split in the cost model: it needs pp=1")
-        if self.n_layers % stages:
-            valid = [p for p in range(2, self.n_layers + 1) if self.n_layers % (p * self.virtual_stages) == 0]
-            valid = [p for p in valid if dims.world_size % p == 0]
-            rule = (
-                f"pp={dims.pp} x virtual_stages={self.virtual_stages} = {stages} stages must divide n_layers="
-                f"{self.n_layers} (each stage holds whole layers)"
-            )
-            if valid:
-                nearest = min(valid, key=lambda p: (abs(p - dims.pp), p))
-                raise ValueError(
-                    f"{rule}; nearest valid pp: {nearest} (valid pp dividing world_size={dims.world_size}: {valid})"
-                )
-            virtual = [v for v in range(2, self.n_layers + 1) if self.n_layers % (dims.pp * v) == 0]
+        if self.stage_layers is None and stages > self.n_layers:
+            valid = [p for p in range(2, self.n_layers // self.virtual_stages + 1) if dims.world_size % p == 0]
             hint = (
-                f"nearest valid virtual_stages: {min(virtual, key=lambda v: (abs(v - self.virtual_stages), v))}"
-                if virtual and self.virtual_stages > 1
-                else "no pp > 1 dividing the world splits these layers; use pp=1"
+                f"nearest valid pp: {min(valid, key=lambda p: (abs(p - dims.pp), p))}"
+                if valid
+                else "no pp > 1 dividing the world gives every stage a layer; use pp=1"
             )
-            raise ValueError(f"{rule}; {hint}")
+            raise ValueError(
+                f"pp={dims.pp} x virtual_stages={self.virtual_stages} = {stages} stages for n_layers={self.n_layers}: "
+                f"each stage needs a layer (or give --stage-layers with empty first/last stages); {hint}"
+            )
+        stage_layer_counts(self.n_layers, stages, self.stage_layers)
         rows, microbatches = self.accumulation(dims)
-        if self.pp_schedule == "gpipe":
-            return
-        need = dims.pp
-        ok = microbatches >= need and (self.pp_schedule == "1f1b" or microbatches % dims.pp == 0)
-        if not ok:
+        broken = get_schedule(self.pp_schedule).microbatch_rule(dims.pp, microbatches, self.virtual_stages)
+        if broken:
             per_rank = rows * microbatches
-            valid = [b for b in range(per_rank, 0, -1) if per_rank % b == 0 and per_rank // b >= need]
-            valid = [b for b in valid if self.pp_schedule == "1f1b" or (per_rank // b) % dims.pp == 0]
+            valid = [
+                b
+                for b in range(per_rank, 0, -1)
+                if per_rank % b == 0
+                and not get_schedule(self.pp_schedule).microbatch_rule(dims.pp, per_rank // b, self.virtual_stages)
+            ]
             hint = (
                 f"nearest valid --micro-batch: {valid[0]}"
                 if valid
-                else (
-                    f"no micro-batch gives {need} microbatches of the {per_rank} rows per rank: raise the batch to "
-                    f"{need * dims.dp} or more, or use --pp-schedule gpipe"
-                )
+                else f"raise the batch (rows per rank: {per_rank}), or use --pp-schedule gpipe"
             )
-            rule = "at least pp" if self.pp_schedule == "1f1b" else "a multiple of pp"
             raise ValueError(
-                f"pp_schedule {self.pp_schedule} needs {rule} = {dims.pp} microbatches per step, got {microbatches} "
-                f"(micro_batch={rows} of the {per_rank} rows per rank); {hint}"
+                f"pp_schedule {self.pp_schedule}: {broken}, got {microbatches} (micro_batch={rows} of the "
+                f"{per_rank} rows per rank); {hint}"
             )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from hyper_parallel.cost_model import ModelConfig, estimate
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.layouts import candidate_layouts
+from hyper_parallel.cost_model.stacks import get_stack
 from hyper_parallel.cost_model.step_time import estimate_step
 from hyper_parallel.mesh import ParallelDims
 
@@ -31,9 +32,10 @@ class RankedLayout:
 def rank_layouts(
     config: ModelConfig, world_size: int, gpus_per_node: int, hardware=None, sort: str = "time"
 ) -> list[RankedLayout]:
-    """Every layout of ``world_size`` ranks the model fits (pp too for transformers: a pp > 1 candidate runs
-    micro-batches of one row unless the model sets micro_batch or grad_accum; ep/etp only for MoE
-    models), best first: layouts within the memory budget before the others, then by ``sort`` ("time":
+    """Every layout of ``world_size`` ranks the model fits and its stack runs (``stacks.Stack.parallelisms``;
+    pp too for transformers: a pp > 1 candidate runs micro-batches of one row unless the model sets
+    micro_batch or grad_accum, and splits its layers as torchtitan does unless ``stage_layers`` fits its pp;
+    ep/etp only for MoE models), best first: layouts within the memory budget before the others, then by ``sort`` ("time":
     the step time of ``step_time`` on ``hardware`` (default ``hardware.DEFAULT_HARDWARE``), then memory;
     "memory": per-rank memory, then step time)."""
     hardware = hardware or DEFAULT_HARDWARE
@@ -41,9 +43,15 @@ def rank_layouts(
         raise ValueError(f"sort must be 'time' or 'memory', got {sort!r}")
     ranked = []
     pipelined = config.replace(micro_batch=1) if config.micro_batch is None and config.grad_accum is None else config
+    stack = get_stack(config.stack)
     for dims in candidate_layouts(world_size, config.is_moe, pipeline=config.architecture == "transformer"):
+        if not stack.runs(dims.degrees()):
+            continue
+        candidate = pipelined if dims.pp > 1 else config
+        if config.stage_layers and len(config.stage_layers) != dims.pp * config.virtual_stages:
+            candidate = candidate.replace(stage_layers=None)  # another pp: the layers split as torchtitan does
         try:
-            cost = estimate(pipelined if dims.pp > 1 else config, dims)
+            cost = estimate(candidate, dims)
         except ValueError:
             continue
         step = estimate_step(cost, gpus_per_node, hardware)

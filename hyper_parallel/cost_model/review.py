@@ -2,7 +2,7 @@
 by step time within the memory budget, with ties, the Pareto front and warnings.
 
     review = review_layouts(get_model("llama-8b-like"), parse_layouts("dp_shard=512; dp_shard=64,tp=8", 512),
-                            gpus_per_node=8, hardware=get_hardware("h100-nvl8-ndr"))
+                            gpus_per_node=8, hardware=get_hardware("h100-sxm"))
     review[0].row()          # a flat dict: the CSV / JSON row (exact bytes and seconds)
 
 Ties: the model's bandwidths and efficiencies are nominal, so step times closer than ``RESOLUTION``

@@ -1,21 +1,23 @@
 """Pipeline parallelism costed per stage: which layers a pp rank holds, its memory with the microbatches
 in flight, and its collectives (FSDP once per step, TP/CP/EP of its own layers, P2P).
 
-Placement (torchtitan's and Megatron's): the L layers split into pp * v chunks of L / (pp v) layers
-(v = ``ModelConfig.virtual_stages``, 1 unless interleaved); chunk j runs on pp rank j mod pp. The
-embedding (and learned positions) sit on chunk 0, the final norm and the LM head on the last chunk,
-so pp rank 0 and pp rank pp - 1 carry them; a tied head keeps its own copy on the last stage.
+Placement (``pipeline``): the L layers split into S = pp * v stages (v = ``ModelConfig.virtual_stages``)
+of ``pipeline.stage_layer_counts`` layers, given (``ModelConfig.stage_layers``) or split evenly, the
+first and last stage one short when they do not divide (torchtitan's split); stage s runs on the rank
+``pipeline.stage_rank`` gives (loop: s mod pp; V schedules: rank 0 holds the first and the last). The
+embedding (and learned positions) sit on stage 0, the final norm, the LM head and the multi-token-
+prediction modules on the last stage; a tied head keeps its own copy there.
 
-Activations alive at once on pp rank r, with m microbatches (``pipeline.alive_microbatches`` for the
-first two; counts of one microbatch's activations of the rank's layers):
-    gpipe             m                         (every forward before the first backward)
-    1f1b              min(m, pp - r)            (warm-up of pp - r - 1 forwards, then one in flight)
-    interleaved_1f1b  min(m v, 2 (pp - r - 1) + (v - 1) pp + 1) / v   (Megatron-LM's warm-up count of
-                      chunks plus the one in flight; each chunk is 1 / v of the rank's layers)
+Activations alive at once on pp rank r: its schedule's warm-up forwards (``pipeline.alive_microbatches``)
+taken in the order the schedule runs them (N microbatches on one of the rank's stages, then the next:
+torch's interleaving), each counting the layers of the stage it runs, so a stage holding only the
+embedding (Llama 3's first) adds nothing; the head's float32 logits of one microbatch (GPipe: all m).
 
-Memory of a stage: its units' shards exactly (``units``), gathered parameters and unsharded gradients
-as ``memory.pipelined_gathered_bytes`` (gradients reduced once per step), the activations above. The
-plan reports the worst stage (the largest total); every stage's memory is kept in ``stages``.
+Memory of a stage: its units' state exactly (``memory.state_bytes``), gathered parameters and unsharded
+gradients as ``memory.pipelined_gathered_bytes``, the activations above. The plan reports the worst stage
+(the largest total); every stage's memory is kept in ``stages``. Stages alike (same layers of each kind,
+same embedding/head, same microbatches in flight and P2P) are costed once: a --compare costs thousands
+of layouts.
 """
 
 from __future__ import annotations
@@ -25,13 +27,23 @@ import math
 from dataclasses import dataclass
 
 from hyper_parallel.cost_model.communication import Collective, merged, p2p_collectives, step_collectives
-from hyper_parallel.cost_model.memory import Memory, activation_bytes, pipelined_gathered_bytes
+from hyper_parallel.cost_model.memory import Memory, activation_bytes, pipelined_gathered_bytes, state_bytes
 from hyper_parallel.cost_model.model_configs import ModelConfig
-from hyper_parallel.cost_model.pipeline import alive_microbatches
+from hyper_parallel.cost_model.pipeline import (
+    alive_microbatches,
+    get_schedule,
+    rank_stage_indices,
+    stage_layer_counts,
+)
 from hyper_parallel.cost_model.units import Unit, build_units
 from hyper_parallel.mesh import ParallelDims
 
-EMBEDDING_PARAMS = ("tok_embeddings.weight", "pos_embeddings.weight")
+EMBEDDING_PARAMS = (
+    "tok_embeddings.weight",
+    "pos_embeddings.weight",
+    "tok_embeddings_norm.weight",
+    "tok_embeddings_norm.bias",
+)
 
 
 @dataclass(frozen=True)
@@ -46,39 +58,75 @@ class StageCost:
     units: list[Unit]
     memory: Memory
     collectives: list[Collective]
+    chunks: tuple[tuple[int, ...], ...] = ()  # the layers of each of the rank's stages, in stage order
+    signature: tuple = ()  # equal for stages that cost the same (step_time costs each once)
+
+
+def stage_layers(config: ModelConfig, pp: int) -> list[tuple[int, ...]]:
+    """The layers of every stage in stage order (module docstring, "Placement")."""
+    counts = stage_layer_counts(config.n_layers, pp * config.virtual_stages, config.stage_layers)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [tuple(range(start, start + count)) for start, count in zip(starts, counts)]
+
+
+def rank_chunks(config: ModelConfig, pp: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Per pp rank, the layers of each of its stages (the multi-token-prediction blocks on the last)."""
+    layers = stage_layers(config, pp)
+    mtp = tuple(range(config.n_layers, config.total_layers))
+    last = len(layers) - 1
+    return [
+        tuple(layers[s] + (mtp if s == last else ()) for s in stages)
+        for stages in rank_stage_indices(config.pp_schedule, pp, config.virtual_stages)
+    ]
 
 
 def rank_layers(config: ModelConfig, pp: int) -> list[tuple[int, ...]]:
     """The layers of each pp rank (module docstring, "Placement")."""
-    chunks = pp * config.virtual_stages
-    size = config.n_layers // chunks
-    return [
-        tuple(layer for chunk in range(rank, chunks, pp) for layer in range(chunk * size, (chunk + 1) * size))
-        for rank in range(pp)
-    ]
+    return [tuple(layer for chunk in chunks for layer in chunk) for chunks in rank_chunks(config, pp)]
 
 
-def alive_on_rank(config: ModelConfig, pp: int, microbatches: int, rank: int) -> float:
-    """Microbatches of the rank's activations held at once (module docstring)."""
-    if config.pp_schedule != "interleaved_1f1b":
-        return float(alive_microbatches(config.pp_schedule, pp, microbatches, rank))
+def alive_on_rank(config: ModelConfig, pp: int, microbatches: int, rank: int, chunks=None) -> float:
+    """Microbatches of the rank's activations held at once, in units of all its layers (module docstring):
+    the schedule's warm-up forwards, each weighted by the layers of the stage it runs."""
     v = config.virtual_stages
-    chunks = min(microbatches * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1)
-    return chunks / v
+    alive = alive_microbatches(config.pp_schedule, pp, microbatches, rank, v)
+    chunks = chunks if chunks is not None else rank_chunks(config, pp)[rank]
+    total = sum(len(c) for c in chunks)
+    if get_schedule(config.pp_schedule).stages_per_rank != "several" or not total:
+        return alive
+    per_round = microbatches // max(1, microbatches // pp)
+    ops = round(alive * v)  # forwards in flight, on the rank's stages in turn, per_round at a time
+    layers = sum(len(chunks[(op // per_round) % v]) for op in range(ops))
+    return layers / total
 
 
 def stage_view(config: ModelConfig, layers: tuple[int, ...]) -> ModelConfig:
     """The model as one stage sees it: its layers renumbered from 0, MoE layers kept (for the per-layer
-    counts of ``communication``)."""
+    counts of ``communication``); multi-token-prediction blocks become plain layers of the stage."""
     return config.replace(
-        n_layers=len(layers), moe_layers=tuple(i for i, layer in enumerate(layers) if layer in config.moe_layers)
+        n_layers=len(layers),
+        moe_layers=tuple(i for i, layer in enumerate(layers) if config.is_moe_layer(layer)),
+        mtp_layers=0,
+        stage_layers=None,
+        pp_schedule="1f1b",
+        virtual_stages=1,
     )
 
 
-def _stage_units(units: list[Unit], config: ModelConfig, layers: tuple[int, ...], first: bool, last: bool):
-    names = {f"layers.{layer}" for layer in layers}
-    kept = [u for u in units if not u.is_root and u.name.removesuffix(".feed_forward.experts") in names]
-    root = next(u for u in units if u.is_root)
+def _units_by_layer(units: list[Unit]) -> tuple[dict[int, list[Unit]], Unit]:
+    """Each layer's units (its block and, with EP, its experts; ``mtp.k`` as layer n_layers + k), and the root."""
+    by_layer: dict[int, list[Unit]] = {}
+    root = units[-1]
+    n_layers = sum(1 for u in units if u.name.startswith("layers.") and u.name.count(".") == 1)
+    for unit in units[:-1]:
+        head, index = unit.name.split(".")[:2]
+        layer = int(index) + (n_layers if head == "mtp" else 0)
+        by_layer.setdefault(layer, []).append(unit)
+    return by_layer, root
+
+
+def _stage_units(by_layer, root: Unit, config: ModelConfig, layers: tuple[int, ...], first: bool, last: bool):
+    kept = [u for layer in layers for u in by_layer.get(layer, ())]
     params = []
     for param in root.params:
         on_first = param.name in EMBEDDING_PARAMS
@@ -92,28 +140,41 @@ def _stage_units(units: list[Unit], config: ModelConfig, layers: tuple[int, ...]
 
 def pipeline_stages(config: ModelConfig, dims: ParallelDims) -> list[StageCost]:
     """Every pp rank's cost (module docstring); ``config.check(dims)`` has passed."""
-    units = build_units(config, dims)
+    by_layer, root = _units_by_layer(build_units(config, dims))
     microbatches = config.accumulation(dims)[1]
-    precision = config.precision
+    every_chunks = rank_chunks(config, dims.pp)
+    stage_count = dims.pp * config.virtual_stages
+    placement = rank_stage_indices(config.pp_schedule, dims.pp, config.virtual_stages)
+    memories: dict[tuple, Memory] = {}
+    communication: dict[tuple, list[Collective]] = {}
     result = []
-    for rank, layers in enumerate(rank_layers(config, dims.pp)):
-        first, last = rank == 0, rank == dims.pp - 1
-        mine = _stage_units(units, config, layers, first, last)
-        shard = sum(u.shard_numel for u in mine)
-        alive = alive_on_rank(config, dims.pp, microbatches, rank)
-        memory = Memory(
-            parameters=shard * precision.storage,
-            gradients=shard * precision.storage,
-            optimizer=shard * precision.optimizer_state,
-            gathered=pipelined_gathered_bytes(mine, config),
-            activations=int(alive * activation_bytes(config, dims, layers, head=last)),
-        )
-        view = stage_view(config, layers)
-        warmup = min(microbatches, math.ceil(alive))
-        collectives = merged(
-            step_collectives(view, dims, mine, first, last, warmup) + p2p_collectives(config, dims, rank)
-        )
-        result.append(StageCost(rank, layers, first, last, alive, mine, memory, collectives))
+    for rank, chunks in enumerate(every_chunks):
+        layers = tuple(layer for chunk in chunks for layer in chunk)
+        first, last = 0 in placement[rank], stage_count - 1 in placement[rank]
+        mine = _stage_units(by_layer, root, config, layers, first, last)
+        alive = alive_on_rank(config, dims.pp, microbatches, rank, chunks)
+        p2p = p2p_collectives(config, dims, rank)
+        moe = sum(1 for layer in layers if config.is_moe_layer(layer))
+        signature = (len(layers) - moe, moe, first, last, tuple((c.op, c.phase, c.bytes) for c in p2p))
+        if signature not in communication:
+            # the step time depends on this signature only; the schedule's warm-up, which splits the FSDP
+            # all-gathers between forward and backward (not their sum), is the first such rank's (the
+            # most microbatches in flight)
+            warmup = min(microbatches, math.ceil(alive))
+            view = stage_view(config, layers)
+            communication[signature] = merged(step_collectives(view, dims, mine, first, last, warmup) + p2p)
+        if (signature, alive) not in memories:
+            parameters, gradients, optimizer = state_bytes(mine, config)
+            logits_alive = microbatches if config.pp_schedule == "gpipe" else 1
+            memories[signature, alive] = Memory(
+                parameters=parameters,
+                gradients=gradients,
+                optimizer=optimizer,
+                gathered=pipelined_gathered_bytes(mine, config),
+                activations=activation_bytes(config, dims, layers, last, alive, logits_alive),
+            )
+        collectives, memory = communication[signature], memories[signature, alive]
+        result.append(StageCost(rank, layers, first, last, alive, mine, memory, collectives, chunks, signature))
     return result
 
 

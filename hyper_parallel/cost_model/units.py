@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from hyper_parallel.cost_model.model_configs import ModelConfig
 from hyper_parallel.mesh import ParallelDims
@@ -83,26 +83,58 @@ class Unit:
         return self.reshard and not self.is_root
 
     @cached_property
+    def _sizes(self) -> tuple[int, int, int, int]:
+        return _unit_sizes(self.params, self.shard_size)
+
+    @property
     def gathered_numel(self) -> int:
         """The all-gather buffer (and reduce-scatter input): sum of padded numels."""
-        return sum(p.padded_numel(self.shard_size) for p in self.params)
+        return self._sizes[0]
 
     @property
     def shard_numel(self) -> int:
         """What every rank stores: the unit's flat shard."""
         return self.gathered_numel // self.shard_size
 
-    @cached_property
+    @property
     def local_numel(self) -> int:
-        return sum(p.local_numel for p in self.params)
+        return self._sizes[1]
 
-    @cached_property
+    @property
     def global_numel(self) -> int:
-        return sum(p.global_numel for p in self.params)
+        return self._sizes[2]
 
     def partial_numel(self) -> int:
         """Elements all-reduced over tp after the reduce-scatter (this rank's shards of partial params)."""
-        return sum(p.padded_numel(self.shard_size) // self.shard_size for p in self.params if p.partial_over_tp)
+        return self._sizes[3]
+
+    def renamed(self, name: str) -> Unit:
+        """The same unit under another name, its sizes carried over (every layer of a kind is alike)."""
+        unit = Unit(
+            name,
+            self.params,
+            self.shard_size,
+            self.dp_size,
+            self.sharded_group,
+            self.unsharded_group,
+            self.is_root,
+            self.reshard,
+        )
+        unit.__dict__["_sizes"] = self._sizes
+        return unit
+
+
+@lru_cache(maxsize=65536)
+def _unit_sizes(params: tuple[Param, ...], shard_size: int) -> tuple[int, int, int, int]:
+    """(gathered, local, global, partial-over-tp shard) elements of a unit's parameters: every block of a
+    model is the same parameters under another name, so a --compare over thousands of layouts computes
+    each once per layout instead of once per layer."""
+    return (
+        sum(p.padded_numel(shard_size) for p in params),
+        sum(p.local_numel for p in params),
+        sum(p.global_numel for p in params),
+        sum(p.padded_numel(shard_size) // shard_size for p in params if p.partial_over_tp),
+    )
 
 
 def _split(shape: tuple[int, ...], splits: dict[int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -126,15 +158,45 @@ def _ffn(prefix: str, d: int, hidden: int, gated: bool, tp: int, partial: bool, 
 
 
 def _attention(config: ModelConfig, tp: int) -> list[Param]:
+    """wq, wk, wv colwise and wo rowwise over tp (K/V heads replicated when tp > kv_heads); with
+    ``qk_norm`` one RMSNorm weight per query and key head dimension; MLA instead (``_latent_attention``)."""
+    if config.kv_lora_rank:
+        return _latent_attention(config, tp)
     d, kv = config.d_model, config.kv_heads * config.head_dim
     kv_local = config.kv_heads_per_rank(tp) * config.head_dim
     kv_params = [Param(f"attention.{n}.weight", (kv, d), (kv_local, d), (0,) if tp > 1 else ()) for n in ("wk", "wv")]
-    params = [_param("attention.wq.weight", (d, d), {0: tp})] + kv_params
+    params = [_param("attention.wq.weight", (config.q_dim, d), {0: tp})] + kv_params
     if config.attention_bias or config.linear_bias:
-        params.append(_param("attention.wq.bias", (d,), {0: tp}))
+        params.append(_param("attention.wq.bias", (config.q_dim,), {0: tp}))
         params += [Param(f"attention.{n}.bias", (kv,), (kv_local,), (0,) if tp > 1 else ()) for n in ("wk", "wv")]
-    params.append(_param("attention.wo.weight", (d, d), {1: tp}))
+    if config.qk_norm:
+        params += [_param(f"attention.{n}.weight", (config.head_dim,), partial=tp > 1) for n in ("q_norm", "k_norm")]
+    params.append(_param("attention.wo.weight", (d, config.attention_out_dim), {1: tp}))
     return params + ([_param("attention.wo.bias", (d,), partial=tp > 1)] if config.linear_bias else [])
+
+
+def _latent_attention(config: ModelConfig, tp: int) -> list[Param]:
+    """Multi-head latent attention (DeepSeek-V2 section 2.1, V3 section 2.1.1): queries through a rank
+    q_lora_rank bottleneck (or wq directly), keys and values from one compressed vector of kv_lora_rank
+    plus a shared rotary key; the down-projections and their norms replicated over tp (gradients summed),
+    the up-projections colwise by heads, wo rowwise."""
+    d, heads, partial = config.d_model, config.n_heads, tp > 1
+    q_out = heads * config.head_dim
+    if config.q_lora_rank:
+        q = [
+            _param("attention.wq_a.weight", (config.q_lora_rank, d), partial=partial),
+            _param("attention.q_norm.weight", (config.q_lora_rank,), partial=partial),
+            _param("attention.wq_b.weight", (q_out, config.q_lora_rank), {0: tp}),
+        ]
+    else:
+        q = [_param("attention.wq.weight", (q_out, d), {0: tp})]
+    kv_out = heads * (config.qk_nope_head_dim + config.v_head_dim)
+    return q + [
+        _param("attention.wkv_a.weight", (config.kv_lora_rank + config.qk_rope_head_dim, d), partial=partial),
+        _param("attention.kv_norm.weight", (config.kv_lora_rank,), partial=partial),
+        _param("attention.wkv_b.weight", (kv_out, config.kv_lora_rank), {0: tp}),
+        _param("attention.wo.weight", (d, config.attention_out_dim), {1: tp}),
+    ]
 
 
 def _norm(name: str, config: ModelConfig, partial: bool) -> list[Param]:
@@ -225,19 +287,32 @@ def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
     sparse = (("dp_replicate", dims.dp_replicate), ("efsdp", dims.efsdp))
     blocks = {
         moe: _transformer_block(config, dims, moe)
-        for moe in {layer in config.moe_layers for layer in range(config.n_layers)}
+        for moe in {config.is_moe_layer(layer) for layer in range(config.n_layers + config.mtp_layers)}
     }
     experts = _experts(config, dims)
+    reshard = config.reshard_after_forward
+    kinds = {
+        moe: _unit("layers.0", params, dense, config.param_shard, reshard=reshard) for moe, params in blocks.items()
+    }
+    expert_unit = _unit("layers.0.feed_forward.experts", experts, sparse, config.param_shard, reshard=reshard)
     units = []
-    for layer in range(config.n_layers):
-        moe = layer in config.moe_layers
+    for layer in range(config.n_layers):  # every layer of a kind is its kind's unit renamed
+        moe = config.is_moe_layer(layer)
+        units.append(kinds[moe].renamed(f"layers.{layer}"))
+        if moe and dims.ep > 1:
+            units.append(expert_unit.renamed(f"layers.{layer}.feed_forward.experts"))
+    for k in range(config.mtp_layers):  # after the last layer, on the head's stage (stages.py)
+        layer = config.n_layers + k
+        moe = config.is_moe_layer(layer)
+        extra = [*_norm("enorm", config, False), *_norm("hnorm", config, False)]
+        extra.append(_param("eh_proj.weight", (config.d_model, 2 * config.d_model)))
         units.append(
-            _unit(f"layers.{layer}", blocks[moe], dense, config.param_shard, reshard=config.reshard_after_forward)
+            _unit(f"mtp.{k}", extra + blocks[moe], dense, config.param_shard, reshard=config.reshard_after_forward)
         )
         if moe and dims.ep > 1:
             units.append(
                 _unit(
-                    f"layers.{layer}.feed_forward.experts",
+                    f"mtp.{k}.feed_forward.experts",
                     experts,
                     sparse,
                     config.param_shard,
@@ -249,6 +324,8 @@ def build_units(config: ModelConfig, dims: ParallelDims) -> list[Unit]:
     root = [_param("tok_embeddings.weight", (vocab, d), {0: tp})]
     if config.position_embeddings:
         root.append(_param("pos_embeddings.weight", (config.position_embeddings, d), partial=sp))
+    if config.embedding_norm:  # BLOOM's word_embeddings_layernorm
+        root += _norm("tok_embeddings_norm", config, sp)
     root += _norm("norm", config, sp)
     root += [] if config.tied_embeddings else [_param("output.weight", (vocab, d), {0: tp})]
     return units + [_unit("root", root, dense, config.param_shard, is_root=True)]

@@ -42,8 +42,10 @@ from hyper_parallel.cost_model import CLI_MODELS, PRECISIONS, ModelConfig, get_m
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, HARDWARE, Hardware, get_hardware
 from hyper_parallel.cost_model.layouts import check_gpus_per_node
 from hyper_parallel.cost_model.model_configs import AC_MODES
+from hyper_parallel.cost_model.pipeline import SCHEDULES, edge_stages, get_schedule
 from hyper_parallel.cost_model.ranking import rank_layouts
-from hyper_parallel.cost_model.review import parse_layouts, review_layouts
+from hyper_parallel.cost_model.review import parse_layouts, review_layouts, short_label
+from hyper_parallel.cost_model.stacks import STACKS
 from hyper_parallel.cost_model.validation import check_degrees_divide, check_step_sizes
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import DEGREE_NAMES
@@ -61,12 +63,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pp-schedule",
-        choices=("gpipe", "1f1b", "interleaved-1f1b", "interleaved_1f1b"),
+        choices=sorted({*SCHEDULES, *(name.replace("_", "-") for name in SCHEDULES)}),
         default="1f1b",
-        help="pipeline schedule with --pp > 1 (default: 1f1b)",
+        help="pipeline schedule with --pp > 1, torch.distributed.pipelining's: gpipe, 1f1b, interleaved-1f1b, "
+        "interleaved-zb, zbv, dualpipev (default: 1f1b)",
     )
     parser.add_argument(
-        "--virtual-stages", type=int, help="interleaved_1f1b: stages per pp rank (default 2 for interleaved, else 1)"
+        "--virtual-stages",
+        type=int,
+        help="stages per pp rank (default 2 for the interleaved, zbv and dualpipev schedules, else 1)",
+    )
+    parser.add_argument(
+        "--stage-layers",
+        help='layers of every pipeline stage in order, e.g. "7,8,8,...,7" (pp x virtual-stages of them; 0 allowed '
+        "for a stage that holds only the embedding or the head)",
+    )
+    parser.add_argument(
+        "--first-stage-layers",
+        type=int,
+        help="layers of the first pipeline stage, the rest split evenly (Megatron's --decoder-first-pipeline-num-layers)",
+    )
+    parser.add_argument(
+        "--last-stage-layers",
+        type=int,
+        help="layers of the last pipeline stage, the rest split evenly (Megatron's --decoder-last-pipeline-num-layers)",
+    )
+    parser.add_argument(
+        "--zero",
+        type=int,
+        choices=(1, 2, 3),
+        help="ZeRO stage over dp_shard: 3 shards the parameters (FSDP, default), 2 gradients and optimizer "
+        "state, 1 the optimizer state; --compare ranks the layouts under it",
+    )
+    parser.add_argument(
+        "--float8", action="store_true", help="tensorwise float8 linears (matmuls at the fp8 peak, float8 all-gathers)"
+    )
+    parser.add_argument("--async-tp", action="store_true", help="TP collectives overlapped with the matmuls")
+    parser.add_argument(
+        "--stack", choices=sorted(STACKS), help="the training stack's habits (default: the preset's, torchtitan)"
     )
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: 8)")
     parser.add_argument("--seq-len", type=int, help="override the preset's sequence length")
@@ -89,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-reserve-gib",
         type=float,
-        help="memory kept free of the model: CUDA context, NCCL buffers, fragmentation (default 8)",
+        help="memory kept free of the model: CUDA context, NCCL buffers (default 1)",
     )
     parser.add_argument("--micro-batch", type=int, help="rows per rank per forward (grad-accum derived)")
     parser.add_argument("--grad-accum", type=int, help="micro-batches per step (micro-batch derived)")
@@ -125,10 +159,15 @@ def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) 
     check_step_sizes(args.seq_len, args.batch, list(layouts))
     config = load_model_config(args.model_config) if args.model_config else get_model(args.model)
     schedule = args.pp_schedule.replace("-", "_")
-    virtual = args.virtual_stages or (2 if schedule == "interleaved_1f1b" else 1)
+    virtual = args.virtual_stages or (1 if get_schedule(schedule).stages_per_rank == "one" else 2)
     changes = {
         "pp_schedule": schedule,
         "virtual_stages": virtual,
+        "stage_layers": _stage_layers(args, config, virtual, layouts),
+        "zero": args.zero,
+        "float8": args.float8 or None,
+        "async_tp": args.async_tp or None,
+        "stack": args.stack,
         "seq_len": args.seq_len,
         "global_batch": args.batch,
         "precision": PRECISIONS[args.precision] if args.precision else None,
@@ -140,6 +179,29 @@ def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) 
         "expert_shard_dim": args.expert_shard_dim,
     }
     return config.replace(**{k: v for k, v in changes.items() if v is not None})
+
+
+def _stage_layers(args: argparse.Namespace, config: ModelConfig, virtual: int, layouts) -> tuple[int, ...] | None:
+    """``--stage-layers`` as given, or the first/last stage's layers with the middle ones split evenly."""
+    if args.stage_layers is not None:
+        try:
+            return tuple(int(x) for x in args.stage_layers.replace(" ", "").split(","))
+        except ValueError:
+            raise ValueError(
+                f'--stage-layers {args.stage_layers!r}: give integers separated by commas, e.g. "7,8,8,7"'
+            ) from None
+    if args.first_stage_layers is None and args.last_stage_layers is None:
+        return None
+    pps = {dims.pp for dims in layouts}
+    if len(pps) != 1 or pps == {1}:
+        raise ValueError("--first-stage-layers / --last-stage-layers need one --pp > 1 to split the layers over")
+    stages = pps.pop() * virtual
+    rest = config.n_layers - (args.first_stage_layers or 0) - (args.last_stage_layers or 0)
+    middle = stages - (args.first_stage_layers is not None) - (args.last_stage_layers is not None)
+    even = rest // max(middle, 1)
+    first = args.first_stage_layers if args.first_stage_layers is not None else even
+    last = args.last_stage_layers if args.last_stage_layers is not None else even
+    return edge_stages(stages // virtual, virtual, first, last, config.n_layers)
 
 
 def hardware_from_args(args: argparse.Namespace) -> Hardware:
@@ -197,17 +259,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_degrees_divide(args.world_size, degrees)
     dims = ParallelDims(**{k: v for k, v in degrees.items() if v is not None})
     config = model_from_args(args, [dims])
-    plan = make_plan(config, dims, args.gpus_per_node, args.rank, hardware)
-    command = torchrun_command(config, dims, args.gpus_per_node, args.rdzv_endpoint)
+    try:
+        plan = make_plan(config, dims, args.gpus_per_node, args.rank, hardware)
+    except ValueError as error:
+        if not args.compare:
+            raise
+        plan, refused = None, f"the layout given ({short_label(dims)}) is not one: {error}"
     ranked = rank_layouts(config, dims.world_size, args.gpus_per_node, hardware, args.sort) if args.compare else None
+    command = torchrun_command(config, dims, args.gpus_per_node, args.rdzv_endpoint) if plan else None
     if args.json or args.format == "json":
-        payload = {"plan": plan_json(plan, command)}
+        payload = {"plan": plan_json(plan, command) if plan else None}
+        if plan is None:
+            payload["refused"] = refused
         if ranked is not None:
             payload["compare"] = compare_json(ranked, args.top)
             payload["compare_total"] = len(ranked)
         print(json.dumps(payload, indent=1))
         return 0
-    print_plan(plan, command)
+    if plan is not None:
+        print_plan(plan, command)
+    else:
+        print(f"{refused}\n--compare ranks the layouts that are:")
     if ranked is not None:
         print_compare(ranked, dims, args.top, hardware.budget_bytes, args.sort)
     return 0

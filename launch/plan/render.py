@@ -11,6 +11,7 @@ from hyper_parallel.cost_model import ModelConfig
 from hyper_parallel.cost_model.assumptions import assumptions as model_assumptions
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, Hardware
 from hyper_parallel.cost_model.layouts import GIB, Bandwidth
+from hyper_parallel.cost_model.pipeline import layer_ranges
 from hyper_parallel.cost_model.ranking import RankedLayout
 from hyper_parallel.cost_model.review import RESOLUTION, warnings_of
 from hyper_parallel.cost_model.step_time import StepEstimate
@@ -42,7 +43,8 @@ def plan_json(plan: Plan, command: str) -> dict:
         "groups": plan.groups,
         "memory": cost.memory.as_dict(),
         "stage_memory": [
-            {"pp_rank": s.pp_rank, "layers": [s.layers[0], s.layers[-1]], "embedding": s.first, "head": s.last}
+            {"pp_rank": s.pp_rank, "layers": [[c[0], c[-1]] if c else [] for c in s.chunks], "embedding": s.first}
+            | {"head": s.last}
             | {"alive_microbatches": s.alive}
             | s.memory.as_dict()
             for s in cost.stages
@@ -56,6 +58,7 @@ def plan_json(plan: Plan, command: str) -> dict:
         "memory_budget_bytes": plan.hardware.budget_bytes,
         "fits": cost.memory.total <= plan.hardware.budget_bytes,
         "warnings": warnings_of(cost, plan.hardware, plan.gpus_per_node),
+        "notes": list(cost.config.notes),
         "assumptions": assumptions(plan.cost.config, plan.bandwidth, plan.hardware),
         "command": command,
     }
@@ -66,6 +69,7 @@ def _step_json(step: StepEstimate) -> dict:
         "flops_per_rank": step.flops.total,
         "model_flops_per_rank": step.flops.model,
         "recompute_flops_per_rank": step.flops.recompute,
+        "model_tflops_per_gpu": step.flops.model / step.seconds / 1e12,
         "seconds": step.seconds,
         "seconds_range": [step.fast.total, step.slow.total],
         "mfu": step.middle.mfu,
@@ -138,7 +142,7 @@ def print_plan(plan: Plan, command: str) -> None:
     )
     for s in cost.stages:
         print(
-            f"  pp rank {s.pp_rank}: layers {s.layers[0]}-{s.layers[-1]}"
+            f"  pp rank {s.pp_rank}: layers {layer_ranges(s.layers)}"
             + (" + embedding" if s.first else "")
             + (" + head" if s.last else "")
             + f", {s.alive:g} microbatch(es) in flight: {fmt_bytes(s.memory.total)}"
@@ -162,7 +166,8 @@ def print_plan(plan: Plan, command: str) -> None:
     step = plan.step
     print(
         f"\nstep: {step.flops.total / 1e12:.0f} TFLOP per rank ({step.flops.recompute / 1e12:.0f} recomputed), "
-        f"{step.seconds:.2f} s ({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%}: compute "
+        f"{step.seconds:.2f} s ({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%} "
+        f"({step.flops.model / step.seconds / 1e12:.0f} model TFLOP/s per GPU): compute "
         f"{step.middle.compute:.2f} s, critical comm {step.middle.critical:.2f} s, exposed FSDP/HSDP "
         f"{step.middle.exposed:.2f} s, hidden {step.middle.hidden:.2f} s; {step.inter_node_bytes / GIB:.1f} GiB "
         f"per rank cross nodes" + (f"; pipeline bubble {step.bubble_seconds:.2f} s" if dims.pp > 1 else "")
@@ -173,6 +178,8 @@ def print_plan(plan: Plan, command: str) -> None:
         print("\n" + "\n".join(plan_lines(cost.config, dims)))
     for warning in warnings_of(cost, plan.hardware, plan.gpus_per_node):
         print(f"WARNING: {warning}")
+    for note in cost.config.notes:
+        print(f"NOTE: {note}")
     print(
         "\nassumptions:\n"
         + "\n".join(f"  - {line}" for line in assumptions(cost.config, plan.bandwidth, plan.hardware))

@@ -1,0 +1,127 @@
+"""Training stacks: what the same layout costs differently in torchtitan, Megatron-LM or DeepSpeed.
+
+A published run is costed by what its stack does, not by a factor fitted to the run: each field below
+is a behaviour of the stack's code or stated by its authors, and the cost model reads it where that
+behaviour changes memory or time (``memory``, ``work``, ``step_time``, ``stages``).
+
+    sp_input        what a column-parallel layer saves for its backward under sequence parallelism:
+                    "gathered" (torch's DTensor SP: the all-gathered input, full width) or "sharded"
+                    (Megatron-LM's SP, Korthikanti et al. 2022: the sequence shard, all-gathered again in
+                    backward)
+    gated_saved     F-wide tensors a SwiGLU feed-forward saves per token: 4 eagerly (w1 and w3 outputs,
+                    silu, their product; torchtitan's ``w2(F.silu(w1(x)) * w3(x))``), 3 when a fused
+                    kernel recomputes silu in backward (Megatron-LM's ``bias_swiglu``)
+    elementwise     "eager" (one kernel per op: norms, residuals, rotary, activations read and write HBM
+                    each) or "fused" (torch.compile, Megatron's fused kernels): memory-bound traffic
+                    halved (``work``)
+    pp_grad_reduce  with FSDP/ZeRO-3 under a pipeline: "once" (torch.distributed.pipelining's FSDP
+                    handling: gradients reduced after the last microbatch, unsharded parameters and
+                    float32 gradients of the whole stage held all step) or "per_round" (parameters
+                    gathered and gradients reduce-scattered in float32 once per round of the schedule's
+                    microbatches on a stage, so a stage holds one chunk's unsharded gradients: Llama 3's
+                    FSDP, section 3.3.2, which shards gradients and does not reshard after forward)
+    dp_overlap      the data-parallel gradient reduction overlaps the backward (FSDP2, DeepSpeed, Megatron-LM
+                    since overlap_grad_reduce) or runs after it (Megatron-LM's DDP of 2021)
+    zero3_prefetch  ZeRO-3 / FSDP all-gathers issued ahead of the layer that needs them: 1 (FSDP2's implicit
+                    prefetch of the next unit), 0 (fetched on demand: DeepSpeed's ZeRO-3 at the start of
+                    each module when its prefetch bucket is exhausted, Narayanan et al. 2021 Table 2)
+    optimizer_gather the ZeRO-1/2 all-gather of the updated parameters after the optimizer step:
+                    "exposed" (DeepSpeed's ZeRO-1/2: after the step, nothing to overlap) or "hidden"
+                    (Megatron's distributed optimizer overlaps it with the next forward)
+    fp8_cache       with float8 linears, what a linear saves for its backward (its input) and a SwiGLU's input
+                    are cached in float8 (1 B), the SwiGLU output and MLA's up-projections and norms are
+                    recomputed (DeepSeek-V3 report, sections 3.2.3 and 3.3.3)
+    parallelisms    the degrees the stack can run above 1: ``--compare`` ranks only those layouts (a
+                    team on Megatron-LM of 2021 chose among TP, PP and DDP, not FSDP or CP)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    description: str
+    sp_input: str = "gathered"
+    gated_saved: int = 4
+    elementwise: str = "eager"
+    pp_grad_reduce: str = "once"
+    dp_overlap: bool = True
+    zero3_prefetch: int = 1
+    optimizer_gather: str = "exposed"
+    fp8_cache: bool = False
+    parallelisms: tuple[str, ...] = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
+
+    def runs(self, degrees: dict[str, int]) -> bool:
+        """Whether the stack has every parallelism ``degrees`` uses (a degree above 1)."""
+        return all(value == 1 or name in self.parallelisms for name, value in degrees.items() if name != "world_size")
+
+
+STACK_LIST = (
+    Stack("torchtitan", "torchtitan: FSDP2, DTensor TP/SP, torch.distributed.pipelining, eager kernels"),
+    Stack(
+        "torchtitan-compile",
+        "torchtitan with torch.compile: as torchtitan, elementwise ops fused per layer",
+        elementwise="fused",
+    ),
+    Stack(
+        "megatron",
+        "Megatron-LM (Narayanan et al. 2021): fused kernels, DDP gradient all-reduce after the backward",
+        sp_input="sharded",
+        gated_saved=3,
+        elementwise="fused",
+        pp_grad_reduce="per_round",
+        dp_overlap=False,
+        optimizer_gather="hidden",
+        parallelisms=("dp_replicate", "tp", "pp"),
+    ),
+    Stack(
+        "megatron-deepspeed",
+        "Megatron-DeepSpeed (BigScience's BLOOM): Megatron's kernels, DeepSpeed's pipeline and ZeRO-1 bf16 "
+        "optimizer (gradients reduced after the backward, parameters all-gathered after the step)",
+        sp_input="sharded",
+        gated_saved=3,
+        elementwise="fused",
+        pp_grad_reduce="per_round",
+        dp_overlap=False,
+        parallelisms=("dp_shard", "tp", "pp"),
+    ),
+    Stack(
+        "deepspeed-zero3",
+        "DeepSpeed ZeRO-3 (Narayanan et al. 2021, Table 2): parameters fetched as each module starts",
+        elementwise="fused",
+        zero3_prefetch=0,
+        parallelisms=("dp_replicate", "dp_shard", "tp", "pp"),
+    ),
+    Stack(
+        "llama3",
+        "Meta's Llama 3 stack (section 3.3.2): FSDP sharding gradients and optimizer state, parameters kept "
+        "gathered, Megatron-style TP/SP and fused kernels, asynchronous P2P",
+        sp_input="sharded",
+        gated_saved=3,
+        elementwise="fused",
+        pp_grad_reduce="per_round",
+        parallelisms=("dp_shard", "cp", "tp", "pp"),
+    ),
+    Stack(
+        "hai-llm",
+        "DeepSeek's HAI-LLM (DeepSeek-V3 report, section 3.2): ZeRO-1, DualPipe, fused FP8 kernels, RMSNorm and "
+        "MLA up-projections recomputed",
+        sp_input="sharded",
+        gated_saved=3,
+        elementwise="fused",
+        pp_grad_reduce="per_round",
+        optimizer_gather="hidden",
+        fp8_cache=True,
+        parallelisms=("dp_shard", "pp", "ep"),
+    ),
+)
+STACKS = {s.name: s for s in STACK_LIST}
+
+
+def get_stack(name: str) -> Stack:
+    if name not in STACKS:
+        raise ValueError(f"unknown stack {name!r}; known: {', '.join(STACKS)}")
+    return STACKS[name]
