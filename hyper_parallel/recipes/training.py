@@ -37,10 +37,32 @@ class Workload:
     notes: dict = field(default_factory=dict)  # recipe-specific facts for the summary
     step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """Entered around each training step's forward and backward (float8 on gloo: ``Float8WireAsBytes``)."""
+    reference_slices: int = 1
+    """The reference steps on the global batch in this many equal row slices (gradients accumulated, loss the
+    mean of the slices'), where the parallel result depends on which rows a rank sees: float8's dynamic
+    scales take each data-parallel rank's own activation amax, so M3-F8 on dp ranks is compared with a
+    reference that scales each dp rank's rows by their own amax."""
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param.detach()
+
+
+def _reference_step(workload: Workload) -> float:
+    """Forward and backward of the reference on the global batch (in ``reference_slices`` row slices); its loss."""
+    slices = workload.reference_slices
+    rows = workload.global_targets.shape[0]
+    if rows % slices:
+        raise ValueError(f"global batch {rows} does not split into {slices} reference slices")
+    step = rows // slices
+    total = 0.0
+    for index in range(slices):
+        part = slice(index * step, (index + 1) * step)
+        inputs = tuple(tensor[part] for tensor in workload.global_inputs)
+        loss = workload.loss_fn(workload.reference(*inputs), workload.global_targets[part]) / slices
+        loss.backward()
+        total += loss.item()
+    return total
 
 
 def train_and_compare(
@@ -76,11 +98,9 @@ def train_and_compare(
         dist.all_reduce(total)  # bookkeeping, not part of the training communication: not traced
         losses.append(total.item() / world)
         if ref_optimizer is not None:
-            ref_loss = workload.loss_fn(reference(*workload.global_inputs), workload.global_targets)
-            ref_loss.backward()
+            ref_losses.append(_reference_step(workload))
             ref_optimizer.step()
             ref_optimizer.zero_grad()
-            ref_losses.append(ref_loss.item())
             if on_step is not None:
                 on_step({"step": step + 1, "steps": steps, "loss": losses[-1], "reference": ref_losses[-1]})
     max_param_diff, mismatched = 0.0, []

@@ -162,8 +162,9 @@ def fsdp_transformer_async_tp(dims: ParallelDims, views: MeshViews, seed: int, o
 def float8_tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M3-F8: M3 with every block linear in float8 (torchao, tensorwise scales) and the block inputs gathered
     over tp in float8. The reference is the same model converted to float8 on one process (the same scales:
-    amax is global under TP), so the run matches it to float32 rounding; against M3 it differs by what float8
-    costs (tests/test_float8.py derives the bound)."""
+    amax is global under TP, and per data-parallel rank, so the reference steps on each dp rank's rows
+    separately), so the run matches it to float32 rounding; against M3 it differs by what float8 costs
+    (tests/test_float8.py derives the bound)."""
     from hyper_parallel.parallel.float8 import Float8WireAsBytes, convert_to_float8, parallelize_transformer_float8_tp
 
     config = dataclasses.replace(DENSE_CONFIG, seq_len=options.seq_len)
@@ -175,4 +176,5 @@ def float8_tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: 
     apply_fully_shard(model, views, enable_param_shard=False)
     workload = lm_workload(model, reference, config, dims, seed, options.global_batch)
     workload.step_context = Float8WireAsBytes
+    workload.reference_slices = dims.dp
     return workload
