@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_dims import DEGREE_KEYS, DEGREE_NAMES
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
 from launch import inputs
@@ -31,7 +31,6 @@ from launch.processes.multinode import multinode_command, new_rdzv_id
 from launch.processes.run_dirs import RunDirError
 from launch.tables import print_table
 
-DEGREE_FLAGS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP, MeshDim.PP)
 EXIT_INVALID = 2
 
 
@@ -46,12 +45,12 @@ class _Once(argparse.Action):
 
 def _add_degrees(parser: argparse.ArgumentParser, world_flag: str = "--world") -> None:
     parser.add_argument(world_flag, dest="world_size", type=int, action=_Once, help="number of ranks")
-    for name in DEGREE_FLAGS:
+    for name in DEGREE_NAMES:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, action=_Once)
 
 
 def _degrees(args: argparse.Namespace) -> dict[str, int | None]:
-    return {name: getattr(args, name) for name in ("world_size",) + DEGREE_FLAGS}
+    return {name: getattr(args, name) for name in DEGREE_KEYS}
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -165,18 +164,13 @@ def cmd_list() -> int:
     rows = []
     for recipe in registry.RECIPES.values():
         dims = ParallelDims(**recipe.default)
-        active = " x ".join(
-            f"{name}={getattr(dims, name)}"
-            for name in (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
-            if getattr(dims, name) > 1
-        )
         meshes = 1 + len(recipe.alternatives)
         status = f"checked on {meshes} mesh{'es' if meshes > 1 else ''}"
         rows.append(
             (
                 recipe.name,
                 recipe.tier or "-",
-                f"{dims.world_size}: {active}",
+                f"{dims.world_size}: {dims.label(sep=' x ')}",
                 recipe.constraints() or "-",
                 status,
                 recipe.title,

@@ -18,22 +18,12 @@ from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, Hardware
 from hyper_parallel.cost_model.layouts import Bandwidth, TimedCollective, check_gpus_per_node
 from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_dims import DERIVED_NAMES, STAGE_DEGREES
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.run_spec import RunSpec
 
-MESH_DIMS = (
-    MeshDim.DP_REPLICATE,
-    MeshDim.DP_SHARD,
-    MeshDim.CP,
-    MeshDim.TP,
-    MeshDim.FSDP,
-    MeshDim.DP,
-    MeshDim.DP_CP,
-    MeshDim.EFSDP,
-    MeshDim.EP,
-    MeshDim.ETP,
-)
+MESH_DIMS = (*STAGE_DEGREES, *DERIVED_NAMES)
+"""The dims whose groups a plan lists: every degree but pp, then the derived dims."""
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ from urllib.parse import quote
 
 import ipywidgets as widgets
 
+from hyper_parallel.mesh_dims import degrees_label
 from hyper_parallel.run_files import PROGRESS_PREFIX
 from hyper_parallel.viz.style import png_bytes
-from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, degrees_text, step_text
+from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, step_text
 from launch.notebook.widgets.picker import DegreePicker
 
 LOG_FLUSH_SECONDS = 0.3
@@ -155,7 +156,7 @@ class MeshWidget(DegreePicker):
         self.progress.description = "steps"
         self._set_busy(True)
         self._say(
-            f"starting {degrees['world_size']} worker(s) for {recipe} ({degrees_text(degrees)}); importing "
+            f"starting {degrees['world_size']} worker(s) for {recipe} ({degrees_label(degrees, world=True)}); importing "
             "torch and the rendezvous take 10-20 s on a small machine …",
             INFO_COLOR,
         )
