@@ -64,3 +64,11 @@ def test_every_dotted_name_the_docs_give_imports():
             else:
                 missing.append((page.name, dotted))
     assert not missing, missing
+
+
+def test_the_figures_page_describes_every_run_figure():
+    """docs/figures.md names the drawing function of every row of the figure registry."""
+    from hyper_parallel.viz import FIGURE_SPECS
+
+    text = (ROOT / "docs" / "figures.md").read_text()
+    assert [spec.name for spec in FIGURE_SPECS if f"`{spec.function}" not in text] == []
