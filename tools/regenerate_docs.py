@@ -1,6 +1,7 @@
 """``make docs``: rewrite the generated parts of docs/ from the code they come from.
 
-The tests that hold them (tests/test_docs.py) only compare, and name this command when they differ.
+The tests that hold them (tests/test_docs.py, test_planner_validation.py, test_review.py) only compare,
+and name this command when they differ.
 """
 
 from __future__ import annotations
@@ -21,6 +22,26 @@ def recipe_table() -> Path:
     return page
 
 
+def planner_validation() -> Path:
+    """docs/planner_validation.md: the cost model against the published runs."""
+    from hyper_parallel.cost_model.validation_doc import render
+
+    page = DOCS / "planner_validation.md"
+    page.write_text(render(), encoding="utf-8")
+    return page
+
+
+def design_review() -> list[Path]:
+    """docs/design_review_512.md and .html: the worked design review (left alone when only its timestamp and
+    PNG bytes would change)."""
+    from launch.plan import review_example
+
+    if review_example.is_current(DOCS):
+        return []
+    review_example.write(DOCS)
+    return [DOCS / "design_review_512.md", DOCS / "design_review_512.html"]
+
+
 if __name__ == "__main__":
-    for written in (recipe_table(),):
+    for written in (recipe_table(), planner_validation(), *design_review()):
         print(f"wrote {written}")
