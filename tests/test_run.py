@@ -37,9 +37,9 @@ def test_invalid_degrees_raise_before_any_worker(monkeypatch):
 
 
 def test_world_size_is_the_product_of_the_degrees_given():
-    """No world_size: the product of the dense degrees given (--tp 4 alone is 4 ranks with dp_shard 1,
-    which failed before: "cannot infer dp_shard: world_size=2"); none given: the recipe's default; only
-    ep/etp given: they borrow ranks of the recipe's default world."""
+    """No world_size: the product of the dense degrees given (--tp 4 alone is 4 ranks with dp_shard 1, not
+    the recipe's default world of 2, where dp_shard cannot be inferred); none given: the recipe's default;
+    only ep/etp given: they borrow ranks of the recipe's default world."""
     from hyper_parallel.recipes import RECIPES
 
     _, dims = launch_run.validate("M2", tp=4)

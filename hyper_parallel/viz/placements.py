@@ -48,14 +48,14 @@ def representative_param(events: Events, step: int | None = 0) -> str:
     best, best_score = None, None
     for order, event in enumerate(_placement_events(events, step)):
         placements = parse_placements(event["before"])
-        mp_sharded = any(
+        model_parallel_sharded = any(
             p.kind in ("S", "_S") and dim in MODEL_PARALLEL_DIMS for dim, p in zip(event["mesh_dims"], placements)
         )
         expert = any(p.kind in ("S", "_S") and dim in ("ep", "etp") for dim, p in zip(event["mesh_dims"], placements))
         score = (
             event["before"] != event["after"],
             expert,
-            mp_sharded,
+            model_parallel_sharded,
             len(event["global_shape"]) == 2,
             "_S(" not in event["before"],
             -order,

@@ -49,6 +49,7 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import DEGREE_NAMES
 from launch.plan.build import make_plan, torchrun_command
 from launch.plan.render import compare_json, plan_json, print_compare, print_plan
+from launch.plan.review_page import FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,9 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--layouts", help='named candidates side by side, e.g. "dp_shard=512; dp_replicate=64,dp_shard=8"'
     )
-    parser.add_argument(
-        "--format", choices=("text", "md", "csv", "json"), default="text", help="--layouts output (default: text)"
-    )
+    parser.add_argument("--format", choices=FORMATS, default="text", help="--layouts output (default: text)")
     parser.add_argument("--out", help="--layouts: write the review here (.html: the self-contained page)")
     parser.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
