@@ -30,7 +30,7 @@ from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
 from launch import inputs
 from launch.bench import flags as bench_flags
-from launch.processes.multinode import multinode_command, new_rdzv_id
+from launch.plan.multinode import multinode_command, new_rdzv_id
 from launch.processes.run_dirs import RunDirError
 from launch.tables import print_table
 
@@ -207,7 +207,7 @@ def cmd_command(args: argparse.Namespace) -> int:
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:
-    from launch.notebook.papermill import run_workbook
+    from launch.notebook.workbook import run_workbook
 
     return run_workbook(Path(args.out), jobs=inputs.positive_int(args.jobs, "--jobs"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from launch.notebook.papermill import READING_ORDER, execute_notebook, notebooks
+from launch.notebook.workbook import READING_ORDER, execute_notebook, notebooks
 
 NOTEBOOKS = {path.stem: path for path in notebooks()}
 EXPECTED = [  # in reading order: name: (text the closing cell prints, minimum image/png outputs)

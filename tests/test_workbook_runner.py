@@ -1,4 +1,4 @@
-"""``make workbook``'s runner (``launch.notebook.papermill``): executed notebooks and a report each, a failing
+"""``make workbook``'s runner (``launch.notebook.workbook``): executed notebooks and a report each, a failing
 notebook reported, two notebooks at a time printed in reading order, Ctrl-C leaving no kernel, and a kept
 kernel starting each notebook afresh on the same warm pool without leaking clients.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from launch.notebook.papermill import NOTEBOOKS_DIR, SOLO, execute_notebook, run_workbook
+from launch.notebook.workbook import NOTEBOOKS_DIR, SOLO, execute_notebook, run_workbook
 
 
 def test_run_workbook_writes_executed_notebooks_and_reports_each(tmp_path, capsys):
@@ -102,7 +102,7 @@ def test_ctrl_c_stops_a_workbook_of_two_at_a_time_and_leaves_no_kernel(tmp_path)
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, folder / f"{name}.ipynb")
     code = (
-        "from launch.notebook.papermill import run_workbook\n"
+        "from launch.notebook.workbook import run_workbook\n"
         f"run_workbook({str(tmp_path / 'runs')!r}, notebooks_dir={str(folder)!r}, jobs=2)"
     )
     proc = subprocess.Popen(

@@ -102,7 +102,7 @@ def make_plan(
 def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rdzv_endpoint: str) -> str:
     """The multi-node command of ``launch command`` for this layout: the recipe worker when a recipe trains
     this model on these degrees, otherwise the same torchrun line in front of your own training module."""
-    from launch.processes.multinode import multinode_command
+    from launch.plan.multinode import multinode_command
 
     nnodes, per_node = max(1, dims.world_size // gpus_per_node), min(gpus_per_node, dims.world_size)
     spec = _recipe_run(config, dims)

@@ -9,7 +9,6 @@ import html
 
 from hyper_parallel.mesh_dims import degrees_label
 from hyper_parallel.recipes import registry
-from launch.tables import table  # noqa: F401  (re-exported: launch.notebook.widgets.table)
 
 OK_COLOR, BAD_COLOR, INFO_COLOR = "#1a7f37", "#cf222e", "#57606a"
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import html
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,7 +48,7 @@ class MeshWidget(DegreePicker):
     """Degree selectors, live validation, a mesh-map preview, Launch and Export report for one recipe.
 
     Selection arguments as ``DegreePicker``; ``steps``, ``timeout``, ``out`` (parent folder of the run
-    directories; default: temporary) and ``figures_dir`` (where the figures of a finished run are
+    directories; default: a fresh scratch folder, as every launch's: docs/cli.md) and ``figures_dir`` (where the figures of a finished run are
     saved) are used by Launch. ``runner`` replaces ``launch.runs.run_spec`` (tests).
     """
 
@@ -245,16 +244,13 @@ class MeshWidget(DegreePicker):
         self._say(step_text(progress), INFO_COLOR)
 
     def _run(self, recipe: str, degrees: dict[str, int], steps: int, options: dict[str, int]) -> None:
+        from launch.processes.run_dirs import new_scratch_dir
         from launch.runs import resolve_run, run_spec
 
         runner = self._runner or run_spec
         # an explicit folder per run: the result's run_dir is then the folder holding its files
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = (
-            self.out / f"{recipe}-{stamp}"
-            if self.out is not None
-            else Path(tempfile.mkdtemp(prefix=f"hp-{recipe}-{stamp}-"))
-        )
+        run_dir = self.out / f"{recipe}-{stamp}" if self.out is not None else new_scratch_dir(f"hp-{recipe}-{stamp}-")
         try:
             spec = resolve_run(recipe, steps=steps, out=run_dir, **degrees, **options)
             result = runner(spec, timeout=self.timeout, on_line=self._on_line, on_progress=self._on_progress)

@@ -26,9 +26,9 @@ from hyper_parallel.mesh import ParallelDims, dp_shard_left
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.planning import plan_figure
 from hyper_parallel.viz.style import png_bytes
-from launch.notebook.widgets.display import table
 from launch.notebook.widgets.picker import DEGREES, HELP
 from launch.plan.build import MESH_DIMS, torchrun_command
+from launch.tables import table
 
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from launch.notebook.workbook_kernel import KERNEL_ARGUMENTS, WorkbookKernel
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # launch/notebook/papermill.py
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # launch/notebook/workbook.py
 FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 
 
