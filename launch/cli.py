@@ -20,18 +20,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_dims import DEGREE_KEYS, DEGREE_NAMES
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
 from launch import inputs
-from launch.processes.multinode import multinode_command, new_rdzv_id
+from launch.bench import flags as bench_flags
+from launch.plan.multinode import multinode_command, new_rdzv_id
 from launch.processes.run_dirs import RunDirError
 from launch.tables import print_table
 
-DEGREE_FLAGS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP, MeshDim.PP)
 EXIT_INVALID = 2
 
 
@@ -46,12 +48,12 @@ class _Once(argparse.Action):
 
 def _add_degrees(parser: argparse.ArgumentParser, world_flag: str = "--world") -> None:
     parser.add_argument(world_flag, dest="world_size", type=int, action=_Once, help="number of ranks")
-    for name in DEGREE_FLAGS:
+    for name in DEGREE_NAMES:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, action=_Once)
 
 
 def _degrees(args: argparse.Namespace) -> dict[str, int | None]:
-    return {name: getattr(args, name) for name in ("world_size",) + DEGREE_FLAGS}
+    return {name: getattr(args, name) for name in DEGREE_KEYS}
 
 
 def _add_options(parser: argparse.ArgumentParser) -> None:
@@ -71,112 +73,17 @@ def _options(args: argparse.Namespace) -> dict[str, int | None]:
     return {name: getattr(args, name, None) for name in OPTION_NAMES}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the recipe matrix")
-    check = sub.add_parser("check", help="validate degrees and show the mesh views and groups")
-    _add_degrees(check)
-    check.add_argument("--recipe", help="also check the recipe's constraints and shapes")
-    _add_options(check)
-    run = sub.add_parser("run", help="run a recipe on torchrun workers against its reference")
-    run.add_argument("recipe")
-    _add_degrees(run)
-    run.add_argument("--steps", type=int, action=_Once)
-    _add_options(run)
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds (> 0; inf: none)")
-    run.add_argument("--out", help="run directory (default: a new temporary one)")
-    run.add_argument("--quiet", action="store_true", help="do not stream the workers' lines")
-    run.add_argument(
-        "--no-figures", action="store_true", help="do not draw the figures (PNG + SVG) into the run directory"
-    )
-    run.add_argument(
-        "--chrome-trace",
-        action="store_true",
-        help="also write chrome_trace.json (open it in Perfetto / chrome://tracing)",
-    )
-    command = sub.add_parser("command", help="print the multi-node torchrun command of a recipe")
-    command.add_argument("recipe")
-    _add_degrees(command)
-    command.add_argument("--nnodes", type=int, required=True)
-    command.add_argument("--nproc-per-node", type=int, required=True)
-    command.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500", help="HOST:PORT of the rendezvous")
-    command.add_argument("--steps", type=int, action=_Once)
-    _add_options(command)
-    command.add_argument("--out", help="run directory each node writes into (default: runs/RECIPE-<rdzv id>)")
-    from launch.plan.flags import add_arguments as add_plan_arguments
-
-    plan = sub.add_parser("plan", help="check and cost a layout of up to thousands of ranks (no workers)")
-    _add_degrees(plan)
-    add_plan_arguments(plan)
-    workbook = sub.add_parser("workbook", help="run the workbook headless")
-    workbook.add_argument("--out", default="runs")
-    workbook.add_argument(
-        "--jobs",
-        type=int,
-        default=2,
-        help="notebooks run at a time (1: one after another); each worker keeps one kernel, reset between notebooks",
-    )
-    latency = sub.add_parser("bench-latency", help="wall time of a run: fresh launch, first and warm pool run")
-    latency.add_argument("--repeats", type=int, default=5, help="runs per column (medians are printed)")
-    latency.add_argument("--runs", type=int, default=20, help="warm runs before threads/fds per worker are counted")
-    bench = sub.add_parser("bench", help="our fully_shard against torch FSDP2, steps alternated in one run")
-    bench.add_argument(
-        "--world",
-        dest="world_size",
-        type=int,
-        default=4,
-        choices=(2, 4),
-        help="ranks: 2 runs FSDP; 4 runs FSDP, HSDP and FSDP+TP",
-    )
-    bench.add_argument("--steps", type=int, default=20, help="timed pairs per configuration")
-    bench.add_argument("--warmup", type=int, default=3, help="untimed steps of each implementation first")
-    bench.add_argument("--configs", help="comma-separated subset, e.g. FSDP,HSDP")
-    bench.add_argument("--out", help="directory for bench.json, the figure and traces (default: a new temporary one)")
-    bench.add_argument("--timeout", type=float, default=1200.0, help="wall timeout in seconds")
-    bench.add_argument(
-        "--profile",
-        action="store_true",
-        help="also profile 3 steps of each (torch.profiler): DIR/<config>/profile_<impl>.txt",
-    )
-    bench.add_argument(
-        "--no-overlap",
-        action="store_true",
-        help="ours issues every collective synchronously (no prefetch, no reduction in flight)",
-    )
-    report = sub.add_parser("report", help="write a self-contained HTML report of a run directory")
-    report.add_argument(
-        "run_dir", nargs="?", help="a run directory (holds summary.json, metrics.json, trace_rank*.json)"
-    )
-    report.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
-    report.add_argument(
-        "--compare",
-        nargs=2,
-        metavar=("RUN_A", "RUN_B"),
-        help="two runs side by side (default --out: compare.html next to RUN_A)",
-    )
-    return parser
-
-
 def cmd_list() -> int:
     rows = []
     for recipe in registry.RECIPES.values():
         dims = ParallelDims(**recipe.default)
-        active = " x ".join(
-            f"{name}={getattr(dims, name)}"
-            for name in (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
-            if getattr(dims, name) > 1
-        )
         meshes = 1 + len(recipe.alternatives)
         status = f"checked on {meshes} mesh{'es' if meshes > 1 else ''}"
         rows.append(
             (
                 recipe.name,
                 recipe.tier or "-",
-                f"{dims.world_size}: {active}",
+                f"{dims.world_size}: {dims.label(sep=' x ')}",
                 recipe.constraints() or "-",
                 status,
                 recipe.title,
@@ -304,7 +211,7 @@ def cmd_command(args: argparse.Namespace) -> int:
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:
-    from launch.notebook.papermill import run_workbook
+    from launch.notebook.workbook import run_workbook
 
     return run_workbook(Path(args.out), jobs=inputs.positive_int(args.jobs, "--jobs"))
 
@@ -325,59 +232,122 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from launch.bench.fsdp2 import print_bench, run_bench
+def cmd_plan(args: argparse.Namespace) -> int:
+    from launch.plan.flags import cmd_plan as plan
 
-    def show(rank: int, line: str) -> None:
-        if rank <= 0:
-            print(line, flush=True)
+    return plan(args)
 
-    configs = [name for name in (args.configs or "").split(",") if name]
-    result = run_bench(
-        args.world_size,
-        steps=args.steps,
-        warmup=args.warmup,
-        out=args.out,
-        configs=configs,
-        timeout=args.timeout,
-        profile=args.profile,
-        on_line=show,
-        overlap=not args.no_overlap,
+
+def _add_check(parser: argparse.ArgumentParser) -> None:
+    _add_degrees(parser)
+    parser.add_argument("--recipe", help="also check the recipe's constraints and shapes")
+    _add_options(parser)
+
+
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe")
+    _add_degrees(parser)
+    parser.add_argument("--steps", type=int, action=_Once)
+    _add_options(parser)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds (> 0; inf: none)")
+    parser.add_argument("--out", help="run directory (default: a new temporary one)")
+    parser.add_argument("--quiet", action="store_true", help="do not stream the workers' lines")
+    parser.add_argument(
+        "--no-figures", action="store_true", help="do not draw the figures (PNG + SVG) into the run directory"
     )
-    if not result.ok:
-        print(f"FAILED: {result.error}", file=sys.stderr)
-        return 1
-    print_bench(result)
-    return 0
+    parser.add_argument(
+        "--chrome-trace",
+        action="store_true",
+        help="also write chrome_trace.json (open it in Perfetto / chrome://tracing)",
+    )
+
+
+def _add_command(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe")
+    _add_degrees(parser)
+    parser.add_argument("--nnodes", type=int, required=True)
+    parser.add_argument("--nproc-per-node", type=int, required=True)
+    parser.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500", help="HOST:PORT of the rendezvous")
+    parser.add_argument("--steps", type=int, action=_Once)
+    _add_options(parser)
+    parser.add_argument("--out", help="run directory each node writes into (default: runs/RECIPE-<rdzv id>)")
+
+
+def _add_plan(parser: argparse.ArgumentParser) -> None:
+    from launch.plan.flags import add_arguments
+
+    _add_degrees(parser)
+    add_arguments(parser)
+
+
+def _add_workbook(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="runs")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="notebooks run at a time (1: one after another); each worker keeps one kernel, reset between notebooks",
+    )
+
+
+def _add_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run_dir", nargs="?", help="a run directory (holds summary.json, metrics.json, trace_rank*.json)"
+    )
+    parser.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("RUN_A", "RUN_B"),
+        help="two runs side by side (default --out: compare.html next to RUN_A)",
+    )
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+SUBCOMMANDS = {
+    "list": Subcommand("the recipe matrix", lambda parser: None, lambda args: cmd_list()),
+    "check": Subcommand("validate degrees and show the mesh views and groups", _add_check, cmd_check),
+    "run": Subcommand("run a recipe on torchrun workers against its reference", _add_run, cmd_run),
+    "command": Subcommand("print the multi-node torchrun command of a recipe", _add_command, cmd_command),
+    "plan": Subcommand("check and cost a layout of up to thousands of ranks (no workers)", _add_plan, cmd_plan),
+    "workbook": Subcommand("run the workbook headless", _add_workbook, cmd_workbook),
+    "bench-latency": Subcommand(
+        "wall time of a run: fresh launch, first and warm pool run",
+        bench_flags.add_latency_arguments,
+        bench_flags.cmd_latency,
+    ),
+    "bench": Subcommand(
+        "our fully_shard against torch FSDP2, steps alternated in one run",
+        bench_flags.add_arguments,
+        bench_flags.cmd_bench,
+    ),
+    "report": Subcommand("write a self-contained HTML report of a run directory", _add_report, cmd_report),
+}
+"""Every subcommand of ``python -m launch``: its help line, its flags and what runs it."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in SUBCOMMANDS.items():
+        command.add_arguments(sub.add_parser(name, help=command.help))
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[2:] if argv is None else list(argv[1:])  # plan's review page quotes its command
     try:
-        if args.command == "list":
-            return cmd_list()
-        if args.command == "check":
-            return cmd_check(args)
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "command":
-            return cmd_command(args)
-        if args.command == "plan":
-            from launch.plan.flags import cmd_plan
-
-            args.argv = sys.argv[2:] if argv is None else list(argv[1:])  # the review page quotes its command
-            return cmd_plan(args)
-        if args.command == "bench-latency":
-            from launch.bench.latency import measure, measure_resources, print_latency, print_resources
-
-            print_latency(measure(args.repeats), args.repeats)
-            print_resources(measure_resources(args.runs))
-            return 0
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "report":
-            return cmd_report(args)
-        return cmd_workbook(args)
+        return SUBCOMMANDS[args.command].run(args)
     except (ValueError, RunDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
 from hyper_parallel.recipes.run_spec import WORKER_MODULE, RunSpec
@@ -97,7 +96,6 @@ class RunResult:
     def __repr__(self) -> str:
         """Status, recipe, degrees, numerics, run directory: what a notebook cell should show (the metrics,
         traces and logs are fields to read, not to print)."""
-        degrees = ", ".join(f"{k}={v}" for k, v in self.dims.degrees().items() if k == "world_size" or v != 1)
         if self.ok:
             numbers = (
                 f"max |loss - ref| {self.metrics.get('max_abs_diff'):.3g}, "
@@ -106,7 +104,7 @@ class RunResult:
         else:
             numbers = "FAILED: " + ((self.error or "").strip().splitlines() or [""])[-1][:200]
         return (
-            f"RunResult({self.recipe}, {degrees}, {len(self.metrics.get('losses', []))} steps, {numbers}, "
+            f"RunResult({self.recipe}, {self.dims.label(world=True)}, {len(self.metrics.get('losses', []))} steps, {numbers}, "
             f"{self.process.duration:.1f} s, {self.run_dir})"
         )
 
@@ -115,7 +113,7 @@ class RunResult:
         color = "#2e7d32" if self.ok else "#c62828"
         rows = [
             ("status", "matches the single-process reference" if self.ok else "FAILED"),
-            ("degrees", ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k == "world_size" or v != 1)),
+            ("degrees", self.dims.label(world=True)),
             ("options", "; ".join([", ".join(f"{k}={v}" for k, v in summary["options"].items()), *summary["adapted"]])),
             ("losses", ", ".join(f"{x:.6f}" for x in summary["losses"])),
             ("reference", ", ".join(f"{x:.6f}" for x in summary["reference_losses"])),
@@ -144,25 +142,6 @@ def _short(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> dict[str, int]:
-    """The degrees of a run: the recipe's defaults when none are given; otherwise the given ones, with
-    world_size (when not given) the product of the dense degrees given (``--tp 4`` alone: 4 ranks,
-    dp_shard 1). ep and etp borrow ranks and do not count; given alone they keep the recipe's world."""
-    degrees = {k: v for k, v in given.items() if v is not None}
-    if not degrees:
-        return dict(recipe.default)
-    dense = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.PP)
-    if "world_size" not in degrees:
-        if any(name in degrees for name in dense):
-            world = 1
-            for name in dense:
-                world *= max(degrees.get(name, 1), 1)  # dp_shard -1 (infer) counts as 1
-            degrees["world_size"] = world
-        else:  # only ep / etp given: they borrow ranks of the recipe's default world
-            degrees["world_size"] = recipe.default["world_size"]
-    return degrees
-
-
 def resolve_run(
     recipe: str,
     *,
@@ -183,7 +162,7 @@ def resolve_run(
         inputs.float8_kernel(inputs.SCALED_MM_PROBE)
     return RunSpec.resolve(
         row.name,
-        resolve_degrees(row, given),
+        row.resolve_degrees(given),
         options,
         steps=None if steps is None else inputs.steps(steps),
         seed=inputs.seed(seed),

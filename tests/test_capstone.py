@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from launch.notebook.papermill import NOTEBOOKS_DIR, execute_notebook
+from launch.notebook.workbook import NOTEBOOKS_DIR, execute_notebook
 
 BLOCKS, UNITS = 2, 3
 

@@ -85,7 +85,7 @@ def test_run_writes_summary_and_traces(tmp_path):
 def test_workbook_without_notebooks_fails_loudly(tmp_path, capsys):
     """Installed as a library there is no notebooks/ folder: exit 1 and say where they are, never
     "0 notebooks, 0 failed" with status 0."""
-    from launch.notebook.papermill import run_workbook
+    from launch.notebook.workbook import run_workbook
 
     (tmp_path / "empty").mkdir()
     assert run_workbook(tmp_path / "out", notebooks_dir=tmp_path / "empty") == 1

@@ -64,3 +64,41 @@ def test_every_dotted_name_the_docs_give_imports():
             else:
                 missing.append((page.name, dotted))
     assert not missing, missing
+
+
+def test_the_figures_page_describes_every_run_figure():
+    """docs/figures.md names the drawing function of every row of the figure registry."""
+    from hyper_parallel.viz import FIGURE_SPECS
+
+    text = (ROOT / "docs" / "figures.md").read_text()
+    assert [spec.name for spec in FIGURE_SPECS if f"`{spec.function}" not in text] == []
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    anchors = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", text).replace(" ", "-"))
+    return anchors
+
+
+def test_every_link_in_the_docs_reaches_its_page_and_heading():
+    """A relative link ``[x](page.md#heading)`` resolves from the page that holds it to a file, and its
+    anchor to one of that file's headings (a link to a section that moved pages broke once)."""
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append((page.name, target, "no such file"))
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append((page.name, target, "no such heading"))
+    assert not broken, broken

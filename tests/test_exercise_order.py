@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from launch.notebook.exercises import EXERCISES
-from launch.notebook.papermill import notebooks
+from launch.notebook.workbook import notebooks
 
 NOTEBOOKS = {path.stem: path for path in notebooks()}
 

@@ -2,23 +2,22 @@
 
 ``tests/workers/fsdp_edge_cases.py`` runs each case on 4 gloo ranks (one launch) and reports the largest
 |gradient - reference| over every parameter (fp32; the same math in another summation order: <= 1e-6).
-Before their fixes (checked by running the worker against the previous fsdp package):
+What each case guards:
 
-* list_unit_frozen_first, frozen_unit_called_twice: backward crashed ("setStorage ... storage of size 0"):
-  the unit resharded after the first of several forward calls' input gradients;
-* loss_on_a_feature_not_the_output: gradients off by 1.4e-2 (the end of backward was queued by the
-  root's hook only, which never fired);
-* backward_raises_then_training_goes_on: the next steps' gradients off by 5.4e-3 (reductions left in
-  flight after the failed backward were never drained);
-* reshard_to_subgroup_then_weights_change: off by 2.7e-2 (the forward gathered the shard kept after an
-  earlier forward instead of the changed weights);
-* reentrant_checkpointing_keeps_its_gathers: 10, 12, 12 all-gathers per step (the recompute's order was
-  taken for the forward order, and every block prefetched the one just done).
-
-frozen_layer_two_backwards_of_one_forward passed before too; it guards the counters reset at the end
-of each backward. compiled_model_under_torch_compile passed before too; it guards the hooks' opt-out of
-dynamo, now decided when a hook runs so that importing fully_shard does not import dynamo
-(``test_importing_fully_shard_does_not_import_dynamo``).
+* list_unit_frozen_first, frozen_unit_called_twice: a unit called several times in one forward reshards
+  only after the input gradients of every call (resharding after the first one frees storage a later
+  backward reads: "setStorage ... storage of size 0");
+* loss_on_a_feature_not_the_output: backward ends (and reduces) even when the root's output hook never
+  fires, because the loss is not computed from the root's output;
+* backward_raises_then_training_goes_on: reductions left in flight by a failed backward are drained, so
+  the next steps' gradients are right;
+* reshard_to_subgroup_then_weights_change: a forward gathers the current weights, not a shard kept from
+  an earlier forward;
+* reentrant_checkpointing_keeps_its_gathers: the recompute's order is not taken for the forward order,
+  so no block prefetches the one just done (the gathers per step stay those of a plain forward);
+* frozen_layer_two_backwards_of_one_forward: the counters of a backward are reset when it ends;
+* compiled_model_under_torch_compile: the hooks opt out of dynamo when they run (importing fully_shard
+  does not import dynamo: ``test_importing_fully_shard_does_not_import_dynamo``).
 """
 
 from __future__ import annotations

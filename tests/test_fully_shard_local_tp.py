@@ -319,11 +319,10 @@ def test_trace_labels_the_roots_backward_activation_collective_with_root(fully_s
 
 @case("rebuilt_mesh", 4)
 def rebuilt_mesh(res: Result) -> None:
-    """Regression (bug found by this suite): build the same ParallelDims views twice in one process,
-    run the same DTensor ops on the first build, then TP + fully_shard on the second build. DTensor's
-    sharding-propagation cache hands the second build's TP parameters the first build's (value-equal)
-    tp mesh object; fully_shard used to compare root meshes with ``is`` and raised "... do not share
-    a root mesh". Must train like any other build."""
+    """Build the same ParallelDims views twice in one process, run the same DTensor ops on the first build,
+    then TP + fully_shard on the second build. DTensor's sharding-propagation cache hands the second
+    build's TP parameters the first build's (value-equal) tp mesh object, so fully_shard compares root
+    meshes by value, not identity ("... do not share a root mesh" otherwise). Trains like any other build."""
     dims = ParallelDims(world_size=4, dp_shard=2, tp=2)
     first = build_mesh(dims, "cpu")
     parallelize_mlp_local(new_mlp(40), first[MeshDim.TP], mark_partial_grads=True)  # DTensor ops on build 1

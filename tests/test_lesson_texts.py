@@ -19,8 +19,8 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.models.mlp import MLP, MLPConfig
 from hyper_parallel.viz.style import fmt_bytes
 from launch.notebook.lessons import GATHERED_LABEL, tradeoff_rows
-from launch.notebook.papermill import NOTEBOOKS_DIR
 from launch.notebook.tables import gradient_reduction
+from launch.notebook.workbook import NOTEBOOKS_DIR
 
 
 def _rows(recipe: str, degrees: dict, traces: dict | None = None) -> dict[str, list]:

@@ -37,9 +37,9 @@ def test_invalid_degrees_raise_before_any_worker(monkeypatch):
 
 
 def test_world_size_is_the_product_of_the_degrees_given():
-    """No world_size: the product of the dense degrees given (--tp 4 alone is 4 ranks with dp_shard 1,
-    which failed before: "cannot infer dp_shard: world_size=2"); none given: the recipe's default; only
-    ep/etp given: they borrow ranks of the recipe's default world."""
+    """No world_size: the product of the dense degrees given (--tp 4 alone is 4 ranks with dp_shard 1, not
+    the recipe's default world of 2, where dp_shard cannot be inferred); none given: the recipe's default;
+    only ep/etp given: they borrow ranks of the recipe's default world."""
     from hyper_parallel.recipes import RECIPES
 
     _, dims = launch_run.validate("M2", tp=4)
@@ -47,8 +47,8 @@ def test_world_size_is_the_product_of_the_degrees_given():
     assert launch_run.validate("M1", dp_shard=4)[1].world_size == 4
     assert launch_run.validate("M6", dp_shard=2, cp=2, tp=2)[1].world_size == 8
     assert launch_run.validate("M4")[1].world_size == RECIPES["M4"].default["world_size"]
-    assert launch_run.resolve_degrees(RECIPES["S1"], {"ep": 2})["world_size"] == RECIPES["S1"].default["world_size"]
-    assert launch_run.resolve_degrees(RECIPES["M2"], {"world_size": 8, "tp": 2}) == {"world_size": 8, "tp": 2}
+    assert RECIPES["S1"].resolve_degrees({"ep": 2})["world_size"] == RECIPES["S1"].default["world_size"]
+    assert RECIPES["M2"].resolve_degrees({"world_size": 8, "tp": 2}) == {"world_size": 8, "tp": 2}
 
 
 @pytest.mark.distributed

@@ -145,7 +145,7 @@ def test_parameters_sharded_reads_the_units():
 
 def test_representative_param_of_a_moe_run_is_an_expert_weight():
     """S1: a 2-D TP-free dense weight gathered on fsdp and a 3-D expert weight [4, 8, 4], S(0) on ep,
-    gathered on efsdp: the figure shows the expert weight (the 3-D tensor is no longer skipped), with
+    gathered on efsdp: the figure shows the expert weight (3-D tensors are candidates too), with
     the ep shard kept: rank 0 (ep 0) holds experts 0-1, half of their rows while sharded on efsdp."""
     dims = ParallelDims(world_size=4, dp_shard=4, ep=2)
     sparse = (MeshDim.DP_REPLICATE, MeshDim.EFSDP, MeshDim.EP)
@@ -156,7 +156,7 @@ def test_representative_param_of_a_moe_run_is_an_expert_weight():
         placement_event("layers.1.experts.w1", "(R, R, S(0))", "(R, S(1), S(0))", (4, 8, 4), "forward", 0, 0.3, sparse),
     ]
     assert representative_param(events) == "layers.1.experts.w1"
-    # S2-like: a TP-sharded 2-D weight next to it used to win (2-D preferred); the expert weight wins now
+    # S2-like: the expert weight wins over a TP-sharded 2-D weight next to it
     tp_weight = placement_event(
         "layers.0.attention.wq.weight",
         "(R, S(1), S(0))",

@@ -142,6 +142,21 @@ def test_microbatch_selector_offers_only_the_counts_that_fit_the_mesh():
     assert widget.microbatches_selector.layout.display == "none" and widget.options == {}
 
 
+def test_a_widget_run_without_out_goes_to_the_scratch_folder(tmp_path, monkeypatch):
+    """As every launch without out= (docs/cli.md, "Scratch is bounded"): a fresh folder under the private
+    scratch root, which later launches prune."""
+    from launch.processes.run_dirs import SCRATCH_ENV
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    monkeypatch.setenv(SCRATCH_ENV, str(scratch))
+    calls = []
+    widget = MeshWidget("M4", steps=1, preview=False, runner=fake_runner(calls))
+    widget.launch()
+    widget.wait(timeout=60)
+    assert calls[0].out.parent == scratch and calls[0].out.name.startswith("hp-M4-")
+
+
 def test_launch_passes_the_picked_microbatches(tmp_path):
     calls = []
     widget = MeshWidget("P1", steps=1, microbatches=2, out=tmp_path, preview=False, runner=fake_runner(calls))

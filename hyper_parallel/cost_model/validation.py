@@ -56,12 +56,6 @@ def check_degrees_divide(world_size: int, degrees: dict[str, int | None]) -> Non
         )
 
 
-def check_positive(name: str, value: float | None, nearest: float) -> None:
-    """``ValueError`` unless ``value`` (when given) is a finite number > 0."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}; nearest valid {name}: {nearest:g}")
-
-
 def smallest_valid_seq_len(layouts: list, sequence_parallel: bool = True) -> int:
     """The smallest sequence every layout accepts: 2 tp cp with CP, tp with SP, else 1 (mesh.check_model)."""
     need = 1

@@ -23,7 +23,6 @@ from hyper_parallel.cost_model.calibration import (
 from hyper_parallel.cost_model.hardware import HARDWARE, get_hardware
 from hyper_parallel.cost_model.layouts import GIB
 from hyper_parallel.cost_model.ranking import rank_layouts
-from hyper_parallel.cost_model.review import short_label
 from hyper_parallel.cost_model.step_time import estimate_step
 
 THROUGHPUT_GOAL = 0.20
@@ -137,7 +136,7 @@ def _not_on_top(row: dict) -> str:
     )
     why = next((text for prefix, text in RANK_EXPLANATIONS.items() if run.name.startswith(prefix)), "")
     return (
-        f"- {run.name}: #{row['rank']}. The planner's first, {short_label(best.dims)}, steps in {best.step_seconds:.3g} s "
+        f"- {run.name}: #{row['rank']}. The planner's first, {best.dims.label()}, steps in {best.step_seconds:.3g} s "
         f"(exposed communication {best.exposed_seconds:.3g} s, bubble {best.bubble_seconds:.3g} s, "
         f"{best.memory_bytes / GIB:.1f} GiB) against {mine.step_seconds:.3g} s ({mine.step_seconds / best.step_seconds:.2f}x: "
         f"compute {step.compute:.3g} s, waited-for communication {step.critical + step.exposed:.3g} s, bubble "

@@ -13,18 +13,18 @@ touches.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import DEGREE_NAMES
+from hyper_parallel.mesh_dims import DEGREE_KEYS, WORLD_FACTORS, degrees_label
 from hyper_parallel.recipes.matrix_dense import DENSE_ROWS
 from hyper_parallel.recipes.matrix_moe import MOE_ROWS
 from hyper_parallel.recipes.matrix_pipeline import PIPELINE_ROWS
 from hyper_parallel.recipes.matrix_tiers import TIER_ROWS
 from hyper_parallel.recipes.options import RunOptions, resolve
 from hyper_parallel.recipes.workload_facts import WorkloadFacts
-
-DEGREE_KEYS = ("world_size",) + DEGREE_NAMES
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,20 @@ class Recipe:
     must_exceed_one: tuple[str, ...] = ()
     at_least_one_of: tuple[str, ...] = ()  # at least one of these degrees must be > 1
     steps: int = 3
+
+    def resolve_degrees(self, given: Mapping[str, int | None]) -> dict[str, int]:
+        """The degrees of a run: this recipe's default when none are given; otherwise the given ones, with
+        world_size (when not given) the product of the dense degrees given (``--tp 4`` alone: 4 ranks,
+        dp_shard 1). ep and etp borrow ranks and do not count; given alone they keep the default's world."""
+        degrees = {name: value for name, value in given.items() if value is not None}
+        if not degrees:
+            return dict(self.default)
+        if "world_size" not in degrees:
+            if any(name in degrees for name in WORLD_FACTORS):
+                degrees["world_size"] = math.prod(max(degrees.get(name, 1), 1) for name in WORLD_FACTORS)
+            else:  # only ep / etp given: they borrow ranks of the recipe's default world
+                degrees["world_size"] = self.default["world_size"]
+        return degrees
 
     def validate(self, **degrees: int) -> ParallelDims:
         """The ParallelDims of a run of this recipe, or ``ValueError`` naming the broken rule (the options
@@ -140,10 +154,9 @@ def markdown_table() -> str:
     """The matrix as the Markdown table docs/recipes.md shows (tests/test_docs.py keeps the two equal)."""
     rows = ["| recipe | tier | what | default ranks: dims | constraints |", "|---|---|---|---|---|"]
     for recipe in RECIPES.values():
-        degrees = {k: v for k, v in recipe.default.items() if k != "world_size" and v != 1}
-        dims = " x ".join(f"{k}={v}" for k, v in degrees.items()) or "-"
         rows.append(
-            f"| {recipe.name} | {recipe.tier or '-'} | {recipe.title} | {recipe.default['world_size']}: {dims} "
+            f"| {recipe.name} | {recipe.tier or '-'} | {recipe.title} | {recipe.default['world_size']}: "
+            f"{degrees_label(recipe.default, sep=' x ')} "
             f"| {recipe.constraints() or '-'} |"
         )
     for name, reason in NOT_RUNNABLE.items():

@@ -36,6 +36,28 @@ def cp_chunks(cp: int) -> dict[int, tuple[int, int]]:
     return {i: (i, 2 * cp - 1 - i) for i in range(cp)}
 
 
+@dataclass(frozen=True)
+class _Styles:
+    """The parallel styles of one idealized step (``ideal_schedule``'s arguments)."""
+
+    model: str
+    shard: bool
+    replicate: bool
+    tp: bool
+    sp: bool
+    cp: bool
+    moe_layers: tuple[int, ...]
+    expert_shard: bool
+
+    @property
+    def tp_op(self) -> str:
+        """What a TP block's partial output (or input gradient) needs: reduce-scatter under SP, else all-reduce."""
+        return "reduce_scatter" if self.sp else "all_reduce"
+
+    def unit(self, layer: int) -> str:
+        return f"{'block' if self.model == 'mlp' else 'layer'} {layer}"
+
+
 def ideal_schedule(
     n_layers: int = 2,
     *,
@@ -64,97 +86,113 @@ def ideal_schedule(
         raise ValueError(f"model must be 'mlp' or 'transformer', got {model!r}")
     if sp and not tp:
         raise ValueError("sequence parallelism (sp) needs tp")
-    ar_group = MeshDim.DP_REPLICATE if shard else UNSHARDED_DP_GROUP
-    fwd, bwd = [], []
-
-    def unit_grads(unit: str, shard_group: str = "fsdp", replica_group: str = ar_group, partial: bool = sp):
-        if shard:
-            bwd.append(Slot("backward", f"gradients of {unit}", "reduce_scatter", shard_group))
-        if replicate:
-            bwd.append(Slot("backward", f"gradient {'shard ' if shard else ''}of {unit}", "all_reduce", replica_group))
-        if partial:
-            bwd.append(Slot("backward", f"partial norm gradients of {unit}", "all_reduce", "tp"))
-
-    if root and shard:
-        fwd.append(Slot("forward", "root parameters (kept until backward)", "all_gather", "fsdp"))
-    if root:
-        fwd.append(Slot("forward", "input projection" if model == "mlp" else "embedding"))
-        if tp:
-            fwd.append(Slot("forward", "embedding output", "reduce_scatter" if sp else "all_reduce", "tp"))
+    styles = _Styles(model, shard, replicate, tp, sp, cp, tuple(moe_layers), expert_shard)
+    fwd = _root_forward(styles) if root else []
+    bwd: list[Slot] = []
     for layer in range(n_layers):
-        name = f"{'block' if model == 'mlp' else 'layer'} {layer}"
-        if shard:
-            fwd.append(Slot("forward", f"{name} parameters", "all_gather", "fsdp"))
-        if model == "mlp":
-            fwd.append(Slot("forward", name))
-            continue
-        if sp:
-            fwd.append(Slot("forward", "attention input (whole sequence)", "all_gather", "tp"))
-        if cp:
-            fwd.append(Slot("forward", "K/V of the other sequence chunks", "all_gather", "cp"))
-        fwd.append(Slot("forward", f"attention {layer}"))
-        if tp:
-            fwd.append(Slot("forward", "wo's partial output", "reduce_scatter" if sp else "all_reduce", "tp"))
-        if layer in moe_layers:
-            if expert_shard:
-                fwd.append(Slot("forward", "expert parameters", "all_gather", "efsdp"))
-            fwd += [
-                Slot("forward", "token counts per expert", "all_to_all", "ep"),
-                Slot("forward", "dispatch tokens to their experts", "all_to_all", "ep"),
-                Slot("forward", f"experts {layer}"),
-                Slot("forward", "combine expert outputs", "all_to_all", "ep"),
-            ]
-            continue
-        if sp:
-            fwd.append(Slot("forward", "feed-forward input (whole sequence)", "all_gather", "tp"))
-        fwd.append(Slot("forward", f"feed-forward {layer}"))
-        if tp:
-            fwd.append(Slot("forward", "w2's partial output", "reduce_scatter" if sp else "all_reduce", "tp"))
+        fwd += _layer_forward(styles, layer)
     if root:
-        if sp:
-            fwd.append(Slot("forward", "head input (whole sequence)", "all_gather", "tp"))
-        fwd.append(Slot("forward", "head + loss"))
-        if tp:
-            fwd.append(Slot("forward", "logits (vocabulary shards)", "all_gather", "tp"))
-        bwd.append(Slot("backward", "head + loss"))
-        if tp:
-            bwd.append(Slot("backward", "head input gradient", "reduce_scatter" if sp else "all_reduce", "tp"))
+        fwd += _head_forward(styles)
+        bwd += [Slot("backward", "head + loss")]
+        bwd += [Slot("backward", "head input gradient", styles.tp_op, "tp")] if tp else []
     for layer in reversed(range(n_layers)):
-        name = f"{'block' if model == 'mlp' else 'layer'} {layer}"
-        if shard:
-            bwd.append(Slot("backward", f"{name} parameters again (resharded after forward)", "all_gather", "fsdp"))
-        if model == "transformer" and layer in moe_layers:
-            bwd.append(Slot("backward", "combine gradient", "all_to_all", "ep"))
-            if expert_shard:
-                bwd.append(Slot("backward", "expert parameters again", "all_gather", "efsdp"))
-            bwd += [Slot("backward", f"experts {layer}"), Slot("backward", "dispatch gradient", "all_to_all", "ep")]
-            if expert_shard:
-                bwd.append(Slot("backward", "expert gradients", "reduce_scatter", "efsdp"))
-        elif model == "transformer":
-            if sp:
-                bwd.append(Slot("backward", "w2 output gradient", "all_gather", "tp"))
-            bwd.append(Slot("backward", f"feed-forward {layer}"))
-            if tp:
-                bwd.append(
-                    Slot("backward", "feed-forward input gradient", "reduce_scatter" if sp else "all_reduce", "tp")
-                )
-        if model == "mlp":
-            bwd.append(Slot("backward", name))
-        else:
-            if sp:
-                bwd.append(Slot("backward", "wo output gradient", "all_gather", "tp"))
-            bwd.append(Slot("backward", f"attention {layer}"))
-            if cp:
-                bwd.append(Slot("backward", "K/V gradients back to their chunks", "reduce_scatter", "cp"))
-            if tp:  # wq, wk, wv's partial input gradients summed first: one collective per block input
-                bwd.append(Slot("backward", "attention input gradient", "reduce_scatter" if sp else "all_reduce", "tp"))
-        unit_grads(name)
+        bwd += _layer_backward(styles, layer) + _unit_gradients(styles, styles.unit(layer))
     if root:
-        if sp:
-            bwd.append(Slot("backward", "embedding output gradient", "all_gather", "tp"))
-        bwd.append(Slot("backward", "input projection" if model == "mlp" else "embedding"))
-        unit_grads("root")
+        bwd += [Slot("backward", "embedding output gradient", "all_gather", "tp")] if sp else []
+        bwd += [Slot("backward", "input projection" if model == "mlp" else "embedding")]
+        bwd += _unit_gradients(styles, "root")
     return fwd + bwd
+
+
+def _root_forward(styles: _Styles) -> list[Slot]:
+    slots = [Slot("forward", "root parameters (kept until backward)", "all_gather", "fsdp")] if styles.shard else []
+    slots.append(Slot("forward", "input projection" if styles.model == "mlp" else "embedding"))
+    if styles.tp:
+        slots.append(Slot("forward", "embedding output", styles.tp_op, "tp"))
+    return slots
+
+
+def _layer_forward(styles: _Styles, layer: int) -> list[Slot]:
+    """A block or transformer layer's forward: its gather, attention (with SP / CP), then its feed-forward
+    or its MoE."""
+    name = styles.unit(layer)
+    slots = [Slot("forward", f"{name} parameters", "all_gather", "fsdp")] if styles.shard else []
+    if styles.model == "mlp":
+        return slots + [Slot("forward", name)]
+    if styles.sp:
+        slots.append(Slot("forward", "attention input (whole sequence)", "all_gather", "tp"))
+    if styles.cp:
+        slots.append(Slot("forward", "K/V of the other sequence chunks", "all_gather", "cp"))
+    slots.append(Slot("forward", f"attention {layer}"))
+    if styles.tp:
+        slots.append(Slot("forward", "wo's partial output", styles.tp_op, "tp"))
+    if layer in styles.moe_layers:
+        if styles.expert_shard:
+            slots.append(Slot("forward", "expert parameters", "all_gather", "efsdp"))
+        return slots + [
+            Slot("forward", "token counts per expert", "all_to_all", "ep"),
+            Slot("forward", "dispatch tokens to their experts", "all_to_all", "ep"),
+            Slot("forward", f"experts {layer}"),
+            Slot("forward", "combine expert outputs", "all_to_all", "ep"),
+        ]
+    if styles.sp:
+        slots.append(Slot("forward", "feed-forward input (whole sequence)", "all_gather", "tp"))
+    slots.append(Slot("forward", f"feed-forward {layer}"))
+    if styles.tp:
+        slots.append(Slot("forward", "w2's partial output", styles.tp_op, "tp"))
+    return slots
+
+
+def _head_forward(styles: _Styles) -> list[Slot]:
+    slots = [Slot("forward", "head input (whole sequence)", "all_gather", "tp")] if styles.sp else []
+    slots.append(Slot("forward", "head + loss"))
+    if styles.tp:
+        slots.append(Slot("forward", "logits (vocabulary shards)", "all_gather", "tp"))
+    return slots
+
+
+def _layer_backward(styles: _Styles, layer: int) -> list[Slot]:
+    """A layer's backward up to its gradients: the gather again, its feed-forward or MoE, then attention."""
+    name, tp, sp = styles.unit(layer), styles.tp, styles.sp
+    slots = []
+    if styles.shard:
+        slots.append(Slot("backward", f"{name} parameters again (resharded after forward)", "all_gather", "fsdp"))
+    if styles.model == "mlp":
+        return slots + [Slot("backward", name)]
+    if layer in styles.moe_layers:
+        slots.append(Slot("backward", "combine gradient", "all_to_all", "ep"))
+        if styles.expert_shard:
+            slots.append(Slot("backward", "expert parameters again", "all_gather", "efsdp"))
+        slots += [Slot("backward", f"experts {layer}"), Slot("backward", "dispatch gradient", "all_to_all", "ep")]
+        if styles.expert_shard:
+            slots.append(Slot("backward", "expert gradients", "reduce_scatter", "efsdp"))
+    else:
+        if sp:
+            slots.append(Slot("backward", "w2 output gradient", "all_gather", "tp"))
+        slots.append(Slot("backward", f"feed-forward {layer}"))
+        if tp:
+            slots.append(Slot("backward", "feed-forward input gradient", styles.tp_op, "tp"))
+    if sp:
+        slots.append(Slot("backward", "wo output gradient", "all_gather", "tp"))
+    slots.append(Slot("backward", f"attention {layer}"))
+    if styles.cp:
+        slots.append(Slot("backward", "K/V gradients back to their chunks", "reduce_scatter", "cp"))
+    if tp:  # wq, wk, wv's partial input gradients summed first: one collective per block input
+        slots.append(Slot("backward", "attention input gradient", styles.tp_op, "tp"))
+    return slots
+
+
+def _unit_gradients(styles: _Styles, unit: str) -> list[Slot]:
+    """A unit's gradient collectives: reduce-scatter (FSDP), all-reduce over replicas, SP's partial norms."""
+    replica_group = MeshDim.DP_REPLICATE if styles.shard else UNSHARDED_DP_GROUP
+    slots = [Slot("backward", f"gradients of {unit}", "reduce_scatter", "fsdp")] if styles.shard else []
+    if styles.replicate:
+        slots.append(
+            Slot("backward", f"gradient {'shard ' if styles.shard else ''}of {unit}", "all_reduce", replica_group)
+        )
+    if styles.sp:
+        slots.append(Slot("backward", f"partial norm gradients of {unit}", "all_reduce", "tp"))
+    return slots
 
 
 def schedule_counts(schedule: list[Slot]) -> Counter:

@@ -48,14 +48,14 @@ def representative_param(events: Events, step: int | None = 0) -> str:
     best, best_score = None, None
     for order, event in enumerate(_placement_events(events, step)):
         placements = parse_placements(event["before"])
-        mp_sharded = any(
+        model_parallel_sharded = any(
             p.kind in ("S", "_S") and dim in MODEL_PARALLEL_DIMS for dim, p in zip(event["mesh_dims"], placements)
         )
         expert = any(p.kind in ("S", "_S") and dim in ("ep", "etp") for dim, p in zip(event["mesh_dims"], placements))
         score = (
             event["before"] != event["after"],
             expert,
-            mp_sharded,
+            model_parallel_sharded,
             len(event["global_shape"]) == 2,
             "_S(" not in event["before"],
             -order,
@@ -207,18 +207,7 @@ def placement_transitions(
     unshard, reshard = transition(events, param, step)
     mesh_dims, shape = unshard["mesh_dims"], unshard["global_shape"]
     gathers = _shards(unshard["after"]) < _shards(unshard["before"])
-    if gathers:
-        states = [
-            ("sharded", unshard["before"], "what the optimizer holds"),
-            ("unsharded", unshard["after"], f"{unshard['phase']}: computes with this"),
-        ]
-    else:  # DDP / pure TP: no data-parallel shard, the stored layout is the compute layout
-        states = [
-            ("stored", unshard["before"], "what the optimizer holds"),
-            ("in compute", unshard["after"], f"{unshard['phase']}: the same layout"),
-        ]
-    if reshard is not None:
-        states.append(("resharded", reshard["after"], f"after {reshard['phase']}: back to the shard"))
+    states = _states(unshard, reshard, gathers)
     fig = new_figure(4.2 * len(states) + 1.6 * (len(states) - 1), 5.2 if len(shape) > 1 else 3.0)
     ratios = [1.0, 0.38] * (len(states) - 1) + [1.0]
     grid = fig.add_gridspec(1, len(ratios), width_ratios=ratios)
@@ -233,36 +222,58 @@ def placement_transitions(
         )
         ax.set_label(f"state:{name}")
         if i + 1 < len(states):
-            arrow = fig.add_subplot(grid[0, 2 * i + 1])
-            arrow.axis("off")
-            arrow.set_label("transition")
-            before, after = placements, states[i + 1][1]
-            gathered = [
-                d for d, b, a in zip(mesh_dims, parse_placements(before), parse_placements(after)) if str(b) != str(a)
-            ]
-            verb = (
-                ("all-gather on " if i == 0 else "reshard on ") + ", ".join(gathered)
-                if gathered
-                else "no communication:\nnot sharded on a data-parallel dim"
-            )
-            arrow.annotate(
-                "",
-                xy=(0.95, 0.55),
-                xytext=(0.05, 0.55),
-                xycoords="axes fraction",
-                arrowprops={"arrowstyle": "-|>", "lw": 2, "color": "#333333"},
-            )
-            arrow.text(0.5, 0.62, verb, ha="center", va="bottom", fontsize=9, fontweight="bold", wrap=True)
-            arrow.text(
-                0.5,
-                0.48,
-                "\n".join(changes(mesh_dims, before, after)),
-                ha="center",
-                va="top",
-                fontsize=8.5,
-                family="monospace",
-            )
-    world = dims.world_size
+            _draw_transition(fig.add_subplot(grid[0, 2 * i + 1]), mesh_dims, placements, states[i + 1][1], i == 0)
+    _rank_legend(fig, dims.world_size)
+    subtitle = (
+        "only the FSDP dim is gathered; model-parallel (TP/EP/ETP) placements never change"
+        if gathers
+        else "nothing is gathered: not sharded on a data-parallel dim; model-parallel placements never change"
+    )
+    fig.suptitle(title(f"Placements of {param} (step {step})", recipe, dims) + "\n" + subtitle, fontsize=11)
+    return fig
+
+
+def _states(unshard: dict, reshard: dict | None, gathers: bool) -> list[tuple[str, str, str]]:
+    """(name, placements, note) of each panel: as stored, in compute, and after resharding if it does."""
+    if gathers:
+        states = [
+            ("sharded", unshard["before"], "what the optimizer holds"),
+            ("unsharded", unshard["after"], f"{unshard['phase']}: computes with this"),
+        ]
+    else:  # DDP / pure TP: no data-parallel shard, the stored layout is the compute layout
+        states = [
+            ("stored", unshard["before"], "what the optimizer holds"),
+            ("in compute", unshard["after"], f"{unshard['phase']}: the same layout"),
+        ]
+    if reshard is not None:
+        states.append(("resharded", reshard["after"], f"after {reshard['phase']}: back to the shard"))
+    return states
+
+
+def _draw_transition(arrow, mesh_dims: list[str], before: str, after: str, first: bool) -> None:
+    """The arrow between two panels: which dims are gathered (or resharded), and every dim's change."""
+    arrow.axis("off")
+    arrow.set_label("transition")
+    gathered = [d for d, b, a in zip(mesh_dims, parse_placements(before), parse_placements(after)) if str(b) != str(a)]
+    verb = (
+        ("all-gather on " if first else "reshard on ") + ", ".join(gathered)
+        if gathered
+        else "no communication:\nnot sharded on a data-parallel dim"
+    )
+    arrow.annotate(
+        "",
+        xy=(0.95, 0.55),
+        xytext=(0.05, 0.55),
+        xycoords="axes fraction",
+        arrowprops={"arrowstyle": "-|>", "lw": 2, "color": "#333333"},
+    )
+    arrow.text(0.5, 0.62, verb, ha="center", va="bottom", fontsize=9, fontweight="bold", wrap=True)
+    arrow.text(
+        0.5, 0.48, "\n".join(changes(mesh_dims, before, after)), ha="center", va="top", fontsize=8.5, family="monospace"
+    )
+
+
+def _rank_legend(fig: Figure, world: int) -> None:
     handles = [Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}") for r in range(world)]
     fig.legend(
         handles=handles,
@@ -272,13 +283,6 @@ def placement_transitions(
         title="colour = the rank holding the block; grey block with chips = a copy on each of those ranks",
         title_fontsize=8,
     )
-    subtitle = (
-        "only the FSDP dim is gathered; model-parallel (TP/EP/ETP) placements never change"
-        if gathers
-        else "nothing is gathered: not sharded on a data-parallel dim; model-parallel placements never change"
-    )
-    fig.suptitle(title(f"Placements of {param} (step {step})", recipe, dims) + "\n" + subtitle, fontsize=11)
-    return fig
 
 
 def _unit_of(param: str, units: set[str]) -> str:

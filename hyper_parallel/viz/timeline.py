@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from hyper_parallel.viz.clocks import clock_offsets, shift_clocks
 from hyper_parallel.viz.overlap import chunk_overlap, exposure, has_compute
 from hyper_parallel.viz.style import (
     OP_COLORS,
@@ -56,67 +56,6 @@ def collectives(
     ]
 
 
-def clock_offsets(traces: Traces) -> dict[int, float]:
-    """Per-rank clock offset (seconds, rank 0 = 0) estimated from the collectives themselves.
-
-    The k-th collective on one group (same name and ranks) is the same operation on every member, and
-    a collective ends at nearly the same moment on all of them (nobody leaves before the last one
-    arrived). Offsets are the least-squares fit of the median end-time difference of every rank pair.
-    Needed because each rank's epoch is read after a barrier, which a loaded machine can delay by tens
-    of milliseconds on some ranks.
-    """
-    ranks = sorted(traces)
-    ends: dict[tuple, dict[int, float]] = {}
-    for rank in ranks:
-        seen: dict[tuple, int] = {}
-        for event in traces[rank]:
-            if event.get("kind") != "collective" or event.get("asynchronous"):
-                continue  # an asynchronous collective's end is its wait, which each rank reaches at its own time
-            key = (event["group"], tuple(event["ranks"]))
-            k = seen[key] = seen.get(key, -1) + 1
-            ends.setdefault(key + (k,), {})[rank] = event["t_end"]
-    pairs: dict[tuple[int, int], list[float]] = {}
-    for members in ends.values():
-        first = min(members)
-        for rank, end in members.items():
-            if rank != first:
-                pairs.setdefault((rank, first), []).append(end - members[first])
-    if not pairs:
-        return {rank: 0.0 for rank in ranks}
-    index = {rank: i for i, rank in enumerate(ranks)}
-    rows, rhs = [], []
-    for (r, s), diffs in pairs.items():
-        row = np.zeros(len(ranks))
-        row[index[r]], row[index[s]] = 1.0, -1.0
-        rows.append(row * math.sqrt(len(diffs)))
-        rhs.append(float(np.median(diffs)) * math.sqrt(len(diffs)))
-    anchor = np.zeros(len(ranks))
-    anchor[0] = 1e3
-    solution = np.linalg.lstsq(np.array(rows + [anchor]), np.array(rhs + [0.0]), rcond=None)[0]
-    return {rank: float(solution[index[rank]]) for rank in ranks}
-
-
-def shift_clocks(traces: Traces, offsets: dict[int, float]) -> Traces:
-    """The traces with rank r's times moved by ``-offsets[r]``."""
-    shifted = {}
-    for rank, events in traces.items():
-        d = offsets.get(rank, 0.0)
-        shifted[rank] = [
-            dict(
-                e,
-                t_start=e["t_start"] - d,
-                t_end=e["t_end"] - d,
-                **({"t_wait": e["t_wait"] - d} if "t_wait" in e else {}),
-            )
-            if "t_start" in e
-            else dict(e, t=e["t"] - d)
-            if "t" in e
-            else e
-            for e in events
-        ]
-    return shifted
-
-
 def _times(event: dict) -> tuple[float, float]:
     return (event["t_start"], event["t_end"]) if "t_start" in event else (event["t"], event["t"])
 
@@ -133,6 +72,51 @@ def phase_spans(events: list[dict]) -> list[tuple[str, float, float]]:
     return [
         (phase, start, ordered[i + 1][1] if i + 1 < len(ordered) else last) for i, (phase, start) in enumerate(ordered)
     ]
+
+
+@dataclass(frozen=True)
+class _Lanes:
+    """What one timeline draws: the step, its rows (a rank, or a rank and a group), its events and time axis."""
+
+    step: int
+    ranks: list[int]
+    all_ranks: list[int]
+    chosen: list[tuple[int, dict]]  # (rank, collective) of the step on the drawn ranks
+    groups: list[str]
+    by_group: bool
+    lanes: list[tuple[int, str | None]]
+    step_events: dict[int, list[dict]]  # every event of the step on each drawn rank
+    t0: float
+    span: float  # seconds
+
+    def ms(self, t: float) -> float:
+        return (t - self.t0) * 1e3
+
+    def rows_of(self, rank: int) -> list[int]:
+        return [i for i, lane in enumerate(self.lanes) if lane[0] == rank]
+
+    def row(self, rank: int, group: str) -> int:
+        return self.lanes.index((rank, group if self.by_group else None))
+
+
+def _lanes(traces: Traces, step: int | None, by_group: bool | None, ranks) -> _Lanes:
+    steps = steps_of(traces)
+    if not steps:
+        raise ValueError("the traces hold no collectives")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+        raise ValueError(f"no collectives in step {step}; steps with collectives: {steps}")
+    all_ranks = sorted(traces)
+    ranks = _chosen_ranks(all_ranks, ranks)
+    chosen = [(r, e) for r, e in collectives(traces, step) if r in ranks]
+    groups = sorted({e["group"] for _, e in chosen}, key=lambda g: (g not in ("fsdp", "efsdp"), g))
+    if by_group is None:
+        by_group = len(groups) > 1 and len(ranks) * len(groups) <= 32
+    lanes = [(r, g) for r in ranks for g in groups] if by_group else [(r, None) for r in ranks]
+    step_events = {r: [e for e in traces[r] if e["step"] == step and e["phase"] != "init"] for r in ranks}
+    t0 = min(_times(e)[0] for events in step_events.values() for e in events)
+    t1 = max(_times(e)[1] for events in step_events.values() for e in events)
+    return _Lanes(step, ranks, all_ranks, chosen, groups, by_group, lanes, step_events, t0, max(t1 - t0, 1e-9))
 
 
 def timeline(
@@ -163,39 +147,35 @@ def timeline(
     offsets = clock_offsets(traces) if align else {}
     if align:
         traces = shift_clocks(traces, offsets)
-    steps = steps_of(traces)
-    if not steps:
-        raise ValueError("the traces hold no collectives")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        raise ValueError(f"no collectives in step {step}; steps with collectives: {steps}")
-    chosen = collectives(traces, step)
-    all_ranks = sorted(traces)
-    ranks = _chosen_ranks(all_ranks, ranks)
-    chosen = [(r, e) for r, e in chosen if r in ranks]
-    groups = sorted({e["group"] for _, e in chosen}, key=lambda g: (g not in ("fsdp", "efsdp"), g))
-    if by_group is None:
-        by_group = len(groups) > 1 and len(ranks) * len(groups) <= 32
-    lanes = [(r, g) for r in ranks for g in groups] if by_group else [(r, None) for r in ranks]
-    row_of = {lane: i for i, lane in enumerate(lanes)}
-    step_events = {r: [e for e in traces[r] if e["step"] == step and e["phase"] != "init"] for r in ranks}
-    t0 = min(_times(e)[0] for events in step_events.values() for e in events)
-    t1 = max(_times(e)[1] for events in step_events.values() for e in events)
-    span = max(t1 - t0, 1e-9)
-
-    def ms(t):
-        return (t - t0) * 1e3
-
-    fig = new_figure(13, 2.6 + 0.3 * len(lanes) + (0.3 if by_group else 0))
+    lanes = _lanes(traces, step, by_group, ranks)
+    computing = has_compute(traces)
+    fig = new_figure(13, 2.6 + 0.3 * len(lanes.lanes) + (0.3 if lanes.by_group else 0))
     ax = fig.add_subplot()
     ax.set_label("timeline")
-    for r in ranks:
-        rows = [row_of[lane] for lane in lanes if lane[0] == r]
-        for phase, start, end in phase_spans(step_events[r]):
+    _shade_phases(ax, lanes)
+    if computing:
+        _draw_compute(ax, lanes)
+    bar_height = 0.58 if computing else 0.76
+    for rank, event in lanes.chosen:
+        _draw_collective(ax, lanes, lanes.row(rank, event["group"]), event, bar_height)
+    if label_modules:
+        _label_units(ax, [e for r, e in lanes.chosen if r == lanes.ranks[0]], lanes.ms, lanes.span)
+    _axes(ax, lanes)
+    ops = [op for op in OPS if any(e["op"] == op for _, e in lanes.chosen)]
+    _legend(fig, lanes, ops, computing)
+    _title_and_notes(fig, traces, lanes, ops, offsets if align else None, computing, recipe, degrees)
+    return fig
+
+
+def _shade_phases(ax, lanes: _Lanes) -> None:
+    """Each rank's rows shaded by phase, the phase named over the first rank."""
+    for r in lanes.ranks:
+        rows = lanes.rows_of(r)
+        for phase, start, end in phase_spans(lanes.step_events[r]):
             ax.add_patch(
                 Rectangle(
-                    (ms(start), min(rows) - 0.5),
-                    ms(end) - ms(start),
+                    (lanes.ms(start), min(rows) - 0.5),
+                    lanes.ms(end) - lanes.ms(start),
                     len(rows),
                     facecolor=PHASE_COLORS.get(phase, "#f2f2f2"),
                     edgecolor="none",
@@ -203,9 +183,9 @@ def timeline(
                     gid="phase",
                 )
             )
-            if r == ranks[0]:
+            if r == lanes.ranks[0]:
                 ax.text(
-                    (ms(start) + ms(end)) / 2,
+                    (lanes.ms(start) + lanes.ms(end)) / 2,
                     -1.25,
                     phase,
                     ha="center",
@@ -214,88 +194,97 @@ def timeline(
                     color="#555555",
                     fontstyle="italic",
                 )
-    computing = has_compute(traces)
-    bar_height = 0.58 if computing else 0.76
-    if computing:
-        for r in ranks:
-            for event in step_events[r]:
-                if event.get("kind") != "compute":
-                    continue
-                for row in (row_of[lane] for lane in lanes if lane[0] == r):
-                    ax.add_patch(
-                        Rectangle(
-                            (ms(event["t_start"]), row + 0.24),
-                            ms(event["t_end"]) - ms(event["t_start"]),
-                            0.16,
-                            facecolor=COMPUTE_COLOR,
-                            edgecolor="none",
-                            zorder=2,
-                            gid="compute",
-                        )
+
+
+def _draw_compute(ax, lanes: _Lanes) -> None:
+    """A thin strip under each row for every compute span of its rank."""
+    for r in lanes.ranks:
+        for event in lanes.step_events[r]:
+            if event.get("kind") != "compute":
+                continue
+            for row in lanes.rows_of(r):
+                ax.add_patch(
+                    Rectangle(
+                        (lanes.ms(event["t_start"]), row + 0.24),
+                        lanes.ms(event["t_end"]) - lanes.ms(event["t_start"]),
+                        0.16,
+                        facecolor=COMPUTE_COLOR,
+                        edgecolor="none",
+                        zorder=2,
+                        gid="compute",
                     )
-    for r, event in chosen:
-        row = row_of[(r, event["group"] if by_group else None)]
-        start, width = ms(event["t_start"]), ms(event["t_end"]) - ms(event["t_start"])
-        tiny = width < MIN_BAR * span * 1e3
-        width = max(width, MIN_BAR * span * 1e3)
-        color = OP_COLORS.get(event["op"], "grey")
-        if event.get("asynchronous") and event["t_wait"] > event["t_start"]:
-            in_flight = min(ms(event["t_wait"]) - start, width)
-            ax.add_patch(
-                Rectangle(
-                    (start, row - 0.38),
-                    in_flight,
-                    bar_height,
-                    facecolor=color,
-                    alpha=IN_FLIGHT_ALPHA,
-                    edgecolor="none",
-                    zorder=2,
-                    gid="in_flight",
                 )
-            )
-            start, width = start + in_flight, max(width - in_flight, MIN_BAR * span * 1e3)
+
+
+def _draw_collective(ax, lanes: _Lanes, row: int, event: dict, bar_height: float) -> None:
+    """One collective's bar (pale while in flight before its wait), widened when tiny, labelled when wide."""
+    least = MIN_BAR * lanes.span * 1e3
+    start, width = lanes.ms(event["t_start"]), lanes.ms(event["t_end"]) - lanes.ms(event["t_start"])
+    tiny = width < least
+    width = max(width, least)
+    color = OP_COLORS.get(event["op"], "grey")
+    if event.get("asynchronous") and event["t_wait"] > event["t_start"]:
+        in_flight = min(lanes.ms(event["t_wait"]) - start, width)
         ax.add_patch(
             Rectangle(
                 (start, row - 0.38),
-                width,
+                in_flight,
                 bar_height,
                 facecolor=color,
-                hatch=group_hatch(event["group"]),
-                edgecolor="black" if tiny else "#333333",
-                linewidth=0.8 if tiny else 0.4,
+                alpha=IN_FLIGHT_ALPHA,
+                edgecolor="none",
                 zorder=2,
-                gid="collective",
+                gid="in_flight",
             )
         )
-        if width > 0.045 * span * 1e3:
-            ax.text(
-                start + width / 2,
-                row,
-                f"{OP_SHORT.get(event['op'], event['op'])} {event['group']}",
-                ha="center",
-                va="center",
-                fontsize=7,
-                zorder=3,
-                clip_on=True,
-                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.8, "linewidth": 0},
-            )
-    if label_modules:
-        _label_units(ax, [e for r, e in chosen if r == ranks[0]], ms, span)
-    ax.set_xlim(-0.01 * span * 1e3, span * 1.01e3)
-    ax.set_ylim(len(lanes) - 0.5, -1.7)
-    ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([f"rank {r}" + (f" · {g}" if g else "") for r, g in lanes], fontsize=8)
-    for i in range(1, len(ranks)):
-        ax.axhline(i * len(lanes) / len(ranks) - 0.5, color="black", linewidth=0.8, zorder=1)
-    ax.set_xlabel(f"time in step {step} (ms since the step's first traced event)")
+        start, width = start + in_flight, max(width - in_flight, least)
+    ax.add_patch(
+        Rectangle(
+            (start, row - 0.38),
+            width,
+            bar_height,
+            facecolor=color,
+            hatch=group_hatch(event["group"]),
+            edgecolor="black" if tiny else "#333333",
+            linewidth=0.8 if tiny else 0.4,
+            zorder=2,
+            gid="collective",
+        )
+    )
+    if width > 0.045 * lanes.span * 1e3:
+        ax.text(
+            start + width / 2,
+            row,
+            f"{OP_SHORT.get(event['op'], event['op'])} {event['group']}",
+            ha="center",
+            va="center",
+            fontsize=7,
+            zorder=3,
+            clip_on=True,
+            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.8, "linewidth": 0},
+        )
+
+
+def _axes(ax, lanes: _Lanes) -> None:
+    ax.set_xlim(-0.01 * lanes.span * 1e3, lanes.span * 1.01e3)
+    ax.set_ylim(len(lanes.lanes) - 0.5, -1.7)
+    ax.set_yticks(range(len(lanes.lanes)))
+    ax.set_yticklabels([f"rank {r}" + (f" · {g}" if g else "") for r, g in lanes.lanes], fontsize=8)
+    for i in range(1, len(lanes.ranks)):
+        ax.axhline(i * len(lanes.lanes) / len(lanes.ranks) - 0.5, color="black", linewidth=0.8, zorder=1)
+    ax.set_xlabel(f"time in step {lanes.step} (ms since the step's first traced event)")
     ax.grid(axis="x", color="white", linewidth=0.6, zorder=1)
-    ops = [op for op in OPS if any(e["op"] == op for _, e in chosen)]
+
+
+def _legend(fig: Figure, lanes: _Lanes, ops: list[str], computing: bool) -> None:
     handles = [Patch(facecolor=OP_COLORS[op], edgecolor="black", label=op) for op in ops]
-    handles += [Patch(facecolor="white", edgecolor="black", hatch=group_hatch(g), label=f"group {g}") for g in groups]
+    handles += [
+        Patch(facecolor="white", edgecolor="black", hatch=group_hatch(g), label=f"group {g}") for g in lanes.groups
+    ]
     handles += [
         Patch(facecolor=PHASE_COLORS[p], label=f"{p} phase")
         for p in PHASE_COLORS
-        if any(e["phase"] == p for events in step_events.values() for e in events)
+        if any(e["phase"] == p for events in lanes.step_events.values() for e in events)
     ]
     if computing:
         handles += [
@@ -310,8 +299,22 @@ def timeline(
         title="colour = op, hatch = group",
         title_fontsize=8,
     )
-    counts = ", ".join(f"{sum(e['op'] == op for r, e in chosen if r == ranks[0])} {OP_SHORT[op]}" for op in ops)
-    shift = max((abs(v) for v in offsets.values()), default=0.0) * 1e3
+
+
+def _title_and_notes(
+    fig: Figure,
+    traces: Traces,
+    lanes: _Lanes,
+    ops: list[str],
+    offsets: dict[int, float] | None,
+    computing: bool,
+    recipe: str | None,
+    degrees,
+) -> None:
+    """The one-line title (with exposed communication when compute was traced) and ``fig.notes``
+    (``offsets``: the clock corrections applied, None when the clocks were left raw)."""
+    ranks, step, first = lanes.ranks, lanes.step, lanes.ranks[0]
+    counts = ", ".join(f"{sum(e['op'] == op for r, e in lanes.chosen if r == first)} {OP_SHORT[op]}" for op in ops)
     exposed = ""
     if computing:
         per_rank = exposure({r: traces[r] for r in ranks}, step)
@@ -323,27 +326,29 @@ def timeline(
             exposed += "\nasync TP chunks in flight behind compute: " + ", ".join(
                 f"r{r} {v['fraction']:.0%}" for r, v in pipelined.items()
             )
-    shown = "" if ranks == all_ranks else f", ranks {', '.join(map(str, ranks))} of {len(all_ranks)}"
+    shown = "" if ranks == lanes.all_ranks else f", ranks {', '.join(map(str, ranks))} of {len(lanes.all_ranks)}"
     fig.suptitle(
         title(f"{'Compute and c' if computing else 'C'}ollectives, step {step}{shown}", recipe, degrees) + exposed,
         fontsize=10,
     )
-    fig.notes = [
-        f"rank {ranks[0]} in step {step}: {counts}.",
-        (
+    if offsets is not None:
+        shift = max((abs(v) for v in offsets.values()), default=0.0) * 1e3
+        clocks = (
             f"Clocks aligned on the ends of synchronous collectives (largest correction {shift:.1f} ms): a "
             "collective ends together on its ranks and starts when each rank arrives."
         )
-        if align
-        else "Raw clocks (not aligned).",
+    else:
+        clocks = "Raw clocks (not aligned)."
+    fig.notes = [
+        f"rank {first} in step {step}: {counts}.",
+        clocks,
         f"Bars under {MIN_BAR:.1%} of the step are widened and outlined so they stay visible.",
     ]
-    if ranks != all_ranks:
+    if ranks != lanes.all_ranks:
         fig.notes.append(
-            f'Drawn: ranks {", ".join(map(str, ranks))} of {len(all_ranks)}; `ranks="all"` draws every rank '
+            f'Drawn: ranks {", ".join(map(str, ranks))} of {len(lanes.all_ranks)}; `ranks="all"` draws every rank '
             "(on 2 cores the other rows mostly show ranks waiting for a core)."
         )
-    return fig
 
 
 def default_ranks(all_ranks: list[int]) -> list[int]:

@@ -114,31 +114,32 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
     grid = fig.add_gridspec(1, 2, width_ratios=[max(len(keys), 2), max(len(traces), 2) * 0.6 + 1])
     ax = fig.add_subplot(grid[0, 0])
     ax.set_label("volume")
+    _against_minimum(ax, keys, measured, counts, theory, step)
+    wax = fig.add_subplot(grid[0, 1])
+    wax.set_label("wire")
+    _wire_per_rank(wax, wire_bytes(traces, step))
+    minimum = (
+        "\nminimum = per fully_shard unit: AG of its parameters (twice if resharded after forward), "
+        "one RS, AR of 1/shard_size (HSDP)"
+    )
+    fig.suptitle(
+        title(f"Communication volume, step {step}", metrics.get("recipe"), metrics.get("degrees"))
+        + (minimum if theory else "\nevery bar is the parallel style's own traffic (TP, CP, EP): measured only"),
+        fontsize=10,
+    )
+    return fig
+
+
+def _against_minimum(
+    ax, keys: list[Key], measured: dict[Key, float], counts: dict[Key, int], theory: dict[Key, float], step: int
+) -> None:
+    """Rank 0's measured bars beside fully_shard's minimum, fully_shard's (op, group)s first."""
     top = max([*measured.values(), *theory.values(), 1.0])
     for i, key in enumerate(keys):
-        op, group = key
         if key in theory:
             ax.bar(i - 0.2, theory[key], 0.38, color="#c8c8c8", edgecolor="#555555", linestyle="--", gid="theory")
         if key in measured:
-            x = i + 0.2 if key in theory else i
-            ax.bar(
-                x,
-                measured[key],
-                0.38,
-                color=OP_COLORS.get(op, "grey"),
-                edgecolor="black",
-                hatch=group_hatch(group),
-                gid="measured",
-            )
-            note = f"×{measured[key] / theory[key]:.2f} of min" if theory.get(key) else "measured only"
-            ax.text(
-                x,
-                measured[key] + top * 0.015,
-                f"{note}\n{counts[key]} call{'s' * (counts[key] != 1)}\n{fmt_bytes(measured[key])}",
-                ha="center",
-                va="bottom",
-                fontsize=7.5,
-            )
+            _measured_bar(ax, i + 0.2 if key in theory else i, key, measured[key], counts[key], theory.get(key), top)
         elif key in theory:
             ax.text(
                 i - 0.2,
@@ -178,15 +179,32 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
         )
     else:
         ax.set_title(f"rank 0, step {step}: measured (no fully_shard collective on this mesh)", fontsize=10)
-    wax = fig.add_subplot(grid[0, 1])
-    wax.set_label("wire")
-    wire = wire_bytes(traces, step)
-    wire_keys = _order({k for per in wire.values() for k in per})
+
+
+def _measured_bar(ax, x: float, key: Key, measured: float, count: int, minimum: float | None, top: float) -> None:
+    """One measured bar with its ratio to the minimum (or "measured only"), its calls and its bytes."""
+    op, group = key
+    ax.bar(
+        x, measured, 0.38, color=OP_COLORS.get(op, "grey"), edgecolor="black", hatch=group_hatch(group), gid="measured"
+    )
+    note = f"×{measured / minimum:.2f} of min" if minimum else "measured only"
+    ax.text(
+        x,
+        measured + top * 0.015,
+        f"{note}\n{count} call{'s' * (count != 1)}\n{fmt_bytes(measured)}",
+        ha="center",
+        va="bottom",
+        fontsize=7.5,
+    )
+
+
+def _wire_per_rank(ax, wire: dict[int, dict[Key, float]]) -> None:
+    """Every rank's bytes on the wire, stacked by (op, group)."""
     ranks = sorted(wire)
     bottoms = [0.0] * len(ranks)
-    for key in wire_keys:
+    for key in _order({k for per in wire.values() for k in per}):
         heights = [wire[r].get(key, 0.0) for r in ranks]
-        wax.bar(
+        ax.bar(
             ranks,
             heights,
             0.7,
@@ -198,23 +216,13 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
             gid="wire",
         )
         bottoms = [b + h for b, h in zip(bottoms, heights)]
-    wax.set_xticks(ranks)
-    wax.set_xlabel("rank")
-    wax.set_ylabel("bytes sent per rank")
-    wax.set_ylim(0, max(bottoms + [1.0]) * 1.35)
-    _byte_axis(wax, max(bottoms + [1.0]))
-    wax.set_title("wire bytes per rank (ring: AG/RS ×(n-1)/n, AR ×2(n-1)/n)", fontsize=10)
-    wax.legend(fontsize=7.5, ncol=2, loc="upper center")
-    minimum = (
-        "\nminimum = per fully_shard unit: AG of its parameters (twice if resharded after forward), "
-        "one RS, AR of 1/shard_size (HSDP)"
-    )
-    fig.suptitle(
-        title(f"Communication volume, step {step}", metrics.get("recipe"), metrics.get("degrees"))
-        + (minimum if theory else "\nevery bar is the parallel style's own traffic (TP, CP, EP): measured only"),
-        fontsize=10,
-    )
-    return fig
+    ax.set_xticks(ranks)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("bytes sent per rank")
+    ax.set_ylim(0, max(bottoms + [1.0]) * 1.35)
+    _byte_axis(ax, max(bottoms + [1.0]))
+    ax.set_title("wire bytes per rank (ring: AG/RS ×(n-1)/n, AR ×2(n-1)/n)", fontsize=10)
+    ax.legend(fontsize=7.5, ncol=2, loc="upper center")
 
 
 SCHEME_STYLES = {  # each sequence scheme's colour and marks in sequence_schemes

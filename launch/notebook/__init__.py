@@ -7,5 +7,6 @@ lessons.py        a recipe's own code (``inspect``), its trade-offs in numbers
 memory_lesson.py  notebook 02's predictions from the cost model, beside a run's measured memory
 magic.py          ``%%torchrun -n 4``: a cell on N ranks of the warm pool
 widgets/          the mesh picker, the run widget, the planner and benchmark widgets
-papermill.py      ``make workbook``: every notebook headless, in reading order
+workbook.py       ``make workbook``: every notebook headless (papermill), in reading order
+workbook_kernel.py  the kernel (and warm pool) a workbook worker keeps across its notebooks
 """

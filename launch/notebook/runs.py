@@ -83,8 +83,7 @@ def run_recipes(
 def status_line(label: str, result) -> str:
     """One line per run for a notebook: OK or FAILED, the degrees, and the numbers against the reference."""
     summary = result.summary()
-    degrees = ", ".join(f"{k}={v}" for k, v in summary["degrees"].items() if k != "world_size" and v != 1)
-    head = f"{'OK    ' if result.ok else 'FAILED'} {label} (world_size={summary['degrees']['world_size']}: {degrees})"
+    head = f"{'OK    ' if result.ok else 'FAILED'} {label} ({result.dims.label(world=True)})"
     if result.ok:
         return (
             f"{head}: max |loss - reference| = {summary['max_abs_diff']:.3g}, "

@@ -9,8 +9,8 @@
     ratio_verdict(row["ratio"])           whether a benchmark ratio is outside its quartile noise
     pipeline_reduction_text(result, m)    how often a pipeline run reduced its gradients, from its trace
 
-``results`` maps a label to a RunResult (``launch.notebook.runs.run_recipes``). The notebooks import
-these from ``launch.notebook.papermill``, which re-exports them.
+``results`` maps a label to a RunResult (``launch.notebook.runs.run_recipes``); the notebooks import
+these from here.
 """
 
 from __future__ import annotations

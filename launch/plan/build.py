@@ -18,22 +18,12 @@ from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, Hardware
 from hyper_parallel.cost_model.layouts import Bandwidth, TimedCollective, check_gpus_per_node
 from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
 from hyper_parallel.mesh import ParallelDims
-from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_dims import DERIVED_NAMES, STAGE_DEGREES
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.run_spec import RunSpec
 
-MESH_DIMS = (
-    MeshDim.DP_REPLICATE,
-    MeshDim.DP_SHARD,
-    MeshDim.CP,
-    MeshDim.TP,
-    MeshDim.FSDP,
-    MeshDim.DP,
-    MeshDim.DP_CP,
-    MeshDim.EFSDP,
-    MeshDim.EP,
-    MeshDim.ETP,
-)
+MESH_DIMS = (*STAGE_DEGREES, *DERIVED_NAMES)
+"""The dims whose groups a plan lists: every degree but pp, then the derived dims."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +102,7 @@ def make_plan(
 def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rdzv_endpoint: str) -> str:
     """The multi-node command of ``launch command`` for this layout: the recipe worker when a recipe trains
     this model on these degrees, otherwise the same torchrun line in front of your own training module."""
-    from launch.processes.multinode import multinode_command
+    from launch.plan.multinode import multinode_command
 
     nnodes, per_node = max(1, dims.world_size // gpus_per_node), min(gpus_per_node, dims.world_size)
     spec = _recipe_run(config, dims)

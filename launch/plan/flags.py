@@ -44,13 +44,14 @@ from hyper_parallel.cost_model.layouts import check_gpus_per_node
 from hyper_parallel.cost_model.model_configs import AC_MODES
 from hyper_parallel.cost_model.pipeline import SCHEDULES, edge_stages, get_schedule
 from hyper_parallel.cost_model.ranking import rank_layouts
-from hyper_parallel.cost_model.review import parse_layouts, review_layouts, short_label
+from hyper_parallel.cost_model.review import parse_layouts, review_layouts
 from hyper_parallel.cost_model.stacks import STACKS
 from hyper_parallel.cost_model.validation import check_degrees_divide, check_step_sizes
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import DEGREE_NAMES
 from launch.plan.build import make_plan, torchrun_command
 from launch.plan.render import compare_json, plan_json, print_compare, print_plan
+from launch.plan.review_page import FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,9 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--layouts", help='named candidates side by side, e.g. "dp_shard=512; dp_replicate=64,dp_shard=8"'
     )
-    parser.add_argument(
-        "--format", choices=("text", "md", "csv", "json"), default="text", help="--layouts output (default: text)"
-    )
+    parser.add_argument("--format", choices=FORMATS, default="text", help="--layouts output (default: text)")
     parser.add_argument("--out", help="--layouts: write the review here (.html: the self-contained page)")
     parser.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
@@ -264,7 +263,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as error:
         if not args.compare:
             raise
-        plan, refused = None, f"the layout given ({short_label(dims)}) is not one: {error}"
+        plan, refused = None, f"the layout given ({dims.label()}) is not one: {error}"
     ranked = rank_layouts(config, dims.world_size, args.gpus_per_node, hardware, args.sort) if args.compare else None
     command = torchrun_command(config, dims, args.gpus_per_node, args.rdzv_endpoint) if plan else None
     if args.json or args.format == "json":

@@ -1,13 +1,11 @@
 """docs/design_review_512.md and .html: the worked design review of an 8B model on 512 H100s, generated
-from the planner so it cannot drift from it (tests/test_review.py compares both with a fresh rendering;
-``make docs`` rewrites them):
-
-    python -m launch.plan.review_example docs
+from the planner so it cannot drift from it (tests/test_review.py fails when the committed files differ;
+``make docs`` regenerates them).
 """
 
 from __future__ import annotations
 
-import sys
+import re
 from pathlib import Path
 
 from hyper_parallel.cost_model import get_model
@@ -107,10 +105,19 @@ def html() -> str:
     return to_html(reviews, config, machine, WORLD, GPUS_PER_NODE, COMMAND)
 
 
+def stable(page: str) -> str:
+    """The page without what changes on every render (its timestamp, its PNG's bytes)."""
+    return re.sub(r'src="data:image/png;base64,[^"]*"', "", re.sub(r"generated [0-9-]+ [0-9:]+ UTC", "", page))
+
+
+def is_current(directory: Path) -> bool:
+    """Whether ``directory`` holds the planner's review now (the html compared by ``stable``)."""
+    md, page = directory / "design_review_512.md", directory / "design_review_512.html"
+    if not md.exists() or md.read_text(encoding="utf-8") != markdown():
+        return False
+    return page.exists() and stable(page.read_text(encoding="utf-8")) == stable(html())
+
+
 def write(directory: Path) -> None:
     (directory / "design_review_512.md").write_text(markdown(), encoding="utf-8")
     (directory / "design_review_512.html").write_text(html(), encoding="utf-8")
-
-
-if __name__ == "__main__":
-    write(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"))

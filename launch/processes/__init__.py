@@ -7,5 +7,4 @@ failure_report.py  which rank to blame when a launch fails, and the lines that s
 run_dirs.py        a run directory no concurrent launch shares; scratch that is cleaned
 pool.py            the warm pool: workers that stay up between runs (pool_worker.py is one rank,
                    pool_listener.py where they connect, pool_health.py what they hold)
-multinode.py       the torchrun line for a multi-node job (printed, never run here)
 """

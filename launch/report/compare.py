@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.report.markup import degrees_text, esc, num_cell
+from hyper_parallel.mesh_dims import degrees_label
+from launch.report.markup import esc, num_cell
 from launch.report.predicted import at_scale, at_scale_sentence, volume_rows
 from launch.report.run_data import RunData, read_run
 from launch.report.style import STYLESHEET
@@ -26,7 +27,7 @@ def _facts(run: RunData, volume: list[dict] | None) -> dict[str, str]:
     return {
         "recipe": run.recipe_name or "?",
         "verdict": "PASSED" if run.ok else "FAILED",
-        "degrees": degrees_text(run.degrees),
+        "degrees": degrees_label(run.degrees, world=True),
         "steps": str(len(run.value("losses") or [])),
         "max |loss - reference|": f"{diff:.2e}" if isinstance(diff, (int, float)) else "–",
         "mean step time (CPU, gloo)": f"{sum(times) / len(times):.3f} s" if times else "–",

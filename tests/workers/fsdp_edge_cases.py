@@ -1,8 +1,8 @@
 """torchrun worker for tests/test_fsdp_edge_cases.py: unusual but legitimate training loops, each
 compared with one process running the same loop on the global batch (gradients of every parameter).
 
-Found by a review of fully_shard's frozen-parameter, list-unit and overlap code (tests/test_fsdp_edge_cases.py
-says which failed before their fix). Output: ``OUT/edge_rank{r}.json``: case -> max |grad -
+The cases exercise fully_shard's frozen-parameter, list-unit and overlap code (tests/test_fsdp_edge_cases.py
+says what each guards). Output: ``OUT/edge_rank{r}.json``: case -> max |grad -
 reference| over all parameters, or the traceback.
 
     torchrun --nproc-per-node 2 tests/workers/fsdp_edge_cases.py --out DIR

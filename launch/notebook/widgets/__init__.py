@@ -11,16 +11,17 @@
     mesh_widget.py  MeshWidget: the picker plus Launch / Stop / progress / logs / figures / Export report
     plan_widget.py  PlanWidget: a layout at scale with the cost model's memory / communication bars
     bench_widget.py BenchWidget: world size, configurations and pairs of ``python -m launch bench``
-    display.py      recipe_card, table, cli_command, widget_help: what the notebooks show
+    display.py      recipe_card, cli_command, widget_help: what the notebooks show (``table``: launch.tables)
 
 Nothing here starts a worker until Launch is clicked (or ``launch()`` called).
 """
 
 from launch.notebook.widgets.bench_widget import BenchWidget
-from launch.notebook.widgets.display import WIDGET_HELP, cli_command, recipe_card, table, widget_help
+from launch.notebook.widgets.display import WIDGET_HELP, cli_command, recipe_card, widget_help
 from launch.notebook.widgets.mesh_widget import MeshWidget, Stopped
 from launch.notebook.widgets.picker import DEGREES, HELP, DegreePicker, valid_meshes
 from launch.notebook.widgets.plan_widget import PlanWidget
+from launch.tables import table
 
 __all__ = [
     "DEGREES",

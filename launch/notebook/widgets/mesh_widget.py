@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import html
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +21,10 @@ from urllib.parse import quote
 
 import ipywidgets as widgets
 
+from hyper_parallel.mesh_dims import degrees_label
 from hyper_parallel.run_files import PROGRESS_PREFIX
 from hyper_parallel.viz.style import png_bytes
-from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, degrees_text, step_text
+from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, step_text
 from launch.notebook.widgets.picker import DegreePicker
 
 LOG_FLUSH_SECONDS = 0.3
@@ -48,7 +48,7 @@ class MeshWidget(DegreePicker):
     """Degree selectors, live validation, a mesh-map preview, Launch and Export report for one recipe.
 
     Selection arguments as ``DegreePicker``; ``steps``, ``timeout``, ``out`` (parent folder of the run
-    directories; default: temporary) and ``figures_dir`` (where the figures of a finished run are
+    directories; default: a fresh scratch folder, as every launch's: docs/cli.md) and ``figures_dir`` (where the figures of a finished run are
     saved) are used by Launch. ``runner`` replaces ``launch.runs.run_spec`` (tests).
     """
 
@@ -155,7 +155,7 @@ class MeshWidget(DegreePicker):
         self.progress.description = "steps"
         self._set_busy(True)
         self._say(
-            f"starting {degrees['world_size']} worker(s) for {recipe} ({degrees_text(degrees)}); importing "
+            f"starting {degrees['world_size']} worker(s) for {recipe} ({degrees_label(degrees, world=True)}); importing "
             "torch and the rendezvous take 10-20 s on a small machine …",
             INFO_COLOR,
         )
@@ -244,16 +244,13 @@ class MeshWidget(DegreePicker):
         self._say(step_text(progress), INFO_COLOR)
 
     def _run(self, recipe: str, degrees: dict[str, int], steps: int, options: dict[str, int]) -> None:
+        from launch.processes.run_dirs import new_scratch_dir
         from launch.runs import resolve_run, run_spec
 
         runner = self._runner or run_spec
         # an explicit folder per run: the result's run_dir is then the folder holding its files
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = (
-            self.out / f"{recipe}-{stamp}"
-            if self.out is not None
-            else Path(tempfile.mkdtemp(prefix=f"hp-{recipe}-{stamp}-"))
-        )
+        run_dir = self.out / f"{recipe}-{stamp}" if self.out is not None else new_scratch_dir(f"hp-{recipe}-{stamp}-")
         try:
             spec = resolve_run(recipe, steps=steps, out=run_dir, **degrees, **options)
             result = runner(spec, timeout=self.timeout, on_line=self._on_line, on_progress=self._on_progress)

@@ -7,8 +7,8 @@
                                               kernel and warm pool, reset between its notebooks)
 
 The helpers the notebooks call (so their cells stay one call each) live in ``launch.notebook.runs``
-(running recipes, figures, invalid meshes, the CLI) and ``launch.notebook.tables`` (result tables);
-the notebooks import them from here:
+(running recipes, figures, invalid meshes, the CLI) and ``launch.notebook.tables`` (result tables), where
+the notebooks import them from:
 
     run_recipes({"M4": m4, "M7": m7}, steps=2, out=runs_dir)   one torchrun launch per world size
     figures(result, figures_dir)          the figures of a run, each drawn (and saved as PNG) when shown
@@ -34,7 +34,7 @@ from typing import Any
 
 from launch.notebook.workbook_kernel import KERNEL_ARGUMENTS, WorkbookKernel
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # launch/notebook/papermill.py
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # launch/notebook/workbook.py
 FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 
 
