@@ -43,7 +43,7 @@ def test_csv_and_json_equal_estimate_per_candidate():
     code, text, err = plan(*BASE, "--layouts", LAYOUTS, "--format", "csv")
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(text)))
-    config, h100 = get_model("llama-8b-like"), get_hardware("h100-nvl8-ndr")
+    config, h100 = get_model("llama-8b-like"), get_hardware("h100-sxm")
     assert (
         [c["layout"] for c in doc["candidates"]]
         == [r["layout"] for r in rows]
@@ -110,10 +110,10 @@ def test_ties_within_the_resolution_and_the_pareto_front():
 
 
 def test_memory_budget_is_memory_minus_reserve_and_over_budget_is_flagged():
-    """TP 8 with 8 sequences resident and loss parallelism: 73.5 GiB. Over 79.6 - 8 = 71.6 GiB; within
-    80 - 0. Without loss parallelism the all-gathered float32 logits add 8 x 8192 x 128256 x 4 x 7/8 B
-    = 27.4 GiB: 100.9 GiB, over both."""
-    lp = ["--layouts", "dp_shard=64,tp=8", "--loss-parallel", "--format", "json"]
+    """TP 8 with 8 sequences resident and loss parallelism: 73.5 GiB. Over 79.6 - 8 = 71.6 GiB with an 8 GiB
+    reserve; within 80 - 0. Without loss parallelism the all-gathered float32 logits add 8 x 8192 x 128256 x 4
+    x 7/8 B = 27.4 GiB: 100.9 GiB, over both."""
+    lp = ["--layouts", "dp_shard=64,tp=8", "--loss-parallel", "--format", "json", "--memory-reserve-gib", "8"]
     code, text, _ = plan(*BASE, *lp)
     candidate = json.loads(text)["candidates"][0]
     assert candidate["memory_total_bytes"] / GIB == pytest.approx(73.5, abs=0.05) and not candidate["fits"]
@@ -247,7 +247,7 @@ def test_review_figure_labels_do_not_overlap():
     from hyper_parallel.cost_model.review import parse_layouts, review_layouts
     from hyper_parallel.viz.planning import review_figure
 
-    machine = get_hardware("h100-nvl8-ndr")
+    machine = get_hardware("h100-sxm")
     text = "dp_replicate=16,dp_shard=16,cp=2,tp=8; dp_shard=512,tp=8; dp_replicate=2,dp_shard=256,tp=8"
     reviews = review_layouts(get_model("llama-8b-like"), parse_layouts(text, 4096), 8, machine)
     fig = review_figure(reviews, machine.budget_bytes)
