@@ -8,6 +8,7 @@ and 06's table of what each degree communicates.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from hyper_parallel.cost_model import estimate, recipe_model
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.models.mlp import MLP, MLPConfig
 from hyper_parallel.viz.style import fmt_bytes
-from launch.notebook.lessons import GATHERED_LABEL, tradeoff_rows
+from launch.notebook.lessons import GATHERED_LABEL, STATE_AND_TRANSIENT_LABEL, tradeoff_rows
 from launch.notebook.papermill import NOTEBOOKS_DIR
 from launch.notebook.tables import gradient_reduction
 
@@ -44,6 +45,35 @@ def test_the_transient_row_of_ddp_is_one_blocks_gradients_and_of_fsdp_adds_the_g
     assert ddp[2] == fmt_bytes(block)
     assert fsdp[2] == fmt_bytes(root + 2 * block)
     assert "gradients" in GATHERED_LABEL
+
+
+def _held_at_peak(recipe: str, degrees: dict, n_layers: int | None = None):
+    """The cost model's memory for one rank and its parameters + gradients + optimizer + transient."""
+    config = recipe_model(recipe)
+    if n_layers is not None:
+        config = dataclasses.replace(config, n_layers=n_layers)
+    memory = estimate(config, ParallelDims(**degrees)).memory
+    return memory, memory.parameters + memory.gradients + memory.optimizer + memory.gathered
+
+
+def test_01_fsdp_holds_less_than_ddp_at_the_peak_as_its_text_says():
+    """01's sentence after the M4 trade-off table: its numbers are the tables' (the cost model's) and its
+    verdict the sum's: FSDP's transient row is larger, yet parameters + gradients + transient are smaller,
+    and the gap grows with the number of blocks."""
+    text = _markdown("01_ddp_fsdp")
+    sentence = text[text.index("What FSDP buys and what it pays") :].split("\n")[0]
+    ddp_degrees, fsdp_degrees = dict(world_size=2, dp_replicate=2), dict(world_size=2, dp_shard=2)
+    ddp, ddp_held = _held_at_peak("M1", ddp_degrees)
+    fsdp, fsdp_held = _held_at_peak("M4", fsdp_degrees)
+    assert fsdp_held < ddp_held and fsdp.gathered > ddp.gathered
+    assert fsdp.activations == ddp.activations and ddp.optimizer == fsdp.optimizer == 0
+    assert _rows("M1", ddp_degrees)[STATE_AND_TRANSIENT_LABEL][2] == fmt_bytes(ddp_held)
+    assert _rows("M4", fsdp_degrees)[STATE_AND_TRANSIENT_LABEL][2] == fmt_bytes(fsdp_held)
+    quoted = [fmt_bytes(n) for n in (fsdp.gathered, ddp.gathered, fsdp_held, ddp_held, fsdp.activations)]
+    assert re.findall(r"\d+\.\d KiB", sentence) == quoted, sentence
+    gaps = [_held_at_peak("M1", ddp_degrees, n)[1] - _held_at_peak("M4", fsdp_degrees, n)[1] for n in (2, 4, 8)]
+    assert gaps == sorted(gaps) and len(set(gaps)) == 3, gaps
+    assert "larger than DDP" not in text
 
 
 def _event(op, group, nbytes, phase="forward"):
