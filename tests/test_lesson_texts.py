@@ -173,6 +173,9 @@ def test_00_offers_the_short_route_in_order():
     route = text[text.index("**The short route**") :].split("\n\n")[0]
     names = ["`01_ddp_fsdp`", "`03_tensor_sequence_parallel`", "`12_your_own_model`"]
     assert [route.index(n) for n in names] == sorted(route.index(n) for n in names)
+    section = re.search(r"bytes per\s+parameter of section (\d+) of `02_memory`", route)
+    assert section, route
+    assert f"## {section.group(1)} · Bytes per parameter" in _markdown("02_memory")
 
 
 def test_a_benchmark_ratio_inside_its_quartiles_is_called_noise():
