@@ -8,6 +8,7 @@ and 06's table of what each degree communicates.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from types import SimpleNamespace
@@ -199,3 +200,20 @@ def test_hint_13_2_state_is_the_cost_models_unsharded_state():
     assert "8.0e9 parameters x 16 B" in hint and "about 120 GiB" in hint
     state = zero_stages(get_model("llama-8b-like"), dp=1)["ZeRO-0 (DDP)"]
     assert round(state / 2**30, -1) == 120
+
+
+def test_08_s2_draws_an_expert_weight_that_nothing_gathers():
+    """08's S2 placements figure names an expert weight of the MoE model S2 trains, shaped [num_experts,
+    d_model, hidden] as the text says, on a mesh whose efsdp is 1 (the text: nothing is gathered)."""
+    from hyper_parallel.models.transformer import Transformer
+    from hyper_parallel.recipes.moe import MOE_CONFIG
+
+    nb = nbformat.read(NOTEBOOKS_DIR / "08_moe_expert_parallel.ipynb", as_version=4)
+    code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+    parameters = next(cell.source for cell in nb.cells if "parameters" in cell.metadata.get("tags", []))
+    s2 = ast.literal_eval(re.search(r"^s2 = (\{.*\})$", parameters, re.M).group(1))
+    name = re.search(r'show_figures\(\s*results\["S2"\].*?param="([^"]+)"', code, re.S).group(1)
+    weight = dict(Transformer(MOE_CONFIG).named_parameters())[name]
+    assert ".experts." in name
+    assert tuple(weight.shape) == (MOE_CONFIG.num_experts, MOE_CONFIG.d_model, MOE_CONFIG.moe_hidden)
+    assert ParallelDims(**s2).efsdp == 1 and "`efsdp = 1` nothing is gathered" in _markdown("08_moe_expert_parallel")
