@@ -108,7 +108,7 @@ class ParallelDims:
         if etp > 1 and ep == 1:
             raise ValueError(
                 f"etp={etp} requires ep > 1: expert tensor parallelism shards experts, which are only "
-                f"distributed with expert parallelism; set etp=1, or ep > 1 with etp in {{1, tp={tp}}}"
+                f"distributed with expert parallelism; {self._etp_without_ep_fix()}"
             )
         if ep == 1:
             return
@@ -136,6 +136,16 @@ class ParallelDims:
                 f"ep={ep} does not fit the mesh ({rule}): ep must be a multiple of {names[0]} "
                 f"and divide {names[1]}; {hint}"
             )
+
+    def _etp_without_ep_fix(self) -> str:
+        """What to change when etp > 1 but ep == 1: etp=1 always works; keeping expert TP needs etp == tp
+        (so tp > 1) and an ep that fits, listed."""
+        if self.tp == 1:
+            return "set etp=1 (etp must be 1 or tp, and tp=1 here)"
+        eps = [e for e in _divisors(self.dp_shard * self.cp * self.tp) if e > 1 and self._expert_fit(e, self.tp)]
+        if not eps:
+            return f"set etp=1 (no ep > 1 fits these degrees with etp=tp={self.tp})"
+        return f"set etp=1, or keep etp=tp={self.tp} with ep in {eps}"
 
     def _expert_fit(self, ep: int, etp: int) -> bool:
         borrowed = self.cp if etp == self.tp else self.cp * self.tp

@@ -8,6 +8,8 @@ and 06's table of what each degree communicates.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
 from types import SimpleNamespace
 
@@ -18,7 +20,7 @@ from hyper_parallel.cost_model import estimate, recipe_model
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.models.mlp import MLP, MLPConfig
 from hyper_parallel.viz.style import fmt_bytes
-from launch.notebook.lessons import GATHERED_LABEL, tradeoff_rows
+from launch.notebook.lessons import GATHERED_LABEL, STATE_AND_TRANSIENT_LABEL, tradeoff_rows
 from launch.notebook.tables import gradient_reduction
 from launch.notebook.workbook import NOTEBOOKS_DIR
 
@@ -44,6 +46,35 @@ def test_the_transient_row_of_ddp_is_one_blocks_gradients_and_of_fsdp_adds_the_g
     assert ddp[2] == fmt_bytes(block)
     assert fsdp[2] == fmt_bytes(root + 2 * block)
     assert "gradients" in GATHERED_LABEL
+
+
+def _held_at_peak(recipe: str, degrees: dict, n_layers: int | None = None):
+    """The cost model's memory for one rank and its parameters + gradients + optimizer + transient."""
+    config = recipe_model(recipe)
+    if n_layers is not None:
+        config = dataclasses.replace(config, n_layers=n_layers)
+    memory = estimate(config, ParallelDims(**degrees)).memory
+    return memory, memory.parameters + memory.gradients + memory.optimizer + memory.gathered
+
+
+def test_01_fsdp_holds_less_than_ddp_at_the_peak_as_its_text_says():
+    """01's sentence after the M4 trade-off table: its numbers are the tables' (the cost model's) and its
+    verdict the sum's: FSDP's transient row is larger, yet parameters + gradients + transient are smaller,
+    and the gap grows with the number of blocks."""
+    text = _markdown("01_ddp_fsdp")
+    sentence = text[text.index("What FSDP buys and what it pays") :].split("\n")[0]
+    ddp_degrees, fsdp_degrees = dict(world_size=2, dp_replicate=2), dict(world_size=2, dp_shard=2)
+    ddp, ddp_held = _held_at_peak("M1", ddp_degrees)
+    fsdp, fsdp_held = _held_at_peak("M4", fsdp_degrees)
+    assert fsdp_held < ddp_held and fsdp.gathered > ddp.gathered
+    assert fsdp.activations == ddp.activations and ddp.optimizer == fsdp.optimizer == 0
+    assert _rows("M1", ddp_degrees)[STATE_AND_TRANSIENT_LABEL][2] == fmt_bytes(ddp_held)
+    assert _rows("M4", fsdp_degrees)[STATE_AND_TRANSIENT_LABEL][2] == fmt_bytes(fsdp_held)
+    quoted = [fmt_bytes(n) for n in (fsdp.gathered, ddp.gathered, fsdp_held, ddp_held, fsdp.activations)]
+    assert re.findall(r"\d+\.\d KiB", sentence) == quoted, sentence
+    gaps = [_held_at_peak("M1", ddp_degrees, n)[1] - _held_at_peak("M4", fsdp_degrees, n)[1] for n in (2, 4, 8)]
+    assert gaps == sorted(gaps) and len(set(gaps)) == 3, gaps
+    assert "larger than DDP" not in text
 
 
 def _event(op, group, nbytes, phase="forward"):
@@ -143,6 +174,9 @@ def test_00_offers_the_short_route_in_order():
     route = text[text.index("**The short route**") :].split("\n\n")[0]
     names = ["`01_ddp_fsdp`", "`03_tensor_sequence_parallel`", "`12_your_own_model`"]
     assert [route.index(n) for n in names] == sorted(route.index(n) for n in names)
+    section = re.search(r"bytes per\s+parameter of section (\d+) of `02_memory`", route)
+    assert section, route
+    assert f"## {section.group(1)} · Bytes per parameter" in _markdown("02_memory")
 
 
 def test_a_benchmark_ratio_inside_its_quartiles_is_called_noise():
@@ -166,3 +200,20 @@ def test_hint_13_2_state_is_the_cost_models_unsharded_state():
     assert "8.0e9 parameters x 16 B" in hint and "about 120 GiB" in hint
     state = zero_stages(get_model("llama-8b-like"), dp=1)["ZeRO-0 (DDP)"]
     assert round(state / 2**30, -1) == 120
+
+
+def test_08_s2_draws_an_expert_weight_that_nothing_gathers():
+    """08's S2 placements figure names an expert weight of the MoE model S2 trains, shaped [num_experts,
+    d_model, hidden] as the text says, on a mesh whose efsdp is 1 (the text: nothing is gathered)."""
+    from hyper_parallel.models.transformer import Transformer
+    from hyper_parallel.recipes.moe import MOE_CONFIG
+
+    nb = nbformat.read(NOTEBOOKS_DIR / "08_moe_expert_parallel.ipynb", as_version=4)
+    code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+    parameters = next(cell.source for cell in nb.cells if "parameters" in cell.metadata.get("tags", []))
+    s2 = ast.literal_eval(re.search(r"^s2 = (\{.*\})$", parameters, re.M).group(1))
+    name = re.search(r'show_figures\(\s*results\["S2"\].*?param="([^"]+)"', code, re.S).group(1)
+    weight = dict(Transformer(MOE_CONFIG).named_parameters())[name]
+    assert ".experts." in name
+    assert tuple(weight.shape) == (MOE_CONFIG.num_experts, MOE_CONFIG.d_model, MOE_CONFIG.moe_hidden)
+    assert ParallelDims(**s2).efsdp == 1 and "`efsdp = 1` nothing is gathered" in _markdown("08_moe_expert_parallel")

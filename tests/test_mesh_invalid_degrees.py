@@ -103,10 +103,18 @@ INVALID = [
     ),
     # --- etp > 1 requires ep > 1 ---
     pytest.param(
-        dict(world_size=8, tp=2, etp=2), ["etp=2 requires ep > 1", "set etp=1", "etp in {1, tp=2}"], id="etp2-ep1"
+        dict(world_size=8, tp=2, etp=2),
+        ["etp=2 requires ep > 1", "set etp=1", "keep etp=tp=2 with ep in [2, 4]"],
+        id="etp2-ep1",
     ),
-    pytest.param(dict(world_size=8, tp=4, etp=4), ["etp=4 requires ep > 1", "etp in {1, tp=4}"], id="etp4-ep1"),
-    pytest.param(dict(world_size=8, etp=2), ["etp=2 requires ep > 1", "etp in {1, tp=1}"], id="etp2-ep1-tp1"),
+    pytest.param(
+        dict(world_size=8, tp=4, etp=4), ["etp=4 requires ep > 1", "keep etp=tp=4 with ep in [2]"], id="etp4-ep1"
+    ),
+    pytest.param(
+        dict(world_size=8, etp=2),
+        ["etp=2 requires ep > 1", "set etp=1 (etp must be 1 or tp, and tp=1 here)"],
+        id="etp2-ep1-tp1",
+    ),
     # --- with ep > 1, etp must be 1 or tp ---
     pytest.param(
         dict(world_size=8, tp=4, ep=2, etp=2),
@@ -270,6 +278,12 @@ def _check_hints(kwargs: dict, message: str) -> None:
             ParallelDims(**{**kwargs, "ep": ep, "etp": etp})
     if "requires ep > 1" in message and "set etp=1" in message:
         ParallelDims(**{**kwargs, "etp": 1})
+    m = re.search(r"keep etp=tp=(\d+) with ep in \[([\d, ]+)\]", message)
+    if m:  # every ep listed fits with etp = tp, and no other ep > 1 does
+        listed = [int(x) for x in m.group(2).split(",")]
+        keep = {**kwargs, "etp": int(m.group(1))}
+        brute = [ep for ep in range(2, 2 * kwargs["world_size"] + 1) if is_valid(**{**keep, "ep": ep})]
+        assert listed == brute
 
 
 @pytest.mark.parametrize("kwargs, fragments", INVALID)

@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from hyper_parallel.models.transformer import FeedForward, Transformer
+from hyper_parallel.models.transformer import FeedForward, Transformer, TransformerBlock
 
 
 def check_heads(n_heads: int, tp: int) -> None:
@@ -54,44 +54,68 @@ def parallelize_root(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel:
 def parallelize_transformer_tp(
     model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool, moe_tokens_replicated: bool = False
 ) -> Transformer:
-    """Apply TP (and SP) in place; MoE feed-forwards are left to expert parallelism.
-
-    With SP a MoE receives the local tensor of its sequence shard (tokens differ across tp: what EP
-    with etp == 1 needs), or, with ``moe_tokens_replicated`` (ETP, etp == tp), the whole sequence
-    all-gathered over tp, its output cut back to the shard.
-    """
+    """Apply TP (and SP) in place: the root, then every block (``parallelize_dense_block``); a MoE block's
+    feed-forward is left to expert parallelism (``parallelize_moe_block``)."""
     if tp_mesh.size() == 1:
         return model
     check_heads(model.config.n_heads, tp_mesh.size())
-    seq = Shard(1) if sequence_parallel else Replicate()
     parallelize_root(model, tp_mesh, sequence_parallel)
     for layer in model.layers:
-        plan: dict[str, object] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=seq),
-        }
         if isinstance(layer.feed_forward, FeedForward):
-            plan["feed_forward.w1"] = ColwiseParallel()
-            plan["feed_forward.w2"] = RowwiseParallel(output_layouts=seq)
-        if sequence_parallel:
-            plan["attention_norm"] = SequenceParallel()
-            plan["ffn_norm"] = SequenceParallel()
-        plan["attention"] = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
-        if isinstance(layer.feed_forward, FeedForward):
-            plan["feed_forward"] = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
-        elif sequence_parallel:  # a MoE computes on local tensors
-            plan["feed_forward"] = PrepareModuleInput(
-                input_layouts=(Shard(1),),
-                desired_input_layouts=(Replicate() if moe_tokens_replicated else Shard(1),),
-                use_local_output=True,
-            )
-        parallelize_module(layer, tp_mesh, plan)
-        if sequence_parallel and moe_tokens_replicated and not isinstance(layer.feed_forward, FeedForward):
-            parallelize_module(
-                layer.feed_forward,
-                tp_mesh,
-                PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)),
-            )
+            parallelize_dense_block(layer, tp_mesh, sequence_parallel)
+        else:
+            parallelize_moe_block(layer, tp_mesh, sequence_parallel, moe_tokens_replicated)
     return model
+
+
+def attention_plan(sequence_parallel: bool) -> dict[str, object]:
+    """Attention's heads split over tp (wq, wk, wv colwise, wo rowwise), its input gathered once by
+    ``PrepareModuleInput``; with SP the two norms run on sequence shards."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, object] = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=seq),
+        "attention": PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None)),
+    }
+    if sequence_parallel:
+        plan["attention_norm"] = SequenceParallel()
+        plan["ffn_norm"] = SequenceParallel()
+    return plan
+
+
+def parallelize_dense_block(layer: TransformerBlock, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """One dense block: attention as ``attention_plan``, the feed-forward's w1 colwise and w2 rowwise,
+    its input gathered once. Without SP each rowwise output is all-reduced; with SP reduce-scattered
+    along the sequence (``Shard(1)``), and each block input all-gathered."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    plan = attention_plan(sequence_parallel) | {
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+    }
+    parallelize_module(layer, tp_mesh, plan)
+
+
+def parallelize_moe_block(
+    layer: TransformerBlock, tp_mesh: DeviceMesh, sequence_parallel: bool, moe_tokens_replicated: bool
+) -> None:
+    """A MoE block: attention as in a dense block; the MoE computes on local tensors. With SP it receives
+    its sequence shard (tokens differ across tp: what EP with etp == 1 needs), or, with
+    ``moe_tokens_replicated`` (ETP, etp == tp), the whole sequence all-gathered over tp, its output cut
+    back to the shard."""
+    plan = attention_plan(sequence_parallel)
+    if sequence_parallel:
+        plan["feed_forward"] = PrepareModuleInput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate() if moe_tokens_replicated else Shard(1),),
+            use_local_output=True,
+        )
+    parallelize_module(layer, tp_mesh, plan)
+    if sequence_parallel and moe_tokens_replicated:
+        parallelize_module(
+            layer.feed_forward,
+            tp_mesh,
+            PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)),
+        )

@@ -37,7 +37,11 @@ MOE_WORKLOAD = "hyper_parallel.recipes.moe"
 # what that implementation calls to parallelize the model, as "module:function".
 MLP_CODE = ("hyper_parallel.recipes.dense:_mlp_workload",)
 TRANSFORMER_CODE = (f"{DENSE_WORKLOAD}:transformer_workload",)
-TP_CODE = ("hyper_parallel.parallel.tp:parallelize_transformer_tp",)
+TP_CODE = (
+    "hyper_parallel.parallel.tp:parallelize_transformer_tp",
+    "hyper_parallel.parallel.tp:attention_plan",
+    "hyper_parallel.parallel.tp:parallelize_dense_block",
+)
 ASYNC_TP_CODE = (
     "hyper_parallel.parallel.async_tp:parallelize_transformer_async_tp",
     "hyper_parallel.parallel.async_tp:pipelined_all_gather",

@@ -85,6 +85,19 @@ GATHERED_LABEL = "gathered parameters + one unit's full gradients (transient)"
 largest unit's unsharded gradients, which every style holds while that unit's backward runs (DDP too)."""
 
 
+STATE_AND_TRANSIENT_LABEL = "parameters + gradients + optimizer state + transient"
+"""The sum a learner compares between styles: what one rank holds at the peak of backward, activations apart
+(the same for every data-parallel style of one batch per rank); the recipes train with SGD, no optimizer state."""
+
+_MEMORY_ROWS = (
+    ("parameters per rank", lambda memory: memory.parameters),
+    ("gradients per rank", lambda memory: memory.gradients),
+    (GATHERED_LABEL, lambda memory: memory.gathered),
+    (STATE_AND_TRANSIENT_LABEL, lambda memory: memory.total - memory.activations),
+    ("activations (estimate)", lambda memory: memory.activations),
+)
+
+
 def _measured_cell(model_bytes: float, result, key: tuple[str, str]) -> str:
     """Rank 0's traced bytes, ✔ when they equal the model. Where routing decides the bytes (an MoE's
     all-to-alls: each rank receives the rows its tokens' experts send back), the model gives the balanced
@@ -115,13 +128,8 @@ def tradeoff_rows(result) -> list[list[Any]]:
     config = recipe_model(recipe)
     here, alone = estimate(config, dims), estimate(config, ParallelDims(world_size=1))
     rows = []
-    for name, label in (
-        ("parameters", "parameters per rank"),
-        ("gradients", "gradients per rank"),
-        ("gathered", GATHERED_LABEL),
-        ("activations", "activations (estimate)"),
-    ):
-        a, b = getattr(alone.memory, name), getattr(here.memory, name)
+    for label, part in _MEMORY_ROWS:
+        a, b = part(alone.memory), part(here.memory)
         change = (
             "same" if a == b else (f"shrinks ÷{a / b:.3g}" if b and b < a else f"grows ×{b / a:.3g}" if a else "grows")
         )
