@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import base64
 import datetime
+import functools
 import gc
 import io
 import json
@@ -45,8 +46,7 @@ from multiprocessing.connection import Client
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import _mesh_resources
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
 
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
 from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV
@@ -61,16 +61,39 @@ def _fresh_state(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _clear_mesh_caches() -> None:
-    """DTensor's caches keyed by (or holding) meshes, and the mesh stack: a mesh keeps its subgroups.
+_LRU_CACHE = type(functools.lru_cache(None)(int))
+_torch_caches: list = []
+_modules_scanned = 0
 
-    The sharding-propagation caches (Python and C++ fast path) are cleared as
-    ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does; importing that module pulls in
-    dynamo and inductor, 0.45 s of every rank's start."""
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+
+def _torch_distributed_caches() -> list:
+    """Every ``functools`` cache defined in ``torch.distributed`` (rescanned when modules were imported since).
+
+    torch memoises with caches keyed by a DeviceMesh or a DTensorSpec (``MeshTopoInfo.build_from_mesh``,
+    the sharding propagator, the redistribute planner, ...): each one keeps a finished run's meshes, and
+    with them their gloo groups, alive. Clearing all of them covers those and any a later torch adds;
+    they refill on the next run."""
+    global _modules_scanned
+    if len(sys.modules) != _modules_scanned:
+        _modules_scanned = len(sys.modules)
+        _torch_caches[:] = [
+            obj
+            for obj in gc.get_objects()
+            if type(obj) is _LRU_CACHE and str(getattr(obj, "__module__", "")).startswith("torch.distributed")
+        ]
+    return _torch_caches
+
+
+def _clear_mesh_caches() -> None:
+    """The caches that hold meshes (a mesh keeps its subgroups), and the mesh stack.
+
+    Besides the ``functools`` caches, the C++ fast path of sharding propagation and the redistribute
+    planner keep their own (``torch.distributed.tensor.debug._clear_sharding_prop_cache`` clears them
+    too, but importing it pulls in dynamo and inductor, 0.45 s of every rank's start)."""
+    for cache in _torch_distributed_caches():
+        cache.cache_clear()
     torch._C._clear_DTensor_sharding_propagator_cache()
     clear_redistribute_planner_cache()
-    _gen_transform_infos.cache_clear()
     _mesh_resources.mesh_stack.clear()
 
 
@@ -92,7 +115,20 @@ def release_run(recipes: bool) -> None:
         _drop_grad_hooks()
     if dist.is_initialized():
         dist.destroy_process_group()
-    gc.collect()
+    _collect_garbage()
+
+
+MAX_GC_PASSES = 10
+
+
+def _collect_garbage() -> None:
+    """``gc.collect()`` until a pass finds nothing. A run's meshes form cycles (a mesh and the meshes
+    flattened from it point at each other) that C++ objects (autograd graphs holding DTensors) keep
+    reachable until the pass that frees those objects: after an M2 run two meshes, and their groups,
+    survive one pass and none survive two (torch 2.13)."""
+    for _ in range(MAX_GC_PASSES):
+        if not gc.collect():
+            return
 
 
 def _run_cell(code: str, namespace: dict) -> object:
