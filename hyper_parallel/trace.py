@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hyper_parallel.run_files import TRACE_FORMAT
+from hyper_parallel.run_files import TRACE_FORMAT, write_atomic
 
 PHASES = ("init", "forward", "backward", "optimizer", "other")
 
@@ -54,8 +54,7 @@ class Recorder:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": TRACE_FORMAT, "rank": self.rank, "world_size": self.world_size, "events": self.events}
-        path.write_text(json.dumps(payload))
-        return path
+        return write_atomic(path, json.dumps(payload))
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,18 +22,19 @@ from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES, RunOptions
 from hyper_parallel.run_files import (
+    BATCH_FILE,
     EXIT_MISMATCH,
     METRICS_FILE,
     PROGRESS_PREFIX,
     SUMMARY_FILE,
-    TRACE_FILE,
     load_json,
     load_traces,
+    write_atomic,
 )
 from launch import inputs
 from launch.processes.log_layout import write_pool_logs
 from launch.processes.multinode import RECIPE_WORKER
-from launch.processes.run_dirs import claimed, new_scratch_dir
+from launch.processes.run_dirs import begin_run, claimed, finish_run, make_run_dir, new_scratch_dir
 from launch.processes.supervisor import TorchrunResult, torchrun_claimed
 
 
@@ -89,8 +91,9 @@ class RunResult:
         }
 
     def save_summary(self) -> Path:
-        path = self.run_dir / SUMMARY_FILE
-        path.write_text(json.dumps(self.summary(), indent=1))
+        """Write summary.json, the launcher's verdict; the run's folder is complete from then on."""
+        path = write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(self.summary(), indent=1))
+        finish_run(self.run_dir)
         return path
 
     def __repr__(self) -> str:
@@ -265,12 +268,17 @@ def run_many(
     worlds = {dims.world_size for _, dims, *_ in prepared}
     if len(worlds) != 1:
         raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
-    root = out if out is not None else new_scratch_dir("hp-run-")
-    dirs = run_dirs or [root / f"{index:02d}-{recipe.name}" for index, (recipe, *_) in enumerate(prepared)]
+    _check_run_dirs(run_dirs, len(prepared))
+    root = make_run_dir(out) if out is not None else new_scratch_dir("hp-run-")
+    dirs = [
+        make_run_dir(path) for path in run_dirs or (root / f"{i:02d}-{r.name}" for i, (r, *_) in enumerate(prepared))
+    ]
     with contextlib.ExitStack() as claims:
-        for directory in dict.fromkeys(path.resolve() for path in [root, *dirs]):
-            _make_dir(directory)
-            claims.enter_context(claimed(directory))  # before anything in it is deleted or written
+        folders = list(dict.fromkeys([root, *dirs]))
+        for directory in folders:
+            claims.enter_context(claimed(directory))  # all of them before anything in one is deleted or written
+        for directory in folders:
+            begin_run(directory)
         process = _launch_batch(prepared, dirs, root, timeout, on_line, on_progress, pool)
         results = []
         for (recipe, dims, *_), run_dir in zip(prepared, dirs):
@@ -279,16 +287,22 @@ def run_many(
             )
             result.save_summary()
             results.append(result)
+        finish_run(root)
     return results
 
 
-def _make_dir(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
+def _check_run_dirs(run_dirs: list | None, runs: int) -> None:
+    """One distinct folder per run: two runs in one folder would overwrite each other's results."""
+    if run_dirs is None:
+        return
+    if isinstance(run_dirs, (str, os.PathLike)) or not isinstance(run_dirs, (list, tuple)):
+        raise ValueError(f"run_dirs must be a list of folders, one per run, got {run_dirs!r}")
+    folders = [inputs.out_dir(path) for path in run_dirs]
+    if None in folders or len(folders) != runs or len({path.absolute() for path in folders}) != runs:
         raise ValueError(
-            f"cannot create the run directory {directory}: {error.strerror}; choose another out="
-        ) from None
+            f"run_dirs must name {runs} distinct folders, one per run (two runs in one folder overwrite each "
+            f"other's results), got {run_dirs!r}"
+        )
 
 
 def _launch_batch(
@@ -300,11 +314,9 @@ def _launch_batch(
     on_progress: Callable[[dict], None] | None,
     pool: bool,
 ) -> TorchrunResult:
-    """Clear the claimed directories of an earlier run's results, write batch.json, run the batch."""
+    """Write batch.json into the launch's directory, run the batch."""
     batch = []
     for (recipe, dims, steps, seed, overlap, options), run_dir in zip(prepared, dirs):
-        for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
-            stale.unlink(missing_ok=True)
         explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
         batch.append(
             {
@@ -317,8 +329,7 @@ def _launch_batch(
                 "out": str(run_dir),
             }
         )
-    batch_file = root / "batch.json"
-    batch_file.write_text(json.dumps(batch, indent=1))
+    batch_file = write_atomic(root / BATCH_FILE, json.dumps(batch, indent=1))
 
     def forward_line(rank: int, line: str) -> None:
         if rank == 0 and line.startswith(PROGRESS_PREFIX) and on_progress is not None:
@@ -351,7 +362,7 @@ def _run_on_pool(
             run_dir=run_dir,
             failed_rank=error.rank,
             error=str(error),
-            timed_out=str(error).startswith("timed out after"),
+            timed_out=error.timed_out,
             duration=time.monotonic() - start,
             command=["warm pool"],
         )

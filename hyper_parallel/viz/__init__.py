@@ -17,6 +17,7 @@ notebook displays it when returned from a cell, a script saves it; nothing needs
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.run_files import FIGURES, write_atomic
 from hyper_parallel.viz.concepts import concept_figure, ideal_timeline
 from hyper_parallel.viz.ideal_step import cp_chunks, ideal_schedule
 from hyper_parallel.viz.layout import ownership, parse_placements, rank_ranges
@@ -77,8 +79,6 @@ __all__ = [
     "wire_factor",
 ]
 
-FIGURES = ("mesh", "placements", "placement_overview", "timeline", "comm_volume", "numerics")
-
 
 def _enable_notebook_display() -> None:
     """In IPython/Jupyter, show a returned Figure as a PNG (a bare Figure would print as text unless the
@@ -103,9 +103,11 @@ def save(fig: Figure, out_dir: str | Path, name: str, svg: bool = False) -> list
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png"] + ([out / f"{name}.svg"] if svg else [])
-    paths[0].write_bytes(png_bytes(fig))
+    write_atomic(paths[0], png_bytes(fig))
     if svg:
-        fig.savefig(paths[1])
+        svg_text = io.BytesIO()
+        fig.savefig(svg_text, format="svg")
+        write_atomic(paths[1], svg_text.getvalue())
     return paths
 
 

@@ -59,11 +59,14 @@ NAMES_GONE = "the warm workers were ended, so names defined by earlier %%torchru
 
 class PoolError(RuntimeError):
     """A run on the pool failed; ``rank`` is the rank to blame (-1: none), ``logs`` every rank's lines,
-    ``kept`` whether the pool (and a cell's names) survived it."""
+    ``kept`` whether the pool (and a cell's names) survived it, ``timed_out`` whether the run passed its
+    timeout."""
 
-    def __init__(self, message: str, rank: int, logs: dict[int, list[str]], kept: bool = False) -> None:
+    def __init__(
+        self, message: str, rank: int, logs: dict[int, list[str]], kept: bool = False, timed_out: bool = False
+    ) -> None:
         super().__init__(message)
-        self.rank, self.logs, self.kept = rank, logs, kept
+        self.rank, self.logs, self.kept, self.timed_out = rank, logs, kept, timed_out
 
 
 def _tails(logs: dict[int, list[str]]) -> str:
@@ -259,10 +262,10 @@ class Pool:
                 conn.send_bytes(json.dumps({"kind": "forget"}).encode())
             self._collect(time.monotonic() + timeout, timeout)
 
-    def _fail(self, reason: str, message: str, rank: int) -> PoolError:
+    def _fail(self, reason: str, message: str, rank: int, timed_out: bool = False) -> PoolError:
         logs = self._logs
         self._end(reason)
-        return PoolError(f"{message}\n({NAMES_GONE}; the next run starts new ones)", rank, logs)
+        return PoolError(f"{message}\n({NAMES_GONE}; the next run starts new ones)", rank, logs, timed_out=timed_out)
 
     def _collect(self, deadline: float, timeout: float) -> dict[int, dict]:
         replies: dict[int, dict] = {}
@@ -288,7 +291,10 @@ class Pool:
                 self._tree.dump_worker_stacks()
                 self._output.drain(1.0)
                 raise self._fail(
-                    f"run {self.runs} timed out", timeout_error(self._logs, sorted(waiting), timeout), min(waiting)
+                    f"run {self.runs} timed out",
+                    timeout_error(self._logs, sorted(waiting), timeout),
+                    min(waiting),
+                    timed_out=True,
                 )
         self._output.pump(0.05)
         return replies
