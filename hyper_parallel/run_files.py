@@ -17,6 +17,7 @@ that looks complete, and a symbolic link planted under a file's name is replaced
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -39,20 +40,52 @@ PROGRESS_PREFIX = "[progress] "
 """Rank 0 prints one such line (followed by a JSON object) per training step."""
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class NoSpaceError(OSError):
+    """A run's file could not be written because its disk (or the user's quota) is full."""
+
+
+def no_space(folder: str | Path, error: OSError) -> NoSpaceError:
+    return NoSpaceError(
+        error.errno, f"no space left in {folder} ({error.strerror}); free some space there, or write the run elsewhere"
+    )
+
+
+def names_no_space(text: str) -> bool:
+    """Whether an error's text (a rank's traceback) says a disk was full."""
+    return any(mark in text for mark in (NoSpaceError.__name__, *map(os.strerror, NO_SPACE)))
+
+
+@contextlib.contextmanager
+def disk_full_named(folder: str | Path):
+    """Raise a full disk met inside as ``NoSpaceError`` naming the folder being written (the file's, if known)."""
+    try:
+        yield
+    except NoSpaceError:
+        raise
+    except OSError as error:
+        if error.errno not in NO_SPACE:
+            raise
+        raise no_space(Path(error.filename).parent if error.filename else folder, error) from None
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` whole or not at all: into a new file beside it (created exclusively, so no
-    link is followed), then renamed over ``path``. On any error (``ENOSPC`` included) the new file is
-    removed and ``path`` is left as it was."""
+    link is followed), then renamed over ``path``. On any error the new file is removed and ``path`` is
+    left as it was; a full disk raises ``NoSpaceError`` naming the folder."""
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data.encode() if isinstance(data, str) else data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    with disk_full_named(path.parent):
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data.encode() if isinstance(data, str) else data)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
     return path
 
 

@@ -27,8 +27,10 @@ from hyper_parallel.run_files import (
     METRICS_FILE,
     PROGRESS_PREFIX,
     SUMMARY_FILE,
+    disk_full_named,
     load_json,
     load_traces,
+    names_no_space,
     write_atomic,
 )
 from launch import inputs
@@ -61,7 +63,14 @@ class RunResult:
         return self.process.logs
 
     @property
+    def out_of_space(self) -> bool:
+        """The run failed because a disk was full (a rank could not write its results)."""
+        return not self.process.ok and names_no_space(self.process.error or "")
+
+    @property
     def error(self) -> str | None:
+        if self.out_of_space:
+            return f"no space left in {self.run_dir}: the ranks could not write their results\n{self.process.error}"
         if not self.process.ok and not (self.process.returncode == EXIT_MISMATCH and self.metrics):
             return self.process.error
         if not self.metrics:
@@ -269,6 +278,20 @@ def run_many(
     if len(worlds) != 1:
         raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
     _check_run_dirs(run_dirs, len(prepared))
+    with disk_full_named(out or "the scratch folder"):
+        return _run_batch(prepared, out, run_dirs, timeout, on_line, on_progress, pool)
+
+
+def _run_batch(
+    prepared: list[tuple],
+    out: Path | None,
+    run_dirs: list[Path] | None,
+    timeout: float,
+    on_line: Callable[[int, str], None] | None,
+    on_progress: Callable[[dict], None] | None,
+    pool: bool,
+) -> list[RunResult]:
+    """Claim the folders, launch the validated runs, write each run's summary."""
     root = make_run_dir(out) if out is not None else new_scratch_dir("hp-run-")
     dirs = [
         make_run_dir(path) for path in run_dirs or (root / f"{i:02d}-{r.name}" for i, (r, *_) in enumerate(prepared))

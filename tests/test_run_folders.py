@@ -8,6 +8,7 @@
 * A folder another user could write into, or a symbolic link as the folder or under a file's name, is
   refused or replaced, never written through.
 * Files are written whole or not at all: a write that fails half-way leaves the earlier file as it was.
+* A full disk is said as such ("no space left in <folder>", exit status 4), not as bad input or a traceback.
 
 The workers are replaced by a stub that writes what ranks write; nothing here starts a process.
 """
@@ -22,8 +23,8 @@ import re
 import pytest
 
 import launch
-from hyper_parallel.run_files import write_atomic
-from launch import runs
+from hyper_parallel.run_files import NoSpaceError, write_atomic
+from launch import cli, runs
 from launch.processes.run_dirs import INCOMPLETE_FILE, RunDirError
 from launch.processes.supervisor import TorchrunResult
 from launch.report import build_report, read_run
@@ -41,15 +42,38 @@ EARLIER_RUN = {
 }
 
 
-def _workers(outcome):
+def _workers(outcome, error: str = "rank 1 failed: killed by SIGKILL"):
     """A stand-in for the ranks: ``outcome(dirs)`` writes what they would and returns ok or raises."""
 
     def launch_batch(prepared, dirs, root, *args) -> TorchrunResult:
         ok = outcome(dirs)
-        error = None if ok else "rank 1 failed: killed by SIGKILL"
-        return TorchrunResult(ok, 0 if ok else 1, {}, root, None if ok else 1, error, False, 0.1, ["stub"])
+        return TorchrunResult(ok, 0 if ok else 1, {}, root, None if ok else 1, None if ok else error, False, 0.1, [])
 
     return launch_batch
+
+
+def _disk_full_after(monkeypatch, nbytes: int) -> None:
+    """Every ``write_atomic`` fails with ENOSPC after writing ``nbytes`` (it writes through ``os.fdopen``)."""
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, mode):
+        handle = real_fdopen(fd, mode)
+
+        class HalfWriter:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                handle.close()
+
+            def write(self, data):
+                handle.write(data[:nbytes])
+                handle.flush()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return HalfWriter()
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
 
 
 def _metrics(ok: bool):
@@ -141,26 +165,29 @@ def test_a_link_planted_under_a_file_name_is_replaced_not_written_through(tmp_pa
 def test_a_write_that_fails_half_way_leaves_the_earlier_file(tmp_path, monkeypatch):
     path = tmp_path / "summary.json"
     path.write_text('{"ok": false}')
-    real_fdopen = os.fdopen
-
-    def disk_full_after_4_bytes(fd, mode):
-        handle = real_fdopen(fd, mode)
-
-        class HalfWriter:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                handle.close()
-
-            def write(self, data):
-                handle.write(data[:4])
-                handle.flush()
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        return HalfWriter()
-
-    monkeypatch.setattr(os, "fdopen", disk_full_after_4_bytes)
-    with pytest.raises(OSError, match="No space left"):
+    _disk_full_after(monkeypatch, 4)
+    with pytest.raises(NoSpaceError, match=f"no space left in {tmp_path}"):
         write_atomic(path, '{"ok": true, "losses": [1.0]}')
     assert path.read_text() == '{"ok": false}' and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_a_full_disk_under_the_cli_says_so_with_its_own_status(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runs, "_launch_batch", _workers(_metrics(True)))
+    _disk_full_after(monkeypatch, 4)
+    out = tmp_path / "m4"
+    assert cli.main(["run", "M4", "--steps", "1", "--out", str(out), "--quiet"]) == cli.EXIT_NO_SPACE == 4
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: no space left in {out} (No space left on device)") and "Traceback" not in err
+    assert [p.name for p in out.iterdir()] == [".launch.lock"]  # nothing half written
+
+
+def test_ranks_that_ran_out_of_space_fail_the_run_with_its_own_status(tmp_path, monkeypatch, capsys):
+    rank_error = (
+        "rank 0 failed: exit code 1\nTraceback (most recent call last):\n"
+        "hyper_parallel.run_files.NoSpaceError: [Errno 28] no space left in /somewhere (No space left on device)"
+    )
+    monkeypatch.setattr(runs, "_launch_batch", _workers(lambda dirs: False, rank_error))
+    out = tmp_path / "m4"
+    assert cli.main(["run", "M4", "--steps", "1", "--out", str(out), "--quiet"]) == cli.EXIT_NO_SPACE
+    assert f"no space left in {out}: the ranks could not write their results" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["ok"] is False

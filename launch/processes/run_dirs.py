@@ -39,9 +39,11 @@ from hyper_parallel.run_files import (
     CHROME_TRACE_FILE,
     FIGURES,
     METRICS_FILE,
+    NO_SPACE,
     REPORT_FILE,
     SUMMARY_FILE,
     TRACE_FILE,
+    no_space,
     write_atomic,
 )
 from launch.processes.log_layout import LOG_DIR_GLOB
@@ -113,6 +115,8 @@ def make_run_dir(path: str | os.PathLike) -> Path:
         path.mkdir(mode=0o755, parents=True, exist_ok=True)
         problem = _not_private(path)
     except OSError as error:
+        if error.errno in NO_SPACE:
+            raise no_space(path.parent, error) from None
         raise ValueError(
             f"cannot create the run directory {path}: {error.strerror}; choose another out= / --out"
         ) from None
