@@ -49,7 +49,7 @@ from torch.distributed.device_mesh import _mesh_resources
 from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
 
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
-from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV
+from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, RENDEZVOUS
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -179,6 +179,7 @@ def main() -> int:
             conn.send_bytes(json.dumps({"ok": True, "idle": True}).encode())
             continue
         reply: dict = {"ok": True}
+        stage = RENDEZVOUS
         try:
             dist.init_process_group(
                 BACKEND,
@@ -187,6 +188,7 @@ def main() -> int:
                 world_size=world,
                 timeout=COLLECTIVE_TIMEOUT,
             )
+            stage = "run"
             _fresh_state(task.get("seed", 0))
             if task["kind"] == "recipes":
                 for spec in task["specs"]:
@@ -195,7 +197,7 @@ def main() -> int:
                 namespace.update(rank=rank, world_size=world, torch=torch, dist=dist)
                 reply.update(_encode(_run_cell(task["code"], namespace)))
         except BaseException:  # reported to the kernel; once every rank has replied, the pool and its names stay
-            reply = {"ok": False, "traceback": traceback.format_exc()}
+            reply = {"ok": False, "stage": stage, "traceback": traceback.format_exc()}
         finally:
             release_run(task["kind"] == "recipes")
         sys.stdout.flush()
