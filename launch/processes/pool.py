@@ -313,16 +313,17 @@ class Pool:
         """The error of a run whose group could not form: the first rank's own error, every other failed
         rank's last line, and the ranks still waiting (ended with the pool)."""
         first = _blame(replies)
+        what = "failed to join the run's process group" if replies[first].get("stage") == RENDEZVOUS else "failed"
         others = "".join(
             f"\nrank {rank}: {reply['traceback'].strip().splitlines()[-1]}"
             for rank, reply in sorted(replies.items())
             if not reply["ok"] and rank != first
         )
         return self._fail(
-            f"rank {first} failed to join run {self.runs}'s process group",
-            f"rank {first} failed to join the run's process group:\n{replies[first]['traceback']}{others}\n"
-            f"rank(s) {waiting} were still waiting for it {RENDEZVOUS_GRACE_SECONDS:g} s later (gloo waits for a "
-            f"peer that left for the whole collective timeout), so every worker was ended",
+            f"rank {first} {what} in run {self.runs}",
+            f"rank {first} {what}:\n{replies[first]['traceback']}{others}\n"
+            f"rank(s) {waiting} were still waiting to form the run's process group {RENDEZVOUS_GRACE_SECONDS:g} s "
+            f"later (gloo waits for a peer that left for the whole collective timeout), so every worker was ended",
             first,
         )
 

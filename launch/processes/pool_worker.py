@@ -5,7 +5,8 @@
 It connects to the kernel's listener (address and key from the environment), then for each task:
 
 1. ranks ``>= world_size`` of the task sit it out; the others build a fresh gloo process group on
-   their own prefix of the agent's store (a pool of 8 serves a run of 2: ranks 0-1 form its group);
+   their own prefix of the agent's store (a pool of 8 serves a run of 2: ranks 0-1 form its group),
+   and no rank goes on until every rank has connected it (``INIT_BARRIER_ENV``);
 2. DTensor's sharding cache and DeviceMesh's stack are cleared and the RNGs reseeded, so a run sees
    what it would see in a fresh torchrun launch;
 3. the task runs: recipe runs (``hyper_parallel.recipes.worker.run_one``, which records its own trace)
@@ -24,6 +25,15 @@ the meshes; and a ``register_post_accumulate_grad_hook`` bound method keeps an F
 modules alive through the C++ side of a tensor, where ``gc`` cannot see the cycle. Without step 4 every
 recipe run left ~27 threads, ~37 fds and 9 listening sockets per rank, and idle workers kept spinning.
 Between runs a rank owns no process group at all and blocks in ``recv``: idle means idle.
+
+Why step 1 waits: gloo's ``connectFullMesh`` returns on a rank once that rank's own connections are up,
+while its peers may still be making theirs. A rank that then finishes its task at once (a cell's
+``rank``, or one that raises) and frees its group closes connections a peer is still counting on: the
+peer fails with "Connection closed by peer", and a rank waiting for *that* peer to connect waits the
+whole collective timeout (measured here: 8-rank cells of ``rank`` under load, one in two stranded a rank).
+torch's own store-based barrier after every group it creates (``TORCH_DIST_INIT_BARRIER=1``, for
+``init_process_group`` and ``new_group``) closes that window; a rank that fails before it still strands
+its peers, which the kernel ends (``launch.processes.pool.RENDEZVOUS_GRACE_SECONDS``).
 
 Output lines go to the rank's log as usual; the kernel's supervisor follows those files. Runs inside
 the kernel's Python process never: torch is imported here, in the ranks.
@@ -52,6 +62,8 @@ from hyper_parallel.recipes.worker import run_one  # imported while the ranks st
 from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, RENDEZVOUS
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
+INIT_BARRIER_ENV = "TORCH_DIST_INIT_BARRIER"
+"""torch's switch ("1") for a store-based barrier at the end of ``init_process_group`` and ``new_group``."""
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKEND = "nccl" if DEVICE == "cuda" else "gloo"
 
@@ -155,6 +167,7 @@ def _encode(value: object) -> dict:
 
 
 def main() -> int:
+    os.environ[INIT_BARRIER_ENV] = "1"  # forced: the pool's groups are torn down at once (step 1)
     host, port = os.environ[ADDRESS_ENV].rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
     rank = int(os.environ["RANK"])
