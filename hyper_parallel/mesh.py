@@ -22,10 +22,10 @@ import dataclasses
 import functools
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
+from hyper_parallel.mesh_dims import DEGREE_KEYS, DEGREE_NAMES, STAGE_DEGREES, MeshDim, degrees_label
 
 
 @functools.lru_cache(maxsize=1024)
@@ -45,6 +45,12 @@ def _nearest_multiple(value: int, base: int) -> int:
     return down if value - down < up - value else up
 
 
+def dp_shard_left(world_size: int, degrees: Mapping[str, int]) -> int | None:
+    """What ``dp_shard=-1`` infers: ``world_size // (dp_replicate * cp * tp * pp)``, None when that does not divide."""
+    others = math.prod(degrees.get(name, 1) for name in (MeshDim.DP_REPLICATE, MeshDim.CP, MeshDim.TP, MeshDim.PP))
+    return world_size // others if others > 0 and world_size % others == 0 else None
+
+
 @dataclass(frozen=True)
 class ParallelDims:
     """Parallel degrees of one run; constructing an invalid combination raises ``ValueError``.
@@ -62,7 +68,7 @@ class ParallelDims:
     etp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("world_size",) + DEGREE_NAMES:
+        for name in DEGREE_KEYS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -73,7 +79,7 @@ class ParallelDims:
                 raise ValueError(f"{name} must be >= 1{hint}, got {name}={value}")
         others = self.dp_replicate * self.cp * self.tp * self.pp
         if self.dp_shard == -1:
-            if self.world_size % others:
+            if dp_shard_left(self.world_size, self.degrees()) is None:
                 raise ValueError(
                     f"cannot infer dp_shard: world_size={self.world_size} is not divisible by "
                     f"dp_replicate*cp*tp*pp = {self.dp_replicate}*{self.cp}*{self.tp}*{self.pp} = {others}; "
@@ -158,7 +164,11 @@ class ParallelDims:
         return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)
 
     def degrees(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in ("world_size",) + DEGREE_NAMES}
+        return {name: getattr(self, name) for name in DEGREE_KEYS}
+
+    def label(self, *, world: bool = False, sep: str = ", ") -> str:
+        """``"dp_replicate=2, dp_shard=2"``: the degrees other than 1 (``mesh_dims.degrees_label``)."""
+        return degrees_label(self.degrees(), world=world, sep=sep)
 
     def replace(self, **changes: int) -> ParallelDims:
         return dataclasses.replace(self, **changes)
@@ -356,7 +366,7 @@ class ParallelDims:
 def valid_choices(
     world_size: int,
     fixed: dict[str, int] | None = None,
-    names: Sequence[str] = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP),
+    names: Sequence[str] = STAGE_DEGREES,
     pipeline: bool = False,
 ) -> list[ParallelDims]:
     """Every valid ParallelDims for ``world_size`` that agrees with ``fixed``; for widgets and plans.

@@ -3,8 +3,13 @@
 Code that names a dim (a view lookup ``views[MeshDim.TP]``, a group, a mesh's ``mesh_dim_names``)
 takes it from here, so a typo is an ``AttributeError`` naming the typo where it runs (and an error in
 any type checker or editor) rather than a mesh that is not found. The values are plain strings: a DeviceMesh, a trace file and an error message show
-``"tp"``, and ``ParallelDims(tp=2)`` keeps its keyword arguments.
+``"tp"``, and ``ParallelDims(tp=2)`` keeps its keyword arguments. The orders the degrees are listed in and
+the one way they are written as text (``degrees_label``) live here too.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 class MeshDim:
@@ -35,9 +40,34 @@ DEGREE_NAMES = (
     MeshDim.EP,
     MeshDim.ETP,
 )
+"""The degrees a run chooses, in ``ParallelDims``' field order."""
+DEGREE_KEYS = ("world_size", *DEGREE_NAMES)
+"""A run's degrees as ``ParallelDims.degrees()`` gives them: the world size, then the degrees."""
+MESH_ORDER = (MeshDim.PP, *(name for name in DEGREE_NAMES if name != MeshDim.PP))
+"""The degrees as the mesh nests them, outermost first (pp is every view's outermost dim): the order text shows."""
+STAGE_DEGREES = MESH_ORDER[1:]
+"""The degrees inside one pipeline stage."""
+WORLD_FACTORS = tuple(name for name in DEGREE_NAMES if name not in (MeshDim.EP, MeshDim.ETP))
+"""The degrees whose product is world_size; ep and etp borrow ranks of them."""
 DERIVED_NAMES = (MeshDim.FSDP, MeshDim.DP, MeshDim.DP_CP, MeshDim.EFSDP)
+"""The dims built from the degrees (``ParallelDims``' properties of the same names)."""
 
 # fully_shard's all-reduce group when a unit does not shard: the replicate and shard dims joined.
 UNSHARDED_DP_GROUP = f"{MeshDim.DP_REPLICATE}+{MeshDim.FSDP}"
 # The groups a dense fully_shard unit's collectives run on (all-gather / reduce-scatter, HSDP's all-reduce).
 FSDP_GROUPS = (MeshDim.FSDP, MeshDim.DP_REPLICATE, UNSHARDED_DP_GROUP)
+
+
+def active_degrees(degrees: Mapping[str, int]) -> dict[str, int]:
+    """The degrees other than 1 (world_size apart), outermost first."""
+    return {name: degrees[name] for name in MESH_ORDER if degrees.get(name, 1) != 1}
+
+
+def degrees_label(degrees: Mapping[str, int], *, world: bool = False, sep: str = ", ") -> str:
+    """A run's degrees as text, the one way every table, message and widget writes them: the degrees other
+    than 1, outermost first (``"pp=2, dp_shard=2"``, or ``"-"`` when none); ``world=True`` puts the world
+    size first (``"world_size=4: pp=2, dp_shard=2"``). ``ParallelDims.label`` is this for a ``ParallelDims``."""
+    active = sep.join(f"{name}={value}" for name, value in active_degrees(degrees).items())
+    if world:
+        return f"world_size={degrees.get('world_size', '?')}" + (f": {active}" if active else "")
+    return active or "-"

@@ -30,8 +30,8 @@ SUMMARY_FILE = "summary.json"
 CHROME_TRACE_FILE = "chrome_trace.json"
 BATCH_FILE = "batch.json"
 REPORT_FILE = "report.html"
-FIGURES = ("mesh", "placements", "placement_overview", "timeline", "comm_volume", "numerics")
-"""The figures of a run, in the order they are drawn; each is saved as ``<name>.png`` (and ``.svg``)."""
+FIGURE_FILES = ("{name}.png", "{name}.svg")
+"""How a run figure is saved (its names: ``hyper_parallel.viz.figure_registry.FIGURES``)."""
 TRACE_FORMAT = 2
 """1: collectives and placements; 2: + compute spans and asynchronous collectives (t_wait)."""
 EXIT_MISMATCH = 3

@@ -67,3 +67,14 @@ def test_replace_revalidates():
     assert dims.replace(tp=4, dp_shard=-1).dp_shard == 2
     with pytest.raises(ValueError, match="world-size equation violated"):
         dims.replace(tp=4)  # dp_shard stays 4 -> 1*4*1*4*1 = 16 != 8
+
+
+def test_degrees_read_as_one_label_outermost_first():
+    """Every table, message and widget writes degrees this one way: those other than 1, pp (the outermost
+    dim) first, ep and etp last; the world size first on request; "-" when every degree is 1."""
+    dims = ParallelDims(world_size=16, tp=2, pp=2, dp_shard=2, ep=2, etp=2, dp_replicate=2)
+    assert dims.label() == "pp=2, dp_replicate=2, dp_shard=2, tp=2, ep=2, etp=2"
+    assert (
+        dims.label(world=True, sep=" x ") == "world_size=16: pp=2 x dp_replicate=2 x dp_shard=2 x tp=2 x ep=2 x etp=2"
+    )
+    assert ParallelDims(world_size=1).label() == "-" and ParallelDims(world_size=1).label(world=True) == "world_size=1"

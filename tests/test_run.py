@@ -47,8 +47,8 @@ def test_world_size_is_the_product_of_the_degrees_given():
     assert launch_run.validate("M1", dp_shard=4)[1].world_size == 4
     assert launch_run.validate("M6", dp_shard=2, cp=2, tp=2)[1].world_size == 8
     assert launch_run.validate("M4")[1].world_size == RECIPES["M4"].default["world_size"]
-    assert launch_run.resolve_degrees(RECIPES["S1"], {"ep": 2})["world_size"] == RECIPES["S1"].default["world_size"]
-    assert launch_run.resolve_degrees(RECIPES["M2"], {"world_size": 8, "tp": 2}) == {"world_size": 8, "tp": 2}
+    assert RECIPES["S1"].resolve_degrees({"ep": 2})["world_size"] == RECIPES["S1"].default["world_size"]
+    assert RECIPES["M2"].resolve_degrees({"world_size": 8, "tp": 2}) == {"world_size": 8, "tp": 2}
 
 
 @pytest.mark.distributed

@@ -45,8 +45,8 @@ EARLIER_RUN = {
 def _workers(outcome, error: str = "rank 1 failed: killed by SIGKILL"):
     """A stand-in for the ranks: ``outcome(dirs)`` writes what they would and returns ok or raises."""
 
-    def launch_batch(prepared, dirs, root, *args) -> TorchrunResult:
-        ok = outcome(dirs)
+    def launch_batch(specs, root, *args) -> TorchrunResult:
+        ok = outcome([spec.out for spec in specs])
         return TorchrunResult(ok, 0 if ok else 1, {}, root, None if ok else 1, None if ok else error, False, 0.1, [])
 
     return launch_batch

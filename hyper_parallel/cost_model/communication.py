@@ -47,6 +47,7 @@ from hyper_parallel.cost_model import pipeline
 from hyper_parallel.cost_model.model_configs import INT64_BYTES, ModelConfig
 from hyper_parallel.cost_model.units import Unit
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 
 
 @dataclass(frozen=True)
@@ -265,13 +266,15 @@ def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> 
         return []
     per_token = rows * (config.seq_len // cp) * config.head_dim * config.precision.compute
     q, k = per_token * config.n_heads // dims.tp, per_token * config.kv_heads_per_rank(dims.tp)
-    if scheme == "all_gather":
+    if scheme == SequenceScheme.ALL_GATHER:
         calls = [("all_gather", "forward", 2 * k * cp), ("reduce_scatter", "backward", 2 * k * cp)]
-    elif scheme == "ring":
+    elif scheme == SequenceScheme.RING:
         calls = [("all_to_all", phase, 2 * k) for phase in ("forward", "backward") for _ in range(cp - 1)]
-    else:
+    elif scheme == SequenceScheme.ULYSSES:
         inputs = [q + 2 * k] if q == k else [q, 2 * k]
         calls = [("all_to_all", phase, b) for phase in ("forward", "backward") for b in (*inputs, q)]
+    else:
+        raise ValueError(f"the cost model has no bytes for the sequence scheme {scheme!r}; add them here")
     return merged([Collective(op, "cp", phase, layers * b, layers, cp) for op, phase, b in calls])
 
 
@@ -283,7 +286,7 @@ def sequence_bytes_per_layer(config: ModelConfig, dims: ParallelDims, rows: int)
     for c in sequence_collectives(config, dims, rows):
         per_layer = c.bytes / config.n_layers
         result[c.phase] += per_layer
-        ring = config.sequence_scheme == "ring"
+        ring = config.sequence_scheme == SequenceScheme.RING
         result["sent"] += per_layer * (1.0 if ring else wire_factor(c.op, c.group_size))
     return result
 

@@ -60,11 +60,6 @@ def parse_layouts(text: str, world_size: int) -> list[ParallelDims]:
     return layouts
 
 
-def short_label(dims: ParallelDims) -> str:
-    """'dp_replicate=64, dp_shard=8': the degrees above 1."""
-    return ", ".join(f"{k}={v}" for k, v in dims.degrees().items() if k != "world_size" and v > 1) or "-"
-
-
 def padding_inflation(cost: CostEstimate) -> tuple[float, str]:
     """(stored / unpadded parameter elements per rank, the parameter with the most padding elements): FSDP
     pads every parameter's sharded axis to a multiple of the shard size."""
@@ -124,7 +119,7 @@ class CandidateReview:
 
     @property
     def label(self) -> str:
-        return short_label(self.cost.dims)
+        return self.cost.dims.label()
 
     @property
     def rank_text(self) -> str:
@@ -206,7 +201,7 @@ def review_layouts(
         try:
             cost = estimate(config, dims)
         except ValueError as error:
-            raise ValueError(f"layout {short_label(dims)}: {error}") from None
+            raise ValueError(f"layout {dims.label()}: {error}") from None
         reviews.append(
             CandidateReview(
                 cost,

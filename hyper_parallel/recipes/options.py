@@ -185,7 +185,5 @@ def _refusal(name: str, value: int, broken: str, rule: _Rule, chosen: dict[str, 
 
 
 def _mesh(dims: ParallelDims) -> str:
-    degrees = dims.degrees()
-    order = ["pp", *(name for name in degrees if name not in ("world_size", "pp"))]  # the mesh's outermost first
-    active = [f"{name}={degrees[name]}" for name in order if degrees[name] != 1]
-    return " x ".join(active) or f"{dims.world_size} rank(s)"
+    active = dims.label(sep=" x ")
+    return active if active != "-" else f"{dims.world_size} rank(s)"

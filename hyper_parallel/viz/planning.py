@@ -92,7 +92,7 @@ def compare_figure(ranked: list[RankedLayout], highlight: ParallelDims | None = 
             facecolors="none",
             edgecolors="green",
             linewidths=2,
-            label="best: " + short_degrees(best.dims),
+            label="best: " + best.dims.label(),
         )
     mine = next((r for r in ranked if r.dims == highlight), None)
     if mine is not None:
@@ -102,7 +102,7 @@ def compare_figure(ranked: list[RankedLayout], highlight: ParallelDims | None = 
             marker="*",
             s=160,
             color="#cf222e",
-            label="this plan: " + short_degrees(mine.dims),
+            label="this plan: " + mine.dims.label(),
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -111,11 +111,6 @@ def compare_figure(ranked: list[RankedLayout], highlight: ParallelDims | None = 
     ax.set_title(f"{len(ranked)} valid layouts of {ranked[0].dims.world_size if ranked else '?'} ranks", fontsize=10)
     ax.legend(fontsize=7.5)
     return fig
-
-
-def short_degrees(dims: ParallelDims) -> str:
-    """'dp_replicate=8, cp=2, tp=16': the degrees above 1."""
-    return ", ".join(f"{k}={v}" for k, v in dims.degrees().items() if k != "world_size" and v > 1) or "-"
 
 
 def _label_places(reviews: list, budget_bytes: float | None) -> dict[int, tuple[float, int]]:

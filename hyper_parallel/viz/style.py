@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
-from hyper_parallel.mesh_dims import DEGREE_NAMES, MeshDim
+from hyper_parallel.mesh_dims import WORLD_FACTORS, active_degrees
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 OP_COLORS = {
@@ -47,8 +47,6 @@ PHASE_COLORS = {
     "optimizer": "#dff0d8",
     "other": "#f2f2f2",
 }
-DEGREE_ORDER = (MeshDim.PP, *(name for name in DEGREE_NAMES if name != MeshDim.PP))
-"""The degrees a figure title shows: pp (outermost), the four dense ones, then ep and etp."""
 
 
 def rank_color(rank: int, world_size: int = 8) -> tuple[float, float, float, float]:
@@ -72,17 +70,19 @@ def group_hatch(group: str) -> str:
     return _EXTRA_HATCHES[sum(map(ord, group)) % len(_EXTRA_HATCHES)]
 
 
-def degrees_text(degrees: dict[str, int] | Any | None) -> str:
-    """'world 8 = dp_shard 2 × cp 2 × tp 2' (+ 'ep 2, etp 2'; 'pp 2 × ...' first): the degrees > 1 of a run."""
+def title_degrees(degrees: dict[str, int] | Any | None) -> str:
+    """'world 8 = dp_shard 2 × cp 2 × tp 2' (+ ' (experts: ep 2, etp 2)'): a figure title's degrees, those
+    other than 1 outermost first (``mesh_dims.active_degrees``)."""
     if degrees is None:
         return ""
     if not isinstance(degrees, dict):
         degrees = degrees.degrees()
-    dense = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[:5] if degrees.get(name, 1) > 1]
+    active = active_degrees(degrees)
+    dense = [f"{name} {value}" for name, value in active.items() if name in WORLD_FACTORS]
     text = f"world {degrees.get('world_size', '?')}"
     if dense:
         text += " = " + " × ".join(dense)
-    sparse = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[5:] if degrees.get(name, 1) > 1]
+    sparse = [f"{name} {value}" for name, value in active.items() if name not in WORLD_FACTORS]
     if sparse:
         text += " (experts: " + ", ".join(sparse) + ")"
     return text
@@ -90,7 +90,7 @@ def degrees_text(degrees: dict[str, int] | Any | None) -> str:
 
 def title(what: str, recipe: str | None = None, degrees=None) -> str:
     parts = [what]
-    head = " · ".join(p for p in (recipe, degrees_text(degrees)) if p)
+    head = " · ".join(p for p in (recipe, title_degrees(degrees)) if p)
     if head:
         parts.append(head)
     return " — ".join(parts)

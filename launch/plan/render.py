@@ -218,12 +218,11 @@ def print_compare(ranked: list[RankedLayout], dims: ParallelDims, top: int, budg
     )
     rows = []
     for index, layout in enumerate(ranked[:top]):
-        shown = ", ".join(f"{k}={v}" for k, v in layout.dims.degrees().items() if k != "world_size" and v != 1)
         low, high = layout.step_range
         rows.append(
             (
                 places[index],
-                shown or "-",
+                layout.dims.label(),
                 fmt_bytes(layout.memory_bytes),
                 f"{fmt_seconds(layout.step_seconds)} ({fmt_seconds(low)}-{fmt_seconds(high)})",
                 f"{layout.mfu:.0%}",

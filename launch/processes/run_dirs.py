@@ -37,7 +37,7 @@ from pathlib import Path
 from hyper_parallel.run_files import (
     BATCH_FILE,
     CHROME_TRACE_FILE,
-    FIGURES,
+    FIGURE_FILES,
     METRICS_FILE,
     NO_SPACE,
     REPORT_FILE,
@@ -60,10 +60,9 @@ RUN_OUTPUTS = (
     CHROME_TRACE_FILE,
     BATCH_FILE,
     REPORT_FILE,
-    *(f"{name}.{kind}" for name in FIGURES for kind in ("png", "svg")),
     ".*.partial",
 )
-"""What a run leaves in its folder (``hyper_parallel.run_files``), as patterns; and its log folders."""
+"""What a run leaves in its folder (``hyper_parallel.run_files``), as patterns; besides its figures and logs."""
 
 
 class RunDirError(RuntimeError):
@@ -130,7 +129,7 @@ def make_run_dir(path: str | os.PathLike) -> Path:
 
 def begin_run(run_dir: Path) -> None:
     """Remove what an earlier run left in the claimed ``run_dir`` and mark it incomplete until ``finish_run``."""
-    for pattern in RUN_OUTPUTS:
+    for pattern in (*RUN_OUTPUTS, *_figure_files(run_dir)):
         for stale in run_dir.glob(pattern):
             if stale.is_file() or stale.is_symlink():
                 stale.unlink(missing_ok=True)
@@ -143,6 +142,15 @@ def begin_run(run_dir: Path) -> None:
         f"A launch started writing this run at {started} and has not finished it. If no launch is running, "
         f"it was interrupted: its files may be partial. Run it again.\n",
     )
+
+
+def _figure_files(run_dir: Path) -> list[str]:
+    """The run figures' file names, when ``run_dir`` holds any image (the registry imports matplotlib)."""
+    if not any(run_dir.glob("*.png")) and not any(run_dir.glob("*.svg")):
+        return []
+    from hyper_parallel.viz.figure_registry import FIGURES
+
+    return [pattern.format(name=name) for name in FIGURES for pattern in FIGURE_FILES]
 
 
 def finish_run(run_dir: Path) -> None:

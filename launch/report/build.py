@@ -16,17 +16,17 @@ from launch.report.predicted import at_scale, volume_rows
 from launch.report.run_data import RunData, read_run
 from launch.report.summary import losses_csv, summary_section, volume_csv
 
-TRACED = ("placements", "placement_overview", "timeline", "comm_volume")  # figures drawn from traces
-
 
 def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
     """``run_figures(run_dir)``; when it fails, the mesh map alone, and why the others are missing."""
-    from hyper_parallel.viz import FIGURES, mesh_map, run_figures
+    from hyper_parallel.viz import FIGURE_SPECS, FIGURES, mesh_map, run_figures
+    from hyper_parallel.viz.figure_registry import FROM_TRACES
 
     try:
         figures = run_figures(run.run_dir)
         no_traces = "the workers wrote no trace files (trace_rank*.json)"
-        return figures, {name: no_traces for name in TRACED if name not in figures and not run.trace_ranks}
+        traced = [spec.name for spec in FIGURE_SPECS if spec.needs in FROM_TRACES]
+        return figures, {name: no_traces for name in traced if name not in figures and not run.trace_ranks}
     except Exception as error:  # broken traces of a failed run: report it, draw what still can be drawn
         reason = f"drawing failed ({type(error).__name__}: {error})"
     figures: dict[str, Any] = {}

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hyper_parallel.mesh_dims import degrees_label
 from hyper_parallel.run_files import write_atomic
-from launch.report.markup import degrees_text, esc, num_cell
+from launch.report.markup import esc, num_cell
 from launch.report.predicted import at_scale, at_scale_sentence, volume_rows
 from launch.report.run_data import RunData, read_run
 from launch.report.style import STYLESHEET
@@ -27,7 +28,7 @@ def _facts(run: RunData, volume: list[dict] | None) -> dict[str, str]:
     return {
         "recipe": run.recipe_name or "?",
         "verdict": run.verdict,
-        "degrees": degrees_text(run.degrees),
+        "degrees": degrees_label(run.degrees, world=True),
         "steps": str(len(run.value("losses") or [])),
         "max |loss - reference|": f"{diff:.2e}" if isinstance(diff, (int, float)) else "–",
         "mean step time (CPU, gloo)": f"{sum(times) / len(times):.3f} s" if times else "–",

@@ -12,10 +12,7 @@ import html
 from collections.abc import Iterable
 from typing import Any
 
-from hyper_parallel.mesh_dims import DEGREE_NAMES
 from hyper_parallel.viz.style import png_bytes
-
-DEGREE_ORDER = ("world_size", *DEGREE_NAMES)
 
 
 def esc(value: Any) -> str:
@@ -36,12 +33,6 @@ def num_cell(value: Any, spec: str, key: str, step: int | None = None) -> str:
         return f"<td class='num' data-key='{esc(key)}'>–</td>"
     step_attr = f" data-step='{step}'" if step is not None else ""
     return f"<td class='num' data-key='{esc(key)}'{step_attr} data-value='{value!r}'>{value:{spec}}</td>"
-
-
-def degrees_text(degrees: dict[str, int]) -> str:
-    """``world_size=4: dp_replicate=2, dp_shard=2``: the degrees that are not 1, in the usual order."""
-    active = [f"{name}={degrees[name]}" for name in DEGREE_ORDER[1:] if degrees.get(name, 1) != 1]
-    return f"world_size={degrees.get('world_size', '?')}" + (": " + ", ".join(active) if active else "")
 
 
 def facts_table(rows: Iterable[tuple[str, str]]) -> str:

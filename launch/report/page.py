@@ -16,9 +16,10 @@ import datetime
 from typing import Any
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh_dims import DEGREE_KEYS, DEGREE_NAMES, active_degrees
 from launch.report.figure_blocks import figure_blocks, other_figures_section
 from launch.report.log_section import logs_section
-from launch.report.markup import DEGREE_ORDER, esc, facts_table, num_cell
+from launch.report.markup import esc, facts_table, num_cell
 from launch.report.run_data import RunData
 from launch.report.style import PRINT_SCRIPT, STYLESHEET
 
@@ -37,7 +38,7 @@ SECTIONS = (
 def rerun_command(run: RunData) -> str:
     degrees = run.degrees
     parts = ["python -m launch run", run.recipe_name or "RECIPE", f"--world {degrees.get('world_size', '?')}"]
-    parts += [f"--{name.replace('_', '-')} {degrees[name]}" for name in DEGREE_ORDER[1:] if degrees.get(name, 1) != 1]
+    parts += [f"--{name.replace('_', '-')} {value}" for name, value in active_degrees(degrees).items()]
     steps = run.value("steps") or len(run.value("losses") or []) or None
     parts += [f"--steps {steps}"] if steps else []
     parts += [f"--seed {run.value('seed')}"] if run.value("seed") not in (None, 0) else []
@@ -54,7 +55,7 @@ def _header(run: RunData) -> str:
     chips += [
         f"<span class='chip{' active' if degrees.get(n, 1) != 1 else ''}' data-degree='{n}'>"
         f"{n} {esc(degrees[n])}</span>"
-        for n in DEGREE_ORDER[1:]
+        for n in DEGREE_NAMES
         if n in degrees
     ]
     verdict = (
@@ -105,8 +106,8 @@ def _run_section(run: RunData) -> str:
         ]
     else:
         rows.append(("recipe", esc(f"{run.recipe_name or '?'} (not in the recipe registry of this checkout)")))
-    head = "".join(f"<th>{n}</th>" for n in DEGREE_ORDER if n in degrees)
-    body = "".join(f"<td class='num' data-degree='{n}'>{esc(degrees[n])}</td>" for n in DEGREE_ORDER if n in degrees)
+    head = "".join(f"<th>{n}</th>" for n in DEGREE_KEYS if n in degrees)
+    body = "".join(f"<td class='num' data-degree='{n}'>{esc(degrees[n])}</td>" for n in DEGREE_KEYS if n in degrees)
     rows.append(
         (
             "degrees",
@@ -116,7 +117,7 @@ def _run_section(run: RunData) -> str:
         )
     )
     try:
-        views = ParallelDims(**{k: v for k, v in degrees.items() if k in DEGREE_ORDER}).describe()
+        views = ParallelDims(**{k: v for k, v in degrees.items() if k in DEGREE_KEYS}).describe()
         rows.append(("mesh views", f"<pre>{esc(views)}</pre>"))
     except (TypeError, ValueError) as error:
         rows.append(("mesh views", f"<span class='note'>cannot rebuild the mesh: {esc(error)}</span>"))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from hyper_parallel.cost_model import estimate, get_model, recipe_model
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
-from hyper_parallel.cost_model.review import CandidateReview, review_layouts, short_label
+from hyper_parallel.cost_model.review import CandidateReview, review_layouts
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.run_files import load_traces
@@ -86,7 +86,7 @@ def at_scale_sentence(scaled: AtScale) -> str:
     step, memory = r.step, r.cost.memory.total / 2**30
     budget = "within" if r.fits else "OVER"
     return (
-        f"{scaled.model} on {scaled.world_size} ranks as {short_label(r.cost.dims)}: {memory:.1f} GiB per GPU "
+        f"{scaled.model} on {scaled.world_size} ranks as {r.cost.dims.label()}: {memory:.1f} GiB per GPU "
         f"({budget} the {DEFAULT_HARDWARE.budget_bytes / 2**30:.1f} GiB budget), {step.seconds:.2f} s per step "
         f"({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%}, exposed communication "
         f"{step.middle.exposed + step.middle.critical:.2f} s on {DEFAULT_HARDWARE.name}"

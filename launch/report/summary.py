@@ -12,7 +12,8 @@ import csv
 import io
 from collections.abc import Iterable
 
-from launch.report.markup import degrees_text, esc
+from hyper_parallel.mesh_dims import degrees_label
+from launch.report.markup import esc
 from launch.report.predicted import AtScale, at_scale_sentence
 from launch.report.run_data import RunData
 
@@ -82,7 +83,7 @@ def summary_section(run: RunData, volume: list[dict] | None, scaled: AtScale | N
     rows = [
         ("verdict", verdict),
         ("recipe", esc(f"{run.recipe_name or '?'}" + (f": {recipe.title}" if recipe else ""))),
-        ("degrees", esc(degrees_text(run.degrees))),
+        ("degrees", esc(degrees_label(run.degrees, world=True))),
         (
             "max |loss - reference|",
             esc(f"{run.value('max_abs_diff'):.2e}") if isinstance(run.value("max_abs_diff"), (int, float)) else "–",

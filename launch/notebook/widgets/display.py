@@ -7,16 +7,11 @@ from __future__ import annotations
 
 import html
 
+from hyper_parallel.mesh_dims import degrees_label
 from hyper_parallel.recipes import registry
 from launch.tables import table  # noqa: F401  (re-exported: launch.notebook.widgets.table)
 
 OK_COLOR, BAD_COLOR, INFO_COLOR = "#1a7f37", "#cf222e", "#57606a"
-
-
-def degrees_text(degrees: dict[str, int]) -> str:
-    """``world_size=4: dp_replicate=2, dp_shard=2`` (degrees of 1 left out)."""
-    shown = [f"{k}={v}" for k, v in degrees.items() if k != "world_size" and v != 1]
-    return f"world_size={degrees['world_size']}" + (": " + ", ".join(shown) if shown else "")
 
 
 def step_text(progress: dict) -> str:
@@ -46,12 +41,12 @@ def recipe_card(name: str):
     from IPython.display import HTML
 
     spec = registry.get(name)
-    alternatives = "; ".join(degrees_text(a) for a in spec.alternatives) or "none"
+    alternatives = "; ".join(degrees_label(a, world=True) for a in spec.alternatives) or "none"
     rows = [
         ("what", spec.description),
         ("matrix row", spec.matrix_row),
         ("constraints", spec.constraints() or "none beyond the mesh rules"),
-        ("default run", degrees_text(spec.default)),
+        ("default run", degrees_label(spec.default, world=True)),
         ("also tested on", alternatives),
         ("CI tier", spec.tier or "-"),
         ("from a terminal", cli_command(spec.name, spec.default)),

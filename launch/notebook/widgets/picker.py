@@ -13,15 +13,15 @@ import os
 
 import ipywidgets as widgets
 
-from hyper_parallel.mesh import ParallelDims, valid_choices
-from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh import ParallelDims, dp_shard_left, valid_choices
+from hyper_parallel.mesh_dims import MESH_ORDER, STAGE_DEGREES, MeshDim, degrees_label
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import microbatch_choices
 from hyper_parallel.viz.style import png_bytes
-from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command, degrees_text
+from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command
 
-DEGREES = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
-PICKER_DEGREES = (MeshDim.PP, *DEGREES)
+DEGREES = STAGE_DEGREES
+PICKER_DEGREES = MESH_ORDER
 """The picker's selectors: pp first (outermost); recipes that do not pipeline only offer pp=1."""
 HELP = {
     "world_size": "number of ranks (worker processes)",
@@ -138,9 +138,7 @@ class DegreePicker(widgets.VBox):
         self.fix_button.on_click(lambda _: self.apply_suggestion())
 
         super().__init__(children=self._rows())
-        from launch.runs import resolve_degrees  # what launch.run does: world_size from the degrees if omitted
-
-        self._load(spec.name, resolve_degrees(spec, degrees))
+        self._load(spec.name, spec.resolve_degrees(degrees))  # as launch.run: world_size from the degrees if omitted
 
     def _rows(self) -> list[widgets.Widget]:
         return [
@@ -239,9 +237,8 @@ class DegreePicker(widgets.VBox):
             self.world_selector.options = sorted(set(worlds) | {world})
             self.world_selector.value = world
             values = {name: wanted.get(name, 1) for name in PICKER_DEGREES}
-            if values[MeshDim.DP_SHARD] in (None, -1):  # "infer", as ParallelDims does
-                others = values[MeshDim.DP_REPLICATE] * values[MeshDim.CP] * values[MeshDim.TP] * values[MeshDim.PP]
-                values[MeshDim.DP_SHARD] = world // others if others and world % others == 0 else 1
+            if values[MeshDim.DP_SHARD] in (None, -1):  # "whatever is left"
+                values[MeshDim.DP_SHARD] = dp_shard_left(world, values) or 1
             offered = self._offered(world)
             for name in PICKER_DEGREES:
                 selector = self.selectors[name]
@@ -341,7 +338,7 @@ class DegreePicker(widgets.VBox):
             )
         views = "\n".join(html.escape(line.strip()) for line in self.dims.describe().splitlines()[1:])
         self.status.value = (
-            f"<div style='color:{OK_COLOR}'><b>✔ valid</b>: {html.escape(degrees_text(degrees))}"
+            f"<div style='color:{OK_COLOR}'><b>✔ valid</b>: {html.escape(degrees_label(degrees, world=True))}"
             f"<pre style='margin:2px 0;font-size:85%;line-height:1.25;color:{OK_COLOR}'>{views}</pre>"
             f"same run from a terminal: "
             f"<code>{html.escape(cli_command(self.recipe, degrees, self.steps, self.options))}</code>{note}</div>"
@@ -381,13 +378,13 @@ class DegreePicker(widgets.VBox):
             f"<b>{html.escape(spec.name)} — {html.escape(spec.title)}</b><br>"
             f"<span style='font-size:90%'>{html.escape(spec.description)}<br>recipe constraints: "
             f"<code>{html.escape(constraints)}</code>; default run: "
-            f"<code>{html.escape(degrees_text(spec.default))}</code></span>"
+            f"<code>{html.escape(degrees_label(spec.default, world=True))}</code></span>"
         )
 
     def _update_preview(self) -> None:
         if not self.preview_enabled or self.dims is None:
             return
-        caption = f"<b>mesh map</b> of {html.escape(degrees_text(self.degrees))}"
+        caption = f"<b>mesh map</b> of {html.escape(degrees_label(self.degrees, world=True))}"
         if self.preview_figure is not None and self._preview_key == (self.recipe, self.dims):
             self.preview_caption.value = caption
             return

@@ -22,9 +22,9 @@ from hyper_parallel.cost_model import CLI_MODELS, CostEstimate, ModelConfig, est
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.layouts import candidate_layouts, nearest_valid, nodes_spanned
 from hyper_parallel.cost_model.step_time import estimate_step
-from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh import ParallelDims, dp_shard_left
 from hyper_parallel.mesh_dims import MeshDim
-from hyper_parallel.viz.planning import plan_figure, short_degrees
+from hyper_parallel.viz.planning import plan_figure
 from hyper_parallel.viz.style import png_bytes
 from launch.notebook.widgets.display import table
 from launch.notebook.widgets.picker import DEGREES, HELP
@@ -118,9 +118,8 @@ class PlanWidget(widgets.VBox):
             ]
         )
         wanted = {name: degrees.get(name, 1) for name in DEGREES}
-        if degrees.get(MeshDim.DP_SHARD, -1) == -1:  # "whatever is left", as ParallelDims infers it
-            others = wanted[MeshDim.DP_REPLICATE] * wanted[MeshDim.CP] * wanted[MeshDim.TP]
-            wanted[MeshDim.DP_SHARD] = world_size // others if world_size % others == 0 else 1
+        if degrees.get(MeshDim.DP_SHARD, -1) == -1:  # "whatever is left"
+            wanted[MeshDim.DP_SHARD] = dp_shard_left(world_size, wanted) or 1
         self._load(wanted)
 
     # ------------------------------------------------------------------ public API
@@ -205,7 +204,7 @@ class PlanWidget(widgets.VBox):
         self.figure = plan_figure(self.cost, self.step.timed, self.memory_gib)
         self.bars.value = png_bytes(self.figure, dpi=80)
         self.status.value = (
-            f"<b style='color:#1a7f37'>✔ valid</b>: {html.escape(short_degrees(self.dims))}; "
+            f"<b style='color:#1a7f37'>✔ valid</b>: {html.escape(self.dims.label())}; "
             f"{self.cost.parameter_count:.3g} parameters, {len(self.layouts())} valid layouts of "
             f"{self.dims.world_size} ranks for {html.escape(self.config.name)}; step "
             f"{self.step.seconds:.3g} s ({self.step.fast.total:.3g}-{self.step.slow.total:.3g}), "
@@ -221,7 +220,7 @@ class PlanWidget(widgets.VBox):
         self._suggestion = {}
         if nearest is not None:
             self._suggestion = {n: getattr(nearest, n) for n in DEGREES if getattr(nearest, n) != degrees[n]}
-            hint = "<br>nearest valid layout: <b>" + html.escape(short_degrees(nearest)) + "</b>"
+            hint = "<br>nearest valid layout: <b>" + html.escape(nearest.label()) + "</b>"
             self.fix_button.layout.display = ""
         self.status.value = f"<b style='color:#cf222e'>✘ invalid</b>: {html.escape(self.error)}{hint}"
 
