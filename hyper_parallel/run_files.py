@@ -6,13 +6,21 @@ The launcher (parent process), the figures and the report read runs; only worker
     metrics.json         rank 0: losses, reference losses, differences, step times
     summary.json         written by the launcher: recipe, degrees, ok, losses, errors
     chrome_trace.json    every rank's events for Perfetto / chrome://tracing (``to_chrome_trace``)
+    batch.json           written by the launcher into the launch's directory: the runs it started
+    report.html          ``python -m launch report``; <figure>.png/.svg: ``hyper_parallel.viz.run_figures``
 
-Trace files carry ``format`` (``TRACE_FORMAT``): readers refuse a newer one they cannot read.
+Trace files carry ``format`` (``TRACE_FORMAT``): readers refuse a newer one they cannot read. Every file
+is written whole or not at all (``write_atomic``): a full disk or an interrupt leaves no truncated file
+that looks complete, and a symbolic link planted under a file's name is replaced, never written through.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +28,65 @@ TRACE_FILE = "trace_rank{rank}.json"
 METRICS_FILE = "metrics.json"
 SUMMARY_FILE = "summary.json"
 CHROME_TRACE_FILE = "chrome_trace.json"
+BATCH_FILE = "batch.json"
+REPORT_FILE = "report.html"
+FIGURE_FILES = ("{name}.png", "{name}.svg")
+"""How a run figure is saved (its names: ``hyper_parallel.viz.figure_registry.FIGURES``)."""
 TRACE_FORMAT = 2
 """1: collectives and placements; 2: + compute spans and asynchronous collectives (t_wait)."""
 EXIT_MISMATCH = 3
 """The worker's exit status (rank 0) when a run trained but differs from its single-process reference."""
 PROGRESS_PREFIX = "[progress] "
 """Rank 0 prints one such line (followed by a JSON object) per training step."""
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class NoSpaceError(OSError):
+    """A run's file could not be written because its disk (or the user's quota) is full."""
+
+
+def no_space(folder: str | Path, error: OSError) -> NoSpaceError:
+    return NoSpaceError(
+        error.errno, f"no space left in {folder} ({error.strerror}); free some space there, or write the run elsewhere"
+    )
+
+
+def names_no_space(text: str) -> bool:
+    """Whether an error's text (a rank's traceback) says a disk was full."""
+    return any(mark in text for mark in (NoSpaceError.__name__, *map(os.strerror, NO_SPACE)))
+
+
+@contextlib.contextmanager
+def disk_full_named(folder: str | Path):
+    """Raise a full disk met inside as ``NoSpaceError`` naming the folder being written (the file's, if known)."""
+    try:
+        yield
+    except NoSpaceError:
+        raise
+    except OSError as error:
+        if error.errno not in NO_SPACE:
+            raise
+        raise no_space(Path(error.filename).parent if error.filename else folder, error) from None
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` whole or not at all: into a new file beside it (created exclusively, so no
+    link is followed), then renamed over ``path``. On any error the new file is removed and ``path`` is
+    left as it was; a full disk raises ``NoSpaceError`` naming the folder."""
+    path = Path(path)
+    with disk_full_named(path.parent):
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(data.encode() if isinstance(data, str) else data)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+    return path
 
 
 def trace_path(run_dir: str | Path, rank: int) -> Path:
@@ -97,9 +158,7 @@ def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -
                         "args": {"local_shape": event["local_shape"], "global_shape": event["global_shape"]},
                     }
                 )
-    path = Path(path)
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    return path
+    return write_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
 
 def _span_name(event: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hyper_parallel.run_files import TRACE_FORMAT
+from hyper_parallel.run_files import TRACE_FORMAT, write_atomic
 
 PHASES = ("init", "forward", "backward", "optimizer", "other")
 
@@ -55,8 +55,7 @@ class Recorder:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"format": TRACE_FORMAT, "rank": self.rank, "world_size": self.world_size, "events": self.events}
-        path.write_text(json.dumps(payload))
-        return path
+        return write_atomic(path, json.dumps(payload))
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@
     python -m launch report --compare runs/m4 runs/m7 --out compare.html
 
 Invalid input exits with status 2 and the rule's message before any worker starts (``launch.inputs``);
-a run that does not match its reference exits with 1. ``run`` always starts a fresh torchrun launch (a
+a run that does not match its reference exits with 1; a full disk with 4 ("no space left in <folder>"). ``run`` always starts a fresh torchrun launch (a
 one-shot command gains nothing from the warm pool, which serves notebooks: docs/warm_pool.md).
 """
 
@@ -28,6 +28,7 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import DEGREE_KEYS, DEGREE_NAMES
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
+from hyper_parallel.run_files import NO_SPACE, NoSpaceError, no_space
 from launch import inputs
 from launch.bench import flags as bench_flags
 from launch.plan.multinode import multinode_command, new_rdzv_id
@@ -35,6 +36,7 @@ from launch.processes.run_dirs import RunDirError
 from launch.tables import print_table
 
 EXIT_INVALID = 2
+EXIT_NO_SPACE = 4
 
 
 class _Once(argparse.Action):
@@ -164,6 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if result.error:
         print(result.error, file=sys.stderr)
+    if result.out_of_space:
+        return EXIT_NO_SPACE
     if result.traces and not args.no_figures:
         from hyper_parallel.viz import run_figures
 
@@ -351,3 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RunDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_INVALID
+    except OSError as error:
+        if error.errno not in NO_SPACE:
+            raise
+        if not isinstance(error, NoSpaceError):
+            error = no_space(Path(error.filename).parent if error.filename else "the output folder", error)
+        print(f"error: {error.strerror}", file=sys.stderr)
+        return EXIT_NO_SPACE

@@ -22,17 +22,20 @@ from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
 from hyper_parallel.recipes.run_spec import WORKER_MODULE, RunSpec
 from hyper_parallel.run_files import (
+    BATCH_FILE,
     EXIT_MISMATCH,
     METRICS_FILE,
     PROGRESS_PREFIX,
     SUMMARY_FILE,
-    TRACE_FILE,
+    disk_full_named,
     load_json,
     load_traces,
+    names_no_space,
+    write_atomic,
 )
 from launch import inputs
 from launch.processes.log_layout import write_pool_logs
-from launch.processes.run_dirs import claimed, new_scratch_dir
+from launch.processes.run_dirs import begin_run, claimed, finish_run, make_run_dir, new_scratch_dir
 from launch.processes.supervisor import TorchrunResult, torchrun_claimed
 
 
@@ -59,7 +62,14 @@ class RunResult:
         return self.process.logs
 
     @property
+    def out_of_space(self) -> bool:
+        """The run failed because a disk was full (a rank could not write its results)."""
+        return not self.process.ok and names_no_space(self.process.error or "")
+
+    @property
     def error(self) -> str | None:
+        if self.out_of_space:
+            return f"no space left in {self.run_dir}: the ranks could not write their results\n{self.process.error}"
         if not self.process.ok and not (self.process.returncode == EXIT_MISMATCH and self.metrics):
             return self.process.error
         if not self.metrics:
@@ -89,8 +99,9 @@ class RunResult:
         }
 
     def save_summary(self) -> Path:
-        path = self.run_dir / SUMMARY_FILE
-        path.write_text(json.dumps(self.summary(), indent=1))
+        """Write summary.json, the launcher's verdict; the run's folder is complete from then on."""
+        path = write_atomic(self.run_dir / SUMMARY_FILE, json.dumps(self.summary(), indent=1))
+        finish_run(self.run_dir)
         return path
 
     def __repr__(self) -> str:
@@ -249,15 +260,31 @@ def run_many(
     worlds = {spec.dims.world_size for spec in specs}
     if len(worlds) != 1:
         raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
-    root = out if out is not None else new_scratch_dir("hp-run-")
+    _check_distinct_outs(specs)
+    with disk_full_named(out or "the scratch folder"):
+        return _run_batch(specs, out, timeout, on_line, on_progress, pool)
+
+
+def _run_batch(
+    specs: list[RunSpec],
+    out: Path | None,
+    timeout: float,
+    on_line: Callable[[int, str], None] | None,
+    on_progress: Callable[[dict], None] | None,
+    pool: bool,
+) -> list[RunResult]:
+    """Make and claim the folders, launch the validated runs, write each run's summary."""
+    root = make_run_dir(out) if out is not None else new_scratch_dir("hp-run-")
     specs = [
-        spec if spec.out is not None else dataclasses.replace(spec, out=root / f"{index:02d}-{spec.recipe}")
+        dataclasses.replace(spec, out=make_run_dir(spec.out or root / f"{index:02d}-{spec.recipe}"))
         for index, spec in enumerate(specs)
     ]
     with contextlib.ExitStack() as claims:
-        for directory in dict.fromkeys(path.resolve() for path in [root, *(spec.out for spec in specs)]):
-            _make_dir(directory)
-            claims.enter_context(claimed(directory))  # before anything in it is deleted or written
+        folders = list(dict.fromkeys([root, *(spec.out for spec in specs)]))
+        for directory in folders:
+            claims.enter_context(claimed(directory))  # all of them before anything in one is deleted or written
+        for directory in folders:
+            begin_run(directory)
         process = _launch_batch(specs, root, timeout, on_line, on_progress, pool)
         results = []
         for spec in specs:
@@ -266,6 +293,7 @@ def run_many(
             )
             result.save_summary()
             results.append(result)
+        finish_run(root)
     return results
 
 
@@ -274,13 +302,14 @@ def _resolve_mapping(run: Mapping[str, Any]) -> RunSpec:
     return resolve_run(given.pop("recipe", None), **given)
 
 
-def _make_dir(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
+def _check_distinct_outs(specs: list[RunSpec]) -> None:
+    """One folder per run: two runs writing into one folder would overwrite each other's results."""
+    given = [Path(spec.out).absolute() for spec in specs if spec.out is not None]
+    if len(set(given)) != len(given):
         raise ValueError(
-            f"cannot create the run directory {directory}: {error.strerror}; choose another out="
-        ) from None
+            f"each run of a launch needs its own out folder (two runs in one folder overwrite each other's "
+            f"results), got {[str(path) for path in given]}"
+        )
 
 
 def _launch_batch(
@@ -291,13 +320,9 @@ def _launch_batch(
     on_progress: Callable[[dict], None] | None,
     pool: bool,
 ) -> TorchrunResult:
-    """Clear the claimed directories of an earlier run's results, write batch.json, run the batch."""
-    for spec in specs:
-        for stale in [spec.out / METRICS_FILE, spec.out / SUMMARY_FILE, *spec.out.glob(TRACE_FILE.format(rank="*"))]:
-            stale.unlink(missing_ok=True)
+    """Write batch.json into the launch's directory, run the batch."""
     batch = [spec.to_json() for spec in specs]
-    batch_file = root / "batch.json"
-    batch_file.write_text(json.dumps(batch, indent=1))
+    batch_file = write_atomic(root / BATCH_FILE, json.dumps(batch, indent=1))
 
     def forward_line(rank: int, line: str) -> None:
         if rank == 0 and line.startswith(PROGRESS_PREFIX) and on_progress is not None:
@@ -330,7 +355,7 @@ def _run_on_pool(
             run_dir=run_dir,
             failed_rank=error.rank,
             error=str(error),
-            timed_out=str(error).startswith("timed out after"),
+            timed_out=error.timed_out,
             duration=time.monotonic() - start,
             command=["warm pool"],
         )

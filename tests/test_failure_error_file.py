@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.processes.failure_report import failure, rank_errors
+from launch.processes.failure_report import exit_of, failure, rank_errors, timeout_error
 from launch.processes.supervisor import torchrun
 
 WORKER = Path(__file__).parent / "workers" / "fault_worker.py"
@@ -145,3 +145,21 @@ def test_a_sigkilled_rank_without_an_error_file_is_named_from_the_logs(tmp_path)
     log_dir = next(tmp_path.glob("torchrun_logs_*"))
     assert not list(log_dir.glob("*/attempt_*/1/error.json"))  # a killed rank writes none
     assert all(error.lost_a_peer for error in rank_errors(log_dir))  # rank 0's, if any: only its lost peer
+
+
+def test_a_timeout_before_any_rank_started_says_so_instead_of_an_empty_list():
+    message = timeout_error({-1: ["torchrun starting"]}, [], 15)
+    assert message.startswith("timed out after 15 s before any rank had started") and "[]" not in message
+
+
+def test_how_a_rank_ended_is_read_from_torchruns_failure_summary():
+    summary = [
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 4242)",
+    ]
+    assert exit_of(summary, 1) == "killed by SIGKILL (exit code -9)"
+    assert exit_of(summary, 0) is None

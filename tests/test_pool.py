@@ -92,14 +92,15 @@ def test_a_rank_that_raises_keeps_the_pool_and_its_names(fresh_pool):
 def test_a_killed_rank_ends_the_pool(fresh_pool):
     code = "import os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()"
     with pytest.raises(
-        PoolError, match="rank 1 died(.|\n)*names defined by earlier %%torchrun cells are gone"
+        PoolError, match=r"rank 1 died during the run \(killed by SIGKILL(.|\n)*names defined by earlier %%torchrun"
     ) as failure:
         fresh_pool.run(2, {"kind": "code", "code": code}, 60)
     assert failure.value.rank == 1 and not failure.value.kept and not pool_workers()
     assert fresh_pool.run(2, {"kind": "code", "code": "world_size"}, 60)[0][0]["ok"]
     # torchrun may notice the kill first and end too: then the pool names its agent as well
     assert re.fullmatch(
-        rf"(the pool's agent \(torchrun\) and )?rank 1 died during run {fresh_pool.runs - 1}",
+        rf"(the pool's agent \(torchrun\) and )?rank 1 died during run {fresh_pool.runs - 1} "
+        r"\(killed by SIGKILL \(exit code -9\)\)",
         fresh_pool.restarted_because,
     ), fresh_pool.restarted_because
 

@@ -6,7 +6,13 @@
 * ``timeout`` counts the run, not the cold start (a cold start takes 7-40 s here); the cold start has its own limit, whose error carries
   the workers' last lines.
 * A local process that connects to the pool's listener first and stays silent, or answers with the
-  wrong key, does not stall the start: the workers are accepted beside it and it is dropped.
+  wrong key, does not stall the start: the workers are accepted beside it and it is dropped, at the
+  latest when the workers are in and the listener closes; a connection after that is refused.
+* A rank that fails to join a run's process group fails the run with its own error within seconds: its
+  peers, which gloo would keep waiting for it for the whole collective timeout, are ended with the pool.
+* Ranks that finish a cell at once (or raise at once) do not strand peers still forming the run's group:
+  gloo lets a rank out of ``connectFullMesh`` before its peers are connected, and one that freed its
+  group then broke theirs (under load one 8-rank cell in two stranded a rank for 300 s).
 """
 
 from __future__ import annotations
@@ -109,4 +115,50 @@ def test_strangers_are_dropped_and_the_run_timeout_does_not_include_the_cold_sta
     assert [magic.decode(r) for r in replies] == [0, 1]  # the 10 s count from when the workers are up
     print(f"cold start + run: {time.monotonic() - started:.1f} s with timeout=10 (before: a start > 10 s failed)")
     assert "refused" in strangers and fresh_pool._listener.dropped >= 1
+    # once the workers are in the listener is closed: the silent stranger is dropped, a later one refused
+    strangers[0].settimeout(60)
+    while strangers[0].recv(4096):  # the challenge, then EOF
+        pass
     strangers[0].close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(fresh_pool._listener.address, timeout=10)
+
+
+SABOTAGE_NEXT_JOIN = """
+import torch.distributed as distributed
+if rank == 1:
+    real_init = distributed.init_process_group
+    def init_process_group(*args, **kwargs):
+        distributed.init_process_group = real_init
+        raise RuntimeError("rank 1 cannot join (sabotaged by the test)")
+    distributed.init_process_group = init_process_group
+rank
+"""
+
+
+def test_a_rank_that_fails_to_join_the_group_fails_the_run_with_its_error_not_a_timeout(fresh_pool):
+    assert magic.run_cell(SABOTAGE_NEXT_JOIN, 3) == [0, 1, 2]
+    with pytest.raises(PoolError) as failure:
+        fresh_pool.run(3, {"kind": "code", "code": "rank"}, timeout=900)  # peers would wait 300 s in gloo
+    message = str(failure.value)
+    assert "rank 1 failed to join the run's process group" in message and "sabotaged by the test" in message
+    assert "rank(s) [0, 2] were still waiting to form the run's process group" in message
+    assert failure.value.rank == 1 and not failure.value.timed_out and not failure.value.kept
+    assert not fresh_pool.alive and not pool_workers()
+    assert magic.run_cell("rank", 3) == [0, 1, 2]
+    assert fresh_pool.restarted_because.startswith("rank 1 failed to join the run's process group in run")
+
+
+RACE_RANKS, RACE_CELLS = 8, 16
+RAISING_AT_ONCE = "if rank == 1:\n    raise ValueError('rank 1 raises at once')\nrank"
+
+
+def test_ranks_that_finish_at_once_do_not_strand_peers_still_forming_the_group(fresh_pool):
+    for index in range(RACE_CELLS):
+        if index % 2:
+            with pytest.raises(PoolError, match="rank 1 failed:(.|\n)*rank 1 raises at once") as failure:
+                fresh_pool.run(RACE_RANKS, {"kind": "code", "code": RAISING_AT_ONCE}, timeout=600)
+            assert failure.value.kept, f"cell {index}: {failure.value}"
+        else:
+            replies = fresh_pool.run(RACE_RANKS, {"kind": "code", "code": "rank"}, timeout=600)[0]
+            assert [magic.decode(reply) for reply in replies] == list(range(RACE_RANKS)), index

@@ -30,7 +30,7 @@ from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.run_spec import RunSpec
 from hyper_parallel.recipes.training import train_and_compare
-from hyper_parallel.run_files import EXIT_MISMATCH, METRICS_FILE, PROGRESS_PREFIX, trace_path
+from hyper_parallel.run_files import EXIT_MISMATCH, METRICS_FILE, PROGRESS_PREFIX, trace_path, write_atomic
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -124,7 +124,7 @@ def run_one(spec: RunSpec, device_type: str) -> bool:
             "units": describe_units(workload.model),
             **metrics,
         }
-        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1))
+        write_atomic(out / METRICS_FILE, json.dumps(metrics, indent=1))
         print(
             f"{recipe.name}: max |loss - reference| = {metrics['max_abs_diff']:.3g}, "
             f"max |param - reference| = {metrics['max_param_diff']:.3g}, ok={metrics['ok']}",

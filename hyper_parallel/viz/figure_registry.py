@@ -8,6 +8,7 @@ module and one row of ``FIGURE_SPECS``.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.run_files import write_atomic
 from hyper_parallel.viz.mesh_map import mesh_map, parameters_sharded
 from hyper_parallel.viz.numerics import numerics
 from hyper_parallel.viz.placements import placement_overview, placement_transitions
@@ -136,9 +138,11 @@ def save(fig: Figure, out_dir: str | Path, name: str, svg: bool = False) -> list
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png"] + ([out / f"{name}.svg"] if svg else [])
-    paths[0].write_bytes(png_bytes(fig))
+    write_atomic(paths[0], png_bytes(fig))
     if svg:
-        fig.savefig(paths[1])
+        svg_text = io.BytesIO()
+        fig.savefig(svg_text, format="svg")
+        write_atomic(paths[1], svg_text.getvalue())
     return paths
 
 

@@ -23,6 +23,7 @@ the notebooks import them from:
 from __future__ import annotations
 
 import datetime
+import itertools
 import multiprocessing
 import signal
 import sys
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.notebook.workbook_kernel import KERNEL_ARGUMENTS, WorkbookKernel
+from launch.processes.run_dirs import make_run_dir
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # launch/notebook/workbook.py
 FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
@@ -156,6 +158,21 @@ def run_notebook(path: Path, root: Path, extra: Mapping[str, Any], kernel: Workb
     return NotebookOutcome(path.stem, ok, error, time.monotonic() - began, pngs, written, problems)
 
 
+def _fresh_workbook_dir(out: Path) -> Path:
+    """``out/<timestamp>``, or ``<timestamp>-2``, ``-3``...: a folder no other workbook started in the same
+    second writes into (each is created exclusively)."""
+    parent = make_run_dir(out)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for attempt in itertools.count(1):
+        root = parent / (stamp if attempt == 1 else f"{stamp}-{attempt}")
+        try:
+            root.mkdir(mode=0o755)
+        except FileExistsError:
+            continue
+        return root.resolve()
+    raise AssertionError("itertools.count() does not end")
+
+
 def run_workbook(
     out: str | Path,
     only: Iterable[str] | None = None,
@@ -174,9 +191,7 @@ def run_workbook(
     maps a notebook name (stem) to extra papermill parameters.
     """
     only = list(only) if only is not None else None
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    root = (Path(out) / stamp).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    root = _fresh_workbook_dir(Path(out))
     chosen = [p for p in notebooks(notebooks_dir) if only is None or any(p.stem.startswith(prefix) for prefix in only)]
     if not chosen:
         print(

@@ -240,7 +240,18 @@ def _from_logs(
     return root, "\n".join([f"rank {root} failed: {describe_exit(code)}", *detail])
 
 
+def exit_of(torchrun_lines: list[str], rank: int) -> str | None:
+    """How ``rank`` ended by torchrun's failure summary ("killed by SIGKILL (exit code -9)"); None if not there."""
+    code = _torchrun_failures(torchrun_lines)[0].get(rank)
+    return None if code is None else describe_exit(code)
+
+
 def timeout_error(logs: dict[int, list[str]], ranks: list[int], timeout: float) -> str:
+    if not ranks:
+        return (
+            f"timed out after {timeout:g} s before any rank had started (torchrun was still starting its "
+            f"workers: the machine may be overloaded, see `uptime`); give more time (--timeout / timeout=)"
+        )
     parts = [f"timed out after {timeout:g} s; ranks still running: {ranks} (their stacks at the deadline follow)"]
     for rank in ranks:
         parts += [f"--- rank {rank} ---", *(error_lines(logs.get(rank, [])) or ["(no stack dump)"])]

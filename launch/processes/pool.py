@@ -39,8 +39,8 @@ from typing import Any
 import psutil
 
 from launch import inputs
-from launch.processes.failure_report import PEER_LOSS, timeout_error
-from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, PoolListener
+from launch.processes.failure_report import PEER_LOSS, exit_of, timeout_error
+from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, RENDEZVOUS, PoolListener
 from launch.processes.run_dirs import claimed, new_scratch_dir
 from launch.processes.supervisor import (
     LOOPBACK,
@@ -54,16 +54,25 @@ from launch.processes.supervisor import (
 WORKER_MODULE = "launch.processes.pool_worker"
 POLL_SECONDS = 0.05
 LOG_TAIL_LINES = 20
+AGENT_SUMMARY_SECONDS = 10.0
+"""How long to wait for torchrun's failure summary after a rank died (it first stops the others, 3 s each)."""
 NAMES_GONE = "the warm workers were ended, so names defined by earlier %%torchrun cells are gone"
+RENDEZVOUS_GRACE_SECONDS = 5.0
+"""How long the other ranks may take to fail on their own once one failed to join the run's process group:
+a rank whose peer left before connecting to it waits in gloo's ``connectFullMesh`` for the whole collective
+timeout (300 s), so the pool ends them after this."""
 
 
 class PoolError(RuntimeError):
     """A run on the pool failed; ``rank`` is the rank to blame (-1: none), ``logs`` every rank's lines,
-    ``kept`` whether the pool (and a cell's names) survived it."""
+    ``kept`` whether the pool (and a cell's names) survived it, ``timed_out`` whether the run passed its
+    timeout."""
 
-    def __init__(self, message: str, rank: int, logs: dict[int, list[str]], kept: bool = False) -> None:
+    def __init__(
+        self, message: str, rank: int, logs: dict[int, list[str]], kept: bool = False, timed_out: bool = False
+    ) -> None:
         super().__init__(message)
-        self.rank, self.logs, self.kept = rank, logs, kept
+        self.rank, self.logs, self.kept, self.timed_out = rank, logs, kept, timed_out
 
 
 def _tails(logs: dict[int, list[str]]) -> str:
@@ -158,6 +167,7 @@ class Pool:
                         -1,
                         self._logs,
                     )
+            self._listener.close()  # every worker is in: nobody else may connect, or stay connected
             ready = dict(self._listener.ready)
             self._conns = {rank: conn for rank, (conn, _) in ready.items()}
             self._pids = {rank: pid for rank, (_, pid) in ready.items()}
@@ -235,10 +245,7 @@ class Pool:
                 raise
             finally:
                 self._on_line = None
-            failed = [rank for rank, reply in sorted(replies.items()) if not reply["ok"]]
-            if failed:
-                # blame a rank that raised on its own, not one whose peer's group went away (gloo's error)
-                first = next((r for r in failed if not any(p in replies[r]["traceback"] for p in PEER_LOSS)), failed[0])
+            if (first := _blame(replies)) is not None:
                 raise PoolError(
                     f"rank {first} failed:\n{replies[first]['traceback']}\n"
                     f"(every rank finished its task: the warm workers and their names are kept)",
@@ -259,14 +266,17 @@ class Pool:
                 conn.send_bytes(json.dumps({"kind": "forget"}).encode())
             self._collect(time.monotonic() + timeout, timeout)
 
-    def _fail(self, reason: str, message: str, rank: int) -> PoolError:
+    def _fail(self, reason: str, message: str, rank: int, timed_out: bool = False) -> PoolError:
         logs = self._logs
         self._end(reason)
-        return PoolError(f"{message}\n({NAMES_GONE}; the next run starts new ones)", rank, logs)
+        return PoolError(f"{message}\n({NAMES_GONE}; the next run starts new ones)", rank, logs, timed_out=timed_out)
 
     def _collect(self, deadline: float, timeout: float) -> dict[int, dict]:
+        """Every rank's reply; ``PoolError`` (the pool ended) when a rank dies, when ranks are left waiting
+        for one that failed to join the run's group, or at the deadline."""
         replies: dict[int, dict] = {}
         waiting = dict(self._conns)
+        stranded_since = None  # when a rank failed to join the run's group, leaving the others waiting for it
         while waiting:
             self._output.pump(0.0)
             for conn in wait(list(waiting.values()), timeout=POLL_SECONDS):
@@ -274,24 +284,64 @@ class Pool:
                 try:
                     replies[rank] = json.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    self._output.drain(1.0)
-                    who = f"rank {rank}" if self.alive else f"the pool's agent (torchrun) and rank {rank}"
-                    raise self._fail(
-                        f"{who} died during run {self.runs}",
-                        f"{who} died during the run (its process ended):\n"
-                        + "\n".join(self._logs.get(rank, [])[-LOG_TAIL_LINES:]),
-                        rank,
-                    ) from None
+                    raise self._died(rank) from None
                 del waiting[rank]
-            if waiting and time.monotonic() > deadline:
-                self._tree.refresh()
-                self._tree.dump_worker_stacks()
-                self._output.drain(1.0)
-                raise self._fail(
-                    f"run {self.runs} timed out", timeout_error(self._logs, sorted(waiting), timeout), min(waiting)
-                )
+                if stranded_since is None and replies[rank].get("stage") == RENDEZVOUS:
+                    stranded_since = time.monotonic()
+            now = time.monotonic()
+            if waiting and stranded_since is not None and now - stranded_since > RENDEZVOUS_GRACE_SECONDS:
+                raise self._stranded(replies, sorted(waiting))
+            if waiting and now > deadline:
+                raise self._timed_out(sorted(waiting), timeout)
         self._output.pump(0.05)
         return replies
+
+    def _died(self, rank: int) -> PoolError:
+        """A rank's connection closed mid-run: its process ended. torchrun then ends the others and prints
+        how each ended, which names the signal that killed it."""
+        agent_alive = self.alive
+        self._output.drain(AGENT_SUMMARY_SECONDS)
+        how = exit_of(self._logs.get(-1, []), rank) or "its process ended"
+        who = f"rank {rank}" if agent_alive else f"the pool's agent (torchrun) and rank {rank}"
+        return self._fail(
+            f"{who} died during run {self.runs} ({how})",
+            f"{who} died during the run ({how}):\n" + "\n".join(self._logs.get(rank, [])[-LOG_TAIL_LINES:]),
+            rank,
+        )
+
+    def _stranded(self, replies: dict[int, dict], waiting: list[int]) -> PoolError:
+        """The error of a run whose group could not form: the first rank's own error, every other failed
+        rank's last line, and the ranks still waiting (ended with the pool)."""
+        first = _blame(replies)
+        what = "failed to join the run's process group" if replies[first].get("stage") == RENDEZVOUS else "failed"
+        others = "".join(
+            f"\nrank {rank}: {reply['traceback'].strip().splitlines()[-1]}"
+            for rank, reply in sorted(replies.items())
+            if not reply["ok"] and rank != first
+        )
+        return self._fail(
+            f"rank {first} {what} in run {self.runs}",
+            f"rank {first} {what}:\n{replies[first]['traceback']}{others}\n"
+            f"rank(s) {waiting} were still waiting to form the run's process group {RENDEZVOUS_GRACE_SECONDS:g} s "
+            f"later (gloo waits for a peer that left for the whole collective timeout), so every worker was ended",
+            first,
+        )
+
+    def _timed_out(self, waiting: list[int], timeout: float) -> PoolError:
+        self._tree.refresh()
+        self._tree.dump_worker_stacks()
+        self._output.drain(1.0)
+        return self._fail(
+            f"run {self.runs} timed out", timeout_error(self._logs, waiting, timeout), min(waiting), timed_out=True
+        )
+
+
+def _blame(replies: dict[int, dict]) -> int | None:
+    """The rank whose failure to report: one that raised on its own, not one whose peer's group went away
+    (gloo's error); None when every rank succeeded."""
+    failed = [rank for rank, reply in sorted(replies.items()) if not reply["ok"]]
+    lost_a_peer = [rank for rank in failed if any(marker in replies[rank]["traceback"] for marker in PEER_LOSS)]
+    return next((rank for rank in failed if rank not in lost_a_peer), failed[0] if failed else None)
 
 
 _POOL: Pool | None = None

@@ -6,6 +6,12 @@ first and stays silent stalls the pool's start. Here the listening socket has a 
 worker and polls without blocking; each connection is authenticated in its own thread (the same
 challenge ``Listener`` uses, with the pool's random key), and one that has not authenticated and said
 hello within ``HANDSHAKE_SECONDS`` is dropped (its socket shut down), as is one with a wrong key.
+
+What a stranger can hold is bounded: at most ``MAX_PENDING`` unauthenticated connections at a time (a
+newcomer drops the oldest, so workers still get in), each for at most ``HANDSHAKE_SECONDS``, and only
+while the pool starts: the
+pool closes the listener once its workers are in (``close``), which drops every connection still
+pending and refuses any later one.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ from multiprocessing.connection import AuthenticationError, Connection, answer_c
 
 # How a worker finds the listener: set by ``pool.Pool`` for every rank, read by ``pool_worker``.
 ADDRESS_ENV, KEY_ENV = "HYPER_PARALLEL_POOL_ADDRESS", "HYPER_PARALLEL_POOL_KEY"
+RENDEZVOUS = "rendezvous"
+"""A failed reply's ``stage`` when the rank failed while joining the run's process group."""
 HANDSHAKE_SECONDS = 30.0
 HELLO_MAX_BYTES = 4096
+MAX_PENDING = 64
 
 
 class PoolListener:
@@ -44,6 +53,12 @@ class PoolListener:
                 client, _ = self._socket.accept()
             except (BlockingIOError, InterruptedError):
                 break
+            with self._lock:
+                oldest = (
+                    min(self._pending, key=self._pending.__getitem__) if len(self._pending) >= MAX_PENDING else None
+                )
+            if oldest is not None:
+                self._drop(oldest)  # room for the newcomer: a worker answers within milliseconds of connecting
             client.setblocking(True)
             conn = Connection(client.detach())
             with self._lock:
@@ -82,6 +97,12 @@ class PoolListener:
             with contextlib.suppress(OSError):
                 duplicate.shutdown(socket.SHUT_RDWR)
             duplicate.close()
+
+    @property
+    def pending(self) -> int:
+        """Connections accepted and not yet authenticated (each holds a thread and a socket)."""
+        with self._lock:
+            return len(self._pending)
 
     def close(self) -> None:
         """Stop listening and drop every connection not yet authenticated (``ready`` ones are the caller's)."""

@@ -5,7 +5,8 @@
 It connects to the kernel's listener (address and key from the environment), then for each task:
 
 1. ranks ``>= world_size`` of the task sit it out; the others build a fresh gloo process group on
-   their own prefix of the agent's store (a pool of 8 serves a run of 2: ranks 0-1 form its group);
+   their own prefix of the agent's store (a pool of 8 serves a run of 2: ranks 0-1 form its group),
+   and no rank goes on until every rank has connected it (``INIT_BARRIER_ENV``);
 2. DTensor's sharding cache and DeviceMesh's stack are cleared and the RNGs reseeded, so a run sees
    what it would see in a fresh torchrun launch;
 3. the task runs: recipe runs (``hyper_parallel.recipes.worker.run_one``, which records its own trace)
@@ -25,6 +26,15 @@ modules alive through the C++ side of a tensor, where ``gc`` cannot see the cycl
 recipe run left ~27 threads, ~37 fds and 9 listening sockets per rank, and idle workers kept spinning.
 Between runs a rank owns no process group at all and blocks in ``recv``: idle means idle.
 
+Why step 1 waits: gloo's ``connectFullMesh`` returns on a rank once that rank's own connections are up,
+while its peers may still be making theirs. A rank that then finishes its task at once (a cell's
+``rank``, or one that raises) and frees its group closes connections a peer is still counting on: the
+peer fails with "Connection closed by peer", and a rank waiting for *that* peer to connect waits the
+whole collective timeout (measured here: 8-rank cells of ``rank`` under load, one in two stranded a rank).
+torch's own store-based barrier after every group it creates (``TORCH_DIST_INIT_BARRIER=1``, for
+``init_process_group`` and ``new_group``) closes that window; a rank that fails before it still strands
+its peers, which the kernel ends (``launch.processes.pool.RENDEZVOUS_GRACE_SECONDS``).
+
 Output lines go to the rank's log as usual; the kernel's supervisor follows those files. Runs inside
 the kernel's Python process never: torch is imported here, in the ranks.
 """
@@ -34,6 +44,7 @@ from __future__ import annotations
 import ast
 import base64
 import datetime
+import functools
 import gc
 import io
 import json
@@ -45,14 +56,15 @@ from multiprocessing.connection import Client
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import _mesh_resources
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
 
 from hyper_parallel.recipes.run_spec import RunSpec
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
-from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV
+from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, RENDEZVOUS
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
+INIT_BARRIER_ENV = "TORCH_DIST_INIT_BARRIER"
+"""torch's switch ("1") for a store-based barrier at the end of ``init_process_group`` and ``new_group``."""
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKEND = "nccl" if DEVICE == "cuda" else "gloo"
 
@@ -62,16 +74,39 @@ def _fresh_state(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _clear_mesh_caches() -> None:
-    """DTensor's caches keyed by (or holding) meshes, and the mesh stack: a mesh keeps its subgroups.
+_LRU_CACHE = type(functools.lru_cache(None)(int))
+_torch_caches: list = []
+_modules_scanned = 0
 
-    The sharding-propagation caches (Python and C++ fast path) are cleared as
-    ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does; importing that module pulls in
-    dynamo and inductor, 0.45 s of every rank's start."""
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+
+def _torch_distributed_caches() -> list:
+    """Every ``functools`` cache defined in ``torch.distributed`` (rescanned when modules were imported since).
+
+    torch memoises with caches keyed by a DeviceMesh or a DTensorSpec (``MeshTopoInfo.build_from_mesh``,
+    the sharding propagator, the redistribute planner, ...): each one keeps a finished run's meshes, and
+    with them their gloo groups, alive. Clearing all of them covers those and any a later torch adds;
+    they refill on the next run."""
+    global _modules_scanned
+    if len(sys.modules) != _modules_scanned:
+        _modules_scanned = len(sys.modules)
+        _torch_caches[:] = [
+            obj
+            for obj in gc.get_objects()
+            if type(obj) is _LRU_CACHE and str(getattr(obj, "__module__", "")).startswith("torch.distributed")
+        ]
+    return _torch_caches
+
+
+def _clear_mesh_caches() -> None:
+    """The caches that hold meshes (a mesh keeps its subgroups), and the mesh stack.
+
+    Besides the ``functools`` caches, the C++ fast path of sharding propagation and the redistribute
+    planner keep their own (``torch.distributed.tensor.debug._clear_sharding_prop_cache`` clears them
+    too, but importing it pulls in dynamo and inductor, 0.45 s of every rank's start)."""
+    for cache in _torch_distributed_caches():
+        cache.cache_clear()
     torch._C._clear_DTensor_sharding_propagator_cache()
     clear_redistribute_planner_cache()
-    _gen_transform_infos.cache_clear()
     _mesh_resources.mesh_stack.clear()
 
 
@@ -93,7 +128,20 @@ def release_run(recipes: bool) -> None:
         _drop_grad_hooks()
     if dist.is_initialized():
         dist.destroy_process_group()
-    gc.collect()
+    _collect_garbage()
+
+
+MAX_GC_PASSES = 10
+
+
+def _collect_garbage() -> None:
+    """``gc.collect()`` until a pass finds nothing. A run's meshes form cycles (a mesh and the meshes
+    flattened from it point at each other) that C++ objects (autograd graphs holding DTensors) keep
+    reachable until the pass that frees those objects: after an M2 run two meshes, and their groups,
+    survive one pass and none survive two (torch 2.13)."""
+    for _ in range(MAX_GC_PASSES):
+        if not gc.collect():
+            return
 
 
 def _run_cell(code: str, namespace: dict) -> object:
@@ -120,6 +168,7 @@ def _encode(value: object) -> dict:
 
 
 def main() -> int:
+    os.environ[INIT_BARRIER_ENV] = "1"  # forced: the pool's groups are torn down at once (step 1)
     host, port = os.environ[ADDRESS_ENV].rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[KEY_ENV]))
     rank = int(os.environ["RANK"])
@@ -144,6 +193,7 @@ def main() -> int:
             conn.send_bytes(json.dumps({"ok": True, "idle": True}).encode())
             continue
         reply: dict = {"ok": True}
+        stage = RENDEZVOUS
         try:
             dist.init_process_group(
                 BACKEND,
@@ -152,6 +202,7 @@ def main() -> int:
                 world_size=world,
                 timeout=COLLECTIVE_TIMEOUT,
             )
+            stage = "run"
             _fresh_state(task.get("seed", 0))
             if task["kind"] == "recipes":
                 for record in task["specs"]:
@@ -160,7 +211,7 @@ def main() -> int:
                 namespace.update(rank=rank, world_size=world, torch=torch, dist=dist)
                 reply.update(_encode(_run_cell(task["code"], namespace)))
         except BaseException:  # reported to the kernel; once every rank has replied, the pool and its names stay
-            reply = {"ok": False, "traceback": traceback.format_exc()}
+            reply = {"ok": False, "stage": stage, "traceback": traceback.format_exc()}
         finally:
             release_run(task["kind"] == "recipes")
         sys.stdout.flush()

@@ -46,7 +46,7 @@ from hyper_parallel.rank_lifetime import ERROR_FILE_ENV, STATUS_DIR_ENV
 from launch import inputs
 from launch.processes.failure_report import RankError, failure, timeout_error
 from launch.processes.log_layout import STDERR_LOG, STDOUT_LOG, new_log_dir, rank_log_files
-from launch.processes.run_dirs import claimed, new_scratch_dir
+from launch.processes.run_dirs import claimed, make_run_dir, new_scratch_dir
 
 POLL_SECONDS = 0.1
 PID_REFRESH_SECONDS = 0.25
@@ -296,15 +296,11 @@ def torchrun(
     ended before this returns or re-raises, at most about 8 s after the deadline; if this
     process dies, the kernel ends them.  Workers get ``OMP_NUM_THREADS=1`` and
     ``HYPER_PARALLEL_RUN_DIR=run_dir``; ``env`` overrides anything.  Without ``run_dir`` the run
-    gets a fresh scratch directory (``launch.processes.run_dirs``); with one, no other launch may be
-    using it at the same time (``RuntimeError``).
+    gets a fresh scratch directory (``launch.processes.run_dirs``); with one, it must be a folder of
+    yours nobody else can write, and no other launch may be using it at the same time (``RunDirError``).
     """
     _checked(target, nproc, args, timeout)  # before any folder is made
-    run_dir = Path(run_dir or new_scratch_dir("run-")).resolve()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
+    run_dir = make_run_dir(run_dir) if run_dir else new_scratch_dir("run-")
     with claimed(run_dir):
         return torchrun_claimed(target, nproc, args, timeout, on_line, env, run_dir)
 

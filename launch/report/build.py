@@ -10,13 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hyper_parallel.run_files import SUMMARY_FILE
+from hyper_parallel.run_files import REPORT_FILE, SUMMARY_FILE, write_atomic
 from launch.report.page import render_page
 from launch.report.predicted import at_scale, volume_rows
 from launch.report.run_data import RunData, read_run
 from launch.report.summary import losses_csv, summary_section, volume_csv
-
-REPORT_FILE = "report.html"
 
 
 def _draw_figures(run: RunData) -> tuple[dict[str, Any], dict[str, str]]:
@@ -88,8 +86,7 @@ def write_report(
     if path.is_dir() or not path.suffix:
         path = path / REPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path.resolve()
+    return write_atomic(path, page).resolve()
 
 
 def find_run_dirs(root: str | Path) -> list[Path]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hyper_parallel.mesh_dims import degrees_label
+from hyper_parallel.run_files import write_atomic
 from launch.report.markup import esc, num_cell
 from launch.report.predicted import at_scale, at_scale_sentence, volume_rows
 from launch.report.run_data import RunData, read_run
@@ -26,7 +27,7 @@ def _facts(run: RunData, volume: list[dict] | None) -> dict[str, str]:
     scaled = at_scale(run)
     return {
         "recipe": run.recipe_name or "?",
-        "verdict": "PASSED" if run.ok else "FAILED",
+        "verdict": run.verdict,
         "degrees": degrees_label(run.degrees, world=True),
         "steps": str(len(run.value("losses") or [])),
         "max |loss - reference|": f"{diff:.2e}" if isinstance(diff, (int, float)) else "–",
@@ -100,5 +101,4 @@ def write_comparison(run_dir_a: str | Path, run_dir_b: str | Path, out: str | Pa
     if path.is_dir() or not path.suffix:
         path = path / COMPARE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path.resolve()
+    return write_atomic(path, page).resolve()

@@ -61,7 +61,7 @@ def _header(run: RunData) -> str:
     verdict = (
         "PASSED · matches the single-process reference"
         if run.ok
-        else "FAILED" + (f" · rank {run.failed_rank}" if run.failed_rank is not None else "")
+        else run.verdict + (f" · rank {run.failed_rank}" if run.failed_rank is not None else "")
     )
     meta = [f"run directory <code>{esc(run.run_dir)}</code>"]
     if run.finished_at:
@@ -261,7 +261,7 @@ def render_page(
             "Self-contained: the figures are inlined PNG images, nothing is fetched from the network.</footer>"
         ),
     ]
-    title = f"{recipe} · {'PASSED' if run.ok else 'FAILED'} · hyper-parallel run report"
+    title = f"{recipe} · {run.verdict} · hyper-parallel run report"
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"

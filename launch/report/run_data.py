@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from hyper_parallel.recipes import registry
-from hyper_parallel.run_files import METRICS_FILE, SUMMARY_FILE, TRACE_FILE
+from hyper_parallel.run_files import BATCH_FILE, METRICS_FILE, SUMMARY_FILE, TRACE_FILE
 from launch.processes.log_layout import log_dirs, rank_log_files
+from launch.processes.run_dirs import INCOMPLETE_FILE, is_incomplete
 
-BATCH_FILE = "batch.json"  # written by run_many into the launch directory
 MAX_LOG_LINES = 2000  # per log file; the tail is kept (a traceback is at the end)
 FAILED_RANK_RE = re.compile(r"^rank (\d+) failed")
 
@@ -44,6 +44,8 @@ class RunData:
     trace_ranks: list[int]
     logs: list[LogFile] = field(default_factory=list)
     chrome_traces: list[str] = field(default_factory=list)
+    incomplete: bool = False
+    """The launcher started this run and never finished it (``INCOMPLETE`` is still there)."""
 
     @property
     def recipe_name(self) -> str | None:
@@ -63,13 +65,27 @@ class RunData:
 
     @property
     def ok(self) -> bool:
-        """The launcher's verdict (workers exited cleanly and matched the reference); metrics' when unsummarised."""
+        """The launcher's verdict (workers exited cleanly and matched the reference); the workers' own
+        (metrics.json) only for a run no launcher of ours started (a multi-node torchrun), never for one it
+        left unfinished."""
+        if self.incomplete:
+            return False
         if "ok" in self.summary:
             return bool(self.summary["ok"])
         return bool(self.metrics.get("ok"))
 
     @property
+    def verdict(self) -> str:
+        """PASSED, FAILED, or INCOMPLETE for a run its launcher did not finish."""
+        return "INCOMPLETE" if self.incomplete else "PASSED" if self.ok else "FAILED"
+
+    @property
     def error(self) -> str | None:
+        if self.incomplete:
+            return (
+                f"incomplete: the launch that wrote this folder did not finish it ({INCOMPLETE_FILE} is still "
+                f"there): interrupted, or still running. Its files may be partial; run it again"
+            )
         if self.summary.get("error"):
             return str(self.summary["error"])
         if not self.ok and not self.summary:
@@ -198,4 +214,5 @@ def read_run(run_dir: str | Path, logs: dict[int, list[str]] | None = None) -> R
         trace_ranks=ranks,
         logs=logs_from_memory(logs) if logs else read_log_files(run_dir),
         chrome_traces=sorted(p.name for p in run_dir.glob("*chrome*.json")),
+        incomplete=is_incomplete(run_dir),
     )
