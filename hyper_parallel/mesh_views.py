@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from hyper_parallel.devices import default_device_type, device_of
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 
@@ -20,6 +22,11 @@ class MeshViews:
     dims: ParallelDims
     world: DeviceMesh
     meshes: dict[str, DeviceMesh]  # view name -> mesh with that view's dims
+
+    @property
+    def device(self) -> torch.device:
+        """The device of this rank's tensors on these meshes (the GPU of this rank, or the CPU)."""
+        return device_of(self.world)
 
     @property
     def dense(self) -> DeviceMesh:
@@ -83,8 +90,9 @@ class MeshViews:
         raise ValueError(f"unknown mesh dim {dim!r}")
 
 
-def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> MeshViews:
+def build_mesh(dims: ParallelDims, device_type: str | None = None) -> MeshViews:
     """Every view of ``dims`` as a DeviceMesh over one root; needs an initialised process group.
+    ``device_type``: the GPU when torch sees one, else the CPU (``devices.default_device_type``).
 
     A function here rather than a ParallelDims method, so ``hyper_parallel.mesh`` stays torch-free and
     imports nothing back from this module."""
@@ -95,7 +103,7 @@ def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> MeshViews:
             f"the process group has {dist.get_world_size()} ranks but ParallelDims.world_size="
             f"{dims.world_size}; start the run with --nproc-per-node {dims.world_size}"
         )
-    world = init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=(MeshDim.WORLD,))
+    world = init_device_mesh(device_type or default_device_type(), (dims.world_size,), mesh_dim_names=(MeshDim.WORLD,))
     meshes = {}
     for name, view in dims.views().items():
         names = tuple(dim for dim, _ in view)

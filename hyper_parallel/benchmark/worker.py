@@ -40,6 +40,7 @@ from hyper_parallel.benchmark.measure import (
     trace_torch_fsdp,
     transient_peak_bytes,
 )
+from hyper_parallel.devices import backend_for, bind_local_device, default_device_type
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh import ParallelDims
@@ -136,12 +137,13 @@ def run_config(
     steps: int,
     warmup: int,
     out: Path,
-    device: torch.device,
+    device_type: str,
     profile: bool = False,
     overlap: bool = True,
 ) -> dict:
     dims = ParallelDims(**config.degrees)
-    views = build_mesh(dims, device.type)
+    views = build_mesh(dims, device_type)
+    device = views.device
     model_config = TransformerConfig(
         vocab_size=shape.vocab_size,
         d_model=shape.d_model,
@@ -187,7 +189,7 @@ def run_config(
     for index in range(steps):
         order = IMPLEMENTATIONS if index % 2 == 0 else IMPLEMENTATIONS[::-1]
         for impl in order:
-            step_time, forward_backward = timed_step(trainers[impl].step)
+            step_time, forward_backward = timed_step(trainers[impl].step, device)
             result["step_times"][impl].append(step_time)
             result["forward_backward_times"][impl].append(forward_backward)
     if profile:
@@ -219,11 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="write DIR/<config>/profile_<impl>.txt (rank 0)")
     parser.add_argument("--no-overlap", action="store_true", help="ours issues every collective synchronously")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    device_type = default_device_type()
+    bind_local_device(device_type)
+    dist.init_process_group(backend_for(device_type), timeout=datetime.timedelta(seconds=args.collective_timeout))
     out = Path(args.out)
     shape = BenchModel(**json.loads(args.model))
     wanted = [name for name in args.configs.split(",") if name]
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             results.append(
                 run_config(
-                    config, shape, args.steps, args.warmup, out, device, args.profile, overlap=not args.no_overlap
+                    config, shape, args.steps, args.warmup, out, device_type, args.profile, overlap=not args.no_overlap
                 )
             )
             if dist.get_rank() == 0:
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             payload = {
                 "world_size": dist.get_world_size(),
                 "backend": dist.get_backend(),
-                "device": device.type,
+                "device": device_type,
                 "model": shape.as_dict(),
                 "steps": args.steps,
                 "warmup": args.warmup,

@@ -7,6 +7,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from hyper_parallel.devices import HOST
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -22,7 +23,8 @@ def _mlp_workload(
 ) -> Workload:
     config = MLPConfig()
     torch.manual_seed(seed)
-    model = MLP(config)
+    with HOST:  # the same initial weights on any device (devices.HOST)
+        model = MLP(config)
     reference = copy.deepcopy(model)
     mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     for block in model.blocks:

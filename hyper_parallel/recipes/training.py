@@ -36,6 +36,20 @@ class Workload:
     lr: float = 0.05
     notes: dict = field(default_factory=dict)  # recipe-specific facts for the summary
 
+    def to(self, device: torch.device) -> Workload:
+        """The batch and the reference on ``device`` (the parallel model is already on its mesh's device:
+        TP, EP and fully_shard place its parameters there). Batches are drawn on the CPU's generator, so a
+        run draws the same numbers on any device."""
+        self.inputs = tuple(_moved(value, device) for value in self.inputs)
+        self.global_inputs = tuple(_moved(value, device) for value in self.global_inputs)
+        self.targets, self.global_targets = _moved(self.targets, device), _moved(self.global_targets, device)
+        self.reference.to(device)
+        return self
+
+
+def _moved(value, device: torch.device):
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
 
 def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param.detach()

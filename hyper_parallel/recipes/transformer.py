@@ -13,6 +13,7 @@ import functools
 import torch
 
 from hyper_parallel.comm import GroupInfo
+from hyper_parallel.devices import HOST
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -69,7 +70,8 @@ def transformer_workload(
 ) -> Workload:
     config = dataclasses.replace(config, seq_len=options.seq_len)
     torch.manual_seed(seed)
-    model = Transformer(config)
+    with HOST:  # the same initial weights on any device (devices.HOST)
+        model = Transformer(config)
     reference = copy.deepcopy(model)
     parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=sequence_parallel)
     if dims.cp > 1:

@@ -17,10 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from hyper_parallel import trace
+from hyper_parallel.devices import backend_for, bind_local_device, default_device_type
 from hyper_parallel.fsdp import FullyShardModule
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh_views import build_mesh
@@ -50,7 +50,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _load(implementation: str):
+def load_builder(implementation: str):
     module_name, _, function = implementation.partition(":")
     return getattr(importlib.import_module(module_name), function)
 
@@ -66,13 +66,13 @@ def run_one(spec: dict, device_type: str) -> bool:
     views = build_mesh(dims, device_type)
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
-    build = _load(recipe.implementation)
+    build = load_builder(recipe.implementation)
 
     def report(progress: dict) -> None:
         print(PROGRESS_PREFIX + json.dumps({"recipe": recipe.name, **progress}), flush=True)
 
     with trace.record() as recorder:
-        workload = build(dims, views, spec["seed"], options)
+        workload = build(dims, views, spec["seed"], options).to(views.device)
         if spec.get("overlap") is not None:
             for module in workload.model.modules():
                 if isinstance(module, FullyShardModule):
@@ -125,14 +125,13 @@ def main(argv: list[str] | None = None) -> int:
                 "out": args.out,
             }
         ]
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
+    device_type = default_device_type()
+    bind_local_device(device_type)
+    dist.init_process_group(backend_for(device_type), timeout=datetime.timedelta(seconds=args.collective_timeout))
     matched = []
     try:
         for spec in specs:
-            matched.append(run_one(spec, "cuda" if use_cuda else "cpu"))
+            matched.append(run_one(spec, device_type))
             dist.barrier()
     finally:
         dist.destroy_process_group()
