@@ -150,6 +150,22 @@ def test_ignored_params_stay_plain(world):
     assert len(model.sharded_params()) == 3
 
 
+def test_unnamed_meshes_are_read_by_position_as_fsdp2_reads_them(world):
+    """FSDP2's docs write fully_shard(m, mesh=init_device_mesh("cpu", (8,))): a 1-D mesh without names shards,
+    a 2-D one replicates over dim 0 and shards over dim 1; the view that names them uses the mesh's own
+    process groups. A 3-D mesh without names has no such reading and is refused with the fix."""
+    flat = fully_shard(nn.Linear(8, 8), mesh=init_device_mesh("cpu", (8,)))
+    assert flat.weight.placements == (Shard(0),)
+    assert flat.weight.sharded_group_info.size == 8
+    two_d = init_device_mesh("cpu", (2, 4))
+    hsdp = fully_shard(nn.Linear(8, 8), mesh=two_d)
+    assert hsdp.weight.placements == (Replicate(), Shard(0))
+    assert (hsdp.weight.unsharded_group_info.size, hsdp.weight.sharded_group_info.size) == (2, 4)
+    assert hsdp.weight.device_mesh.get_group(1) is two_d.get_group(1)
+    with pytest.raises(ValueError, match="3-D mesh without dim names.*mesh_dim_names"):
+        fully_shard(nn.Linear(8, 8), mesh=init_device_mesh("cpu", (2, 2, 2)))
+
+
 def test_explicit_dp_mesh_dims_win_over_names(world):
     """dp_mesh_dims names the data-parallel dims; every other dim is model-parallel, whatever its name."""
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("batch", "shard", "model"))
