@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, _mesh_resources, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
 
 from hyper_parallel.devices import default_device_type, device_of
 from hyper_parallel.mesh import ParallelDims
@@ -110,3 +112,17 @@ def build_mesh(dims: ParallelDims, device_type: str | None = None) -> MeshViews:
         sizes = tuple(size for _, size in view)
         meshes[name] = world._unflatten(0, sizes, names)
     return MeshViews(dims, world, meshes)
+
+
+def clear_mesh_caches() -> None:
+    """DTensor's caches keyed by (or holding) meshes, and the mesh stack: a mesh keeps its subgroups. After
+    this the next DTensor op pays its first (uncached) sharding propagation again, as a fresh run does.
+
+    The sharding-propagation caches (Python and C++ fast path) are cleared as
+    ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does; importing that module pulls in
+    dynamo and inductor, 0.45 s of every rank's start."""
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()
+    clear_redistribute_planner_cache()
+    _gen_transform_infos.cache_clear()
+    _mesh_resources.mesh_stack.clear()

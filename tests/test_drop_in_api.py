@@ -204,8 +204,9 @@ def test_slices_of_one_mesh_combine_whatever_else_exists(world, shape):
     layer = nn.Linear(8, 8)
     layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh[MeshDim.TP], [Shard(0)]))
     fully_shard(layer, mesh=mesh[MeshDim.DP_REPLICATE, MeshDim.FSDP])
-    assert layer.weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
-    assert layer.weight.placements[2] == Shard(0)
+    names = (MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP)
+    assert layer.weight.device_mesh.mesh_dim_names == tuple(n for n, size in zip(names, shape) if size > 1)
+    assert layer.weight.placements[-1] == Shard(0)
 
 
 def test_meta_parameters_become_meta_shards_and_to_empty_relinks_them(world):

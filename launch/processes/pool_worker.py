@@ -44,10 +44,8 @@ from multiprocessing.connection import Client
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import _mesh_resources
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
 
+from hyper_parallel.mesh_views import clear_mesh_caches
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
 from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV
 
@@ -57,21 +55,8 @@ BACKEND = "nccl" if DEVICE == "cuda" else "gloo"
 
 
 def _fresh_state(seed: int) -> None:
-    _clear_mesh_caches()
+    clear_mesh_caches()
     torch.manual_seed(seed)
-
-
-def _clear_mesh_caches() -> None:
-    """DTensor's caches keyed by (or holding) meshes, and the mesh stack: a mesh keeps its subgroups.
-
-    The sharding-propagation caches (Python and C++ fast path) are cleared as
-    ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does; importing that module pulls in
-    dynamo and inductor, 0.45 s of every rank's start."""
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
-    torch._C._clear_DTensor_sharding_propagator_cache()
-    clear_redistribute_planner_cache()
-    _gen_transform_infos.cache_clear()
-    _mesh_resources.mesh_stack.clear()
 
 
 def _drop_grad_hooks() -> None:
@@ -87,7 +72,7 @@ def release_run(recipes: bool) -> None:
 
     After recipe runs nothing of the run is kept, so their tensors' hooks go too; a cell's names stay
     (objects a cell keeps are the user's), only the caches and the process groups are released."""
-    _clear_mesh_caches()
+    clear_mesh_caches()
     if recipes:
         _drop_grad_hooks()
     if dist.is_initialized():
