@@ -7,7 +7,10 @@ Decided here once, so that no other module names a device: workers pick the devi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -17,6 +20,20 @@ BACKENDS = {"cuda": "nccl", CPU: "gloo"}
 HOST = torch.device(CPU)
 """Where recipes draw initial weights and batches (the CPU's generator), so that a run on any device starts
 from the same numbers; TP, EP and fully_shard then move the parameters to their mesh's device."""
+
+
+_INITIAL_WEIGHTS = threading.Lock()
+
+
+@contextlib.contextmanager
+def seeded_on_host(seed: int) -> Iterator[None]:
+    """Modules built inside draw their initial weights on the host from ``seed``: the same numbers on any
+    device. Ranks that are threads of one process (torch's threaded process group, ``make gpu-smoke``) share
+    torch's one global generator, so one rank's draws are kept from interleaving with another's."""
+    with _INITIAL_WEIGHTS:
+        torch.manual_seed(seed)
+        with HOST:
+            yield
 
 
 def default_device_type() -> str:

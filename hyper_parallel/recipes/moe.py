@@ -12,9 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import torch
-
-from hyper_parallel.devices import HOST
+from hyper_parallel.devices import seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -31,7 +29,7 @@ from hyper_parallel.recipes.transformer import apply_context_parallel, lm_worklo
 MOE_CONFIG = TransformerConfig(moe_layers=(1,), num_experts=4, top_k=2, moe_hidden=32, shared_expert=True)
 
 
-def _moe_layers(model: Transformer) -> list:
+def moe_layers(model: Transformer) -> list:
     return [layer for layer in model.layers if isinstance(layer.feed_forward, MoE)]
 
 
@@ -39,7 +37,7 @@ def apply_expert_parallel(model: Transformer, dims: ParallelDims, views: MeshVie
     """EP (etp 1) or EP+ETP on every MoE feed-forward. Under SP with etp == 1 the router and shared
     expert see only this rank's sequence shard: their gradients are partial over tp (marked). With ep == 1
     every expert stays whole on every rank (no dispatch), and under SP its gradients are partial over tp too."""
-    for layer in _moe_layers(model):
+    for layer in moe_layers(model):
         moe = layer.feed_forward
         if dims.ep > 1:
             parallelize_moe(
@@ -69,8 +67,7 @@ def moe_workload(
     dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions, dispatch: str = "all_to_all"
 ) -> Workload:
     config = dataclasses.replace(MOE_CONFIG, seq_len=options.seq_len, num_experts=options.num_experts)
-    torch.manual_seed(seed)
-    with HOST:  # the same initial weights on any device (devices.HOST)
+    with seeded_on_host(seed):
         model = Transformer(config)
     reference = copy.deepcopy(model)
     parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=True, moe_tokens_replicated=dims.etp > 1)

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 from hyper_parallel import trace
-from hyper_parallel.devices import HOST
+from hyper_parallel.devices import seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -128,7 +128,7 @@ def step_or_lm_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 def _owners(config: TransformerConfig, dims: ParallelDims, stages_per_rank: int) -> dict[str, int]:
     """Full parameter name -> the rank of rank 0's data slice whose stage holds it."""
-    with HOST:
+    with torch.device("meta"):  # the names only: no storage, no random draws
         model = Transformer(config)
     owners = {}
     partners = dims.group_of(MeshDim.PP, 0)
@@ -154,8 +154,7 @@ def pipeline_workload(
     and turns gradient sync off until the step's last microbatch. ``options``: the global batch, split into
     ``options.microbatches`` per data-parallel rank, the sequence length and (P3) the experts."""
     config = dataclasses.replace(config, seq_len=options.seq_len, num_experts=options.num_experts or config.num_experts)
-    torch.manual_seed(seed)
-    with HOST:  # the same initial weights on any device (devices.HOST)
+    with seeded_on_host(seed):
         model = Transformer(config)
     reference = copy.deepcopy(model)
     rank = dist.get_rank()

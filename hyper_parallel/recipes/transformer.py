@@ -10,10 +10,8 @@ import copy
 import dataclasses
 import functools
 
-import torch
-
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.devices import HOST
+from hyper_parallel.devices import seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -69,8 +67,7 @@ def transformer_workload(
     sequence_scheme: str = "all_gather",
 ) -> Workload:
     config = dataclasses.replace(config, seq_len=options.seq_len)
-    torch.manual_seed(seed)
-    with HOST:  # the same initial weights on any device (devices.HOST)
+    with seeded_on_host(seed):
         model = Transformer(config)
     reference = copy.deepcopy(model)
     parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=sequence_parallel)
