@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 RUNS ?= runs
 
-.PHONY: install workbook lint test test-fast test-torchtitan lab clean docs
+.PHONY: install workbook lint test test-fast test-torchtitan gpu-smoke lab clean docs
 
 install: $(VENV)/.installed
 
@@ -63,6 +63,11 @@ test-torchtitan: install
 	test -f .torchtitan/.installed || { $(VPY) -m pip install --no-deps --target .torchtitan -r constraints-torchtitan.txt \
 	  && touch .torchtitan/.installed; }
 	PYTHONPATH=$(CURDIR)/.torchtitan $(VPY) -m pytest tests/test_drop_in_torchtitan.py -rs
+
+# What one GPU can check, in one script (tools/gpu_smoke.py: references on the GPU, world-1 NCCL runs, threaded
+# multi-rank shapes, the bench's compute in bf16), results in $(RUNS)/gpu-smoke.json; exits 2 at once without a GPU.
+gpu-smoke: install
+	$(VPY) tools/gpu_smoke.py --out $(RUNS)/gpu-smoke.json
 
 lab: install
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) notebooks

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from hyper_parallel import trace
+from hyper_parallel.gloo_sum import DirectReduceScatter, uses_gloo
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,10 +74,11 @@ def release(buffer: torch.Tensor) -> None:
 class PendingCollective:
     """A collective issued with ``async_op``: ``wait()`` blocks until it completed and records its trace
     event (issue to wait's return). On NCCL the work runs on its own stream and ``wait()`` orders the
-    current stream after it; on gloo it runs on gloo's thread."""
+    current stream after it; on gloo it runs on gloo's thread. A collective finished locally after its
+    communication (gloo's reduce-scatter, ``gloo_sum``) runs that part in ``wait()``, before the event ends."""
 
-    def __init__(self, work, completed) -> None:
-        self._work, self._completed = work, completed
+    def __init__(self, work, completed, finish=None) -> None:
+        self._work, self._completed, self._finish = work, completed, finish
 
     def wait(self) -> None:
         if self._work is None:
@@ -86,6 +88,8 @@ class PendingCollective:
         done_before_wait = bool(self._work.is_completed())
         with trace.outside_compute():
             self._work.wait()
+            if self._finish is not None:
+                self._finish()
         if self._completed is not None:
             self._completed(t_wait, done_before_wait)
         self._work = None
@@ -96,18 +100,29 @@ def _chunk_field(chunk: int | None) -> dict[str, int]:
 
 
 def _issue(
-    op: str, info: GroupInfo, nbytes: int, dtype: torch.dtype, module: str | None, async_op: bool, call, **fields
+    op: str,
+    info: GroupInfo,
+    nbytes: int,
+    dtype: torch.dtype,
+    module: str | None,
+    async_op: bool,
+    call,
+    finish=None,
+    **fields,
 ) -> PendingCollective | None:
-    """Run ``call(async_op)`` traced: synchronously, or issued now and recorded when waited for; ``fields``
+    """Run ``call(async_op)`` traced: synchronously, or issued now and recorded when waited for.
+    ``finish()``, if given, completes the collective locally once its communication has landed; ``fields``
     are added to its trace event (e.g. the chunk of a pipelined collective)."""
     if not async_op:
         with trace.collective(op, info.name, info.ranks, nbytes, dtype, module, **fields):
             call(False)
+            if finish is not None:
+                finish()
         return None
     completed = trace.issued(op, info.name, info.ranks, nbytes, dtype, module, **fields)
     with trace.outside_compute():
         work = call(True)
-    return PendingCollective(work, completed)
+    return PendingCollective(work, completed, finish)
 
 
 def all_gather_into_tensor(
@@ -143,10 +158,26 @@ def reduce_scatter_tensor(
     async_op: bool = False,
     chunk: int | None = None,
 ) -> PendingCollective | None:
-    """``output`` <- this rank's 1/size of the sum of every rank's ``full`` (``chunk`` as for the all-gather)."""
+    """``output`` <- this rank's 1/size of the sum of every rank's ``full`` (``chunk`` as for the all-gather).
+
+    On gloo, an all-to-all of the chunks and a local sum in gloo's order (``hyper_parallel.gloo_sum``): the
+    ring bound on the wire instead of gloo's all-reduce, the same bits."""
     if info.size == 1:
         output.copy_(full.reshape(output.shape))
         return PendingCollective(None, None) if async_op else None
+    if uses_gloo(full, info.group):
+        direct = DirectReduceScatter(output, full, info.size, info.index, info.group)
+        return _issue(
+            "reduce_scatter",
+            info,
+            _nbytes(full),
+            full.dtype,
+            module,
+            async_op,
+            direct.start,
+            direct.finish,
+            **_chunk_field(chunk),
+        )
     return _issue(
         "reduce_scatter",
         info,

@@ -6,11 +6,18 @@ Because all views share that root, a DTensor placed by TP on ``views["tp"]`` and
 
 from __future__ import annotations
 
+import functools
+import gc
+import sys
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, _mesh_resources, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
 
+from hyper_parallel.devices import default_device_type, device_of
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 
@@ -20,6 +27,11 @@ class MeshViews:
     dims: ParallelDims
     world: DeviceMesh
     meshes: dict[str, DeviceMesh]  # view name -> mesh with that view's dims
+
+    @property
+    def device(self) -> torch.device:
+        """The device of this rank's tensors on these meshes (the GPU of this rank, or the CPU)."""
+        return device_of(self.world)
 
     @property
     def dense(self) -> DeviceMesh:
@@ -83,8 +95,9 @@ class MeshViews:
         raise ValueError(f"unknown mesh dim {dim!r}")
 
 
-def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> MeshViews:
+def build_mesh(dims: ParallelDims, device_type: str | None = None) -> MeshViews:
     """Every view of ``dims`` as a DeviceMesh over one root; needs an initialised process group.
+    ``device_type``: the GPU when torch sees one, else the CPU (``devices.default_device_type``).
 
     A function here rather than a ParallelDims method, so ``hyper_parallel.mesh`` stays torch-free and
     imports nothing back from this module."""
@@ -95,10 +108,51 @@ def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> MeshViews:
             f"the process group has {dist.get_world_size()} ranks but ParallelDims.world_size="
             f"{dims.world_size}; start the run with --nproc-per-node {dims.world_size}"
         )
-    world = init_device_mesh(device_type, (dims.world_size,), mesh_dim_names=(MeshDim.WORLD,))
+    world = init_device_mesh(device_type or default_device_type(), (dims.world_size,), mesh_dim_names=(MeshDim.WORLD,))
     meshes = {}
     for name, view in dims.views().items():
         names = tuple(dim for dim, _ in view)
         sizes = tuple(size for _, size in view)
         meshes[name] = world._unflatten(0, sizes, names)
     return MeshViews(dims, world, meshes)
+
+
+_LRU_CACHE = type(functools.lru_cache(None)(int))
+_torch_caches: list = []
+_modules_scanned = 0
+
+
+def _torch_distributed_caches() -> list:
+    """Every ``functools`` cache defined in ``torch.distributed`` (rescanned when modules were imported since).
+
+    torch memoises with caches keyed by a DeviceMesh or a DTensorSpec (``MeshTopoInfo.build_from_mesh``,
+    the sharding propagator, the redistribute planner, ...): each one keeps a finished run's meshes, and
+    with them their gloo groups, alive. Clearing all of them covers those and any a later torch adds;
+    they refill on the next run."""
+    global _modules_scanned
+    if len(sys.modules) != _modules_scanned:
+        _modules_scanned = len(sys.modules)
+        _torch_caches[:] = [
+            obj
+            for obj in gc.get_objects()
+            if type(obj) is _LRU_CACHE and str(getattr(obj, "__module__", "")).startswith("torch.distributed")
+        ]
+    return _torch_caches
+
+
+def clear_mesh_caches() -> None:
+    """DTensor's caches keyed by (or holding) meshes, and the mesh stack: a mesh keeps its subgroups. After
+    this the next DTensor op pays its first (uncached) sharding propagation again, as a fresh run does, and a
+    warm-pool worker keeps no finished run's process groups.
+
+    Besides every ``functools`` cache of ``torch.distributed``, the sharding propagator (Python and C++ fast
+    path) and the redistribute planner keep their own; they are cleared as
+    ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does (importing that module pulls in
+    dynamo and inductor, 0.45 s of every rank's start)."""
+    for cache in _torch_distributed_caches():
+        cache.cache_clear()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()
+    clear_redistribute_planner_cache()
+    _gen_transform_infos.cache_clear()
+    _mesh_resources.mesh_stack.clear()

@@ -95,17 +95,17 @@ def test_workbook_without_notebooks_fails_loudly(tmp_path, capsys):
 def test_two_workbooks_started_in_the_same_second_write_into_their_own_folders(tmp_path, monkeypatch):
     import datetime
 
-    from launch.notebook import papermill
+    from launch.notebook import workbook
 
     class Frozen(datetime.datetime):
         @classmethod
         def now(cls, tz=None):
             return cls(2026, 12, 3, 14, 24, 57)
 
-    monkeypatch.setattr(papermill.datetime, "datetime", Frozen)
+    monkeypatch.setattr(workbook.datetime, "datetime", Frozen)
     (tmp_path / "empty").mkdir()
     for _ in range(3):
-        papermill.run_workbook(tmp_path / "out", notebooks_dir=tmp_path / "empty")
+        workbook.run_workbook(tmp_path / "out", notebooks_dir=tmp_path / "empty")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "20261203-142457",
         "20261203-142457-2",

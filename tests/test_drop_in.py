@@ -50,6 +50,8 @@ BIT_IDENTICAL = (
     "ignored_params",
     "clip_grad_norm",
     "common_fsdp_mlp",
+    "unnamed_mesh_1d",
+    "unnamed_mesh_2d",
 )
 CLOSE_TO_TORCH = ("mesh_1_2_2_tied_tp_sp",)
 NO_REFERENCE = ("ignored_params",)  # ignored gradients are not reduced: each rank trains its own copy

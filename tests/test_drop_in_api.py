@@ -150,6 +150,22 @@ def test_ignored_params_stay_plain(world):
     assert len(model.sharded_params()) == 3
 
 
+def test_unnamed_meshes_are_read_by_position_as_fsdp2_reads_them(world):
+    """FSDP2's docs write fully_shard(m, mesh=init_device_mesh("cpu", (8,))): a 1-D mesh without names shards,
+    a 2-D one replicates over dim 0 and shards over dim 1; the view that names them uses the mesh's own
+    process groups. A 3-D mesh without names has no such reading and is refused with the fix."""
+    flat = fully_shard(nn.Linear(8, 8), mesh=init_device_mesh("cpu", (8,)))
+    assert flat.weight.placements == (Shard(0),)
+    assert flat.weight.sharded_group_info.size == 8
+    two_d = init_device_mesh("cpu", (2, 4))
+    hsdp = fully_shard(nn.Linear(8, 8), mesh=two_d)
+    assert hsdp.weight.placements == (Replicate(), Shard(0))
+    assert (hsdp.weight.unsharded_group_info.size, hsdp.weight.sharded_group_info.size) == (2, 4)
+    assert hsdp.weight.device_mesh.get_group(1) is two_d.get_group(1)
+    with pytest.raises(ValueError, match="3-D mesh without dim names.*mesh_dim_names"):
+        fully_shard(nn.Linear(8, 8), mesh=init_device_mesh("cpu", (2, 2, 2)))
+
+
 def test_explicit_dp_mesh_dims_win_over_names(world):
     """dp_mesh_dims names the data-parallel dims; every other dim is model-parallel, whatever its name."""
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("batch", "shard", "model"))
@@ -188,8 +204,9 @@ def test_slices_of_one_mesh_combine_whatever_else_exists(world, shape):
     layer = nn.Linear(8, 8)
     layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh[MeshDim.TP], [Shard(0)]))
     fully_shard(layer, mesh=mesh[MeshDim.DP_REPLICATE, MeshDim.FSDP])
-    assert layer.weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp", "tp")
-    assert layer.weight.placements[2] == Shard(0)
+    names = (MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP)
+    assert layer.weight.device_mesh.mesh_dim_names == tuple(n for n, size in zip(names, shape) if size > 1)
+    assert layer.weight.placements[-1] == Shard(0)
 
 
 def test_meta_parameters_become_meta_shards_and_to_empty_relinks_them(world):

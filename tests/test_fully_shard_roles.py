@@ -16,7 +16,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from hyper_parallel import ParallelDims, fully_shard
-from hyper_parallel.fsdp.roles import resolve_roles
+from hyper_parallel.fsdp.roles import resolve_roles, without_size_one_dims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 
@@ -113,3 +113,38 @@ def test_layout_of_a_colwise_weight(views):
     assert weight.sharded_group_info.name == "fsdp" and weight.sharded_group_info.ranks == (0, 2)
     assert weight.unsharded_group_info.name == "dp_replicate" and weight.unsharded_group_info.ranks == (0, 4)
     assert (weight.rank_size, weight.shard_size, weight.dp_size) == (4, 2, 2)
+
+
+@pytest.fixture(scope="module")
+def ones(views):  # on the process group that ``views`` starts
+    """The views of 8 ranks as S2's degrees lay them out twice over: (dp_replicate=1, fsdp=4, tp=2) and the
+    experts' (dp_replicate=1, efsdp=1, ep=4, etp=2); on the same fake process group as ``views``."""
+    return build_mesh(ParallelDims(world_size=8, dp_shard=4, tp=2, ep=4, etp=2), "cpu")
+
+
+def test_dtensors_live_on_the_dims_above_one(views, ones):
+    """A size-1 dim is dropped from the mesh a parameter's DTensor is built on (a (1, n) HSDP mesh is FSDP on n);
+    when every dim is 1, the innermost data-parallel dim stays. GroupInfo and the traces keep the named mesh."""
+    dense = ones[MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP]
+    assert without_size_one_dims(dense, ("dp_replicate", "fsdp")).mesh_dim_names == ("fsdp", "tp")
+    experts = ones[MeshDim.DP_REPLICATE, MeshDim.EFSDP, MeshDim.EP, MeshDim.ETP]
+    assert without_size_one_dims(experts, ("dp_replicate", "efsdp")).mesh_dim_names == ("ep", "etp")
+    alone = ones[MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP]  # (1, 4, 1)
+    assert without_size_one_dims(alone, ("dp_replicate", "dp_shard", "cp")).mesh_dim_names == ("dp_shard",)
+    full = views[MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP]  # (2, 2, 2): nothing to drop
+    assert without_size_one_dims(full, ("dp_replicate", "fsdp")) is full
+
+    hsdp, fsdp = nn.Linear(8, 8), nn.Linear(8, 8)
+    fully_shard(hsdp, mesh=ones[MeshDim.DP_REPLICATE, MeshDim.FSDP])  # (1, 4)
+    fully_shard(fsdp, mesh=ones[MeshDim.FSDP])
+    for layer in (hsdp, fsdp):
+        assert layer.weight.device_mesh.mesh_dim_names == ("fsdp",) and layer.weight.placements == (Shard(0),)
+    assert hsdp.weight.sharded_group_info.name == "fsdp" and hsdp.weight.unsharded_group_info.name == "dp_replicate"
+    assert (hsdp.weight.rank_size, hsdp.weight.shard_size, hsdp.weight.dp_size) == (4, 4, 1)
+    state = hsdp._hp_state.groups[0].params[0]
+    assert state.mesh_dims() == ("dp_replicate", "fsdp")  # what the traces and figures show
+    assert state.sharded_placements == (Replicate(), Shard(0))
+
+    single = nn.Linear(8, 8)  # every data dim of size 1 and no model-parallel dim: one data dim stays
+    fully_shard(single, mesh=ones[MeshDim.DP_REPLICATE, MeshDim.EFSDP])
+    assert single.weight.device_mesh.mesh_dim_names == ("efsdp",) and single.weight.placements == (Replicate(),)

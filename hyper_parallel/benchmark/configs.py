@@ -1,8 +1,13 @@
 """The benchmark's configurations and the statistics of its results, without torch.
 
-Every configuration trains the same mini transformer twice on one mesh, once under our
-``fully_shard`` and once under ``torch.distributed.fsdp.fully_shard``; the launcher validates the
-world size and summarises ``bench.json`` in the parent process, which never imports torch.
+Every configuration trains the same mini transformer twice, once under our ``fully_shard`` and once
+under ``torch.distributed.fsdp.fully_shard``; the launcher validates the world size and summarises
+``bench.json`` in the parent process, which never imports torch. The dense configurations give both the
+same mesh. The multi-dim one (S2's shape: TP + SP, EP + ETP, one MoE layer) builds the model as the
+recipe does and gives each stack the meshes its own users write: ours the ParallelDims views the recipe
+hands ``fully_shard`` (``(dp_replicate=1, fsdp, tp)``, experts ``(dp_replicate=1, efsdp=1)``), torch's
+FSDP2 the data dims > 1 (``fsdp``; experts on ``efsdp``, as torchtitan keeps it); there the first step,
+which pays DTensor's uncached sharding propagation, is what differs.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class BenchModel:
     vocab_size: int = 2048
     seq_len: int = 64
     global_batch: int = 8
+    num_experts: int = 4  # the MoE layer of the multi-dim configuration (layer 1, top-2, a shared expert)
+    moe_hidden: int = 128
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -45,6 +52,11 @@ class BenchConfig:
     degrees: dict[str, int]  # ParallelDims keyword arguments, world_size included
     tp_style: str = "tp"  # one of TP_STYLES
     optional: bool = False  # run only when named (--configs): the default set stays the FSDP comparison
+
+    @property
+    def experts(self) -> bool:
+        """The multi-dim configuration: a MoE layer whose experts EP (and ETP) spread (module docstring)."""
+        return self.degrees.get("ep", 1) > 1
 
     @property
     def world_size(self) -> int:
@@ -91,6 +103,13 @@ def configurations(world_size: int, include_optional: bool = True) -> list[Bench
         configs.append(
             BenchConfig("FSDP+TP", "FSDP + TP, dp_shard=2 x tp=2", {"world_size": 4, "dp_shard": 2, "tp": 2})
         )
+        configs.append(
+            BenchConfig(
+                "S2",
+                "multi-dim (S2): dp_shard=2 x tp=2 + SP, ep=2 x etp=2; each stack on its own users' meshes",
+                {"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2},
+            )
+        )
     configs += _tensor_parallel_configs(world_size)
     return [c for c in configs if include_optional or not c.optional]
 
@@ -114,12 +133,19 @@ def summarize(config_result: dict[str, Any]) -> dict[str, Any]:
     """One configuration's row: median step times, the median of the pairwise ratios ours/torch (pairs
     are adjacent steps, so a slow phase of a loaded machine hits both) with their quartiles, the same
     for forward + backward alone (where the two implementations differ; the optimizer is the same
-    code on the same DTensors) and peak memory per implementation. Communication is read from the
-    traced step's files by the launcher (``launch.bench.fsdp2``)."""
+    code on the same DTensors) and peak memory per implementation. The first step of each (DTensor's
+    caches cleared before it, as a fresh run or a warm-pool relaunch starts) and the median ratio of the
+    cold pairs (caches cleared before every step). Communication is read from the traced step's files by
+    the launcher (``launch.bench.fsdp2``)."""
     step, forward_backward = config_result["step_times"], config_result["forward_backward_times"]
+    first, cold = config_result["first_step_times"], config_result["cold_step_times"]
     return {
         "config": config_result["name"],
         "title": config_result["title"],
+        "first_ms": {impl: 1e3 * first[impl] for impl in IMPLEMENTATIONS},
+        "first_ratio": first["ours"] / first["torch"],
+        "cold_ms": {impl: 1e3 * median(cold[impl]) for impl in IMPLEMENTATIONS},
+        "cold_ratio": _ratios(cold["ours"], cold["torch"]),
         "median_ms": {impl: 1e3 * median(step[impl]) for impl in IMPLEMENTATIONS},
         "ratio": _ratios(step["ours"], step["torch"]),
         "forward_backward_ms": {impl: 1e3 * median(forward_backward[impl]) for impl in IMPLEMENTATIONS},

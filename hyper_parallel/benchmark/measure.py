@@ -38,15 +38,16 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed_step(step: Callable[[], float]) -> tuple[float, float]:
+def timed_step(step: Callable[[], float], device: torch.device) -> tuple[float, float]:
     """Seconds of one step and of its forward + backward (``step``'s return value) on the slowest rank:
-    the ranks start together (barrier) and the step ends for the job when its last rank finishes."""
+    the ranks start together (barrier) and the step ends for the job when its last rank finishes
+    (``device``: where the process group's collectives take their tensors)."""
     synchronize()
     dist.barrier()
     start = time.perf_counter()
     forward_backward = step()
     synchronize()
-    elapsed = torch.tensor([time.perf_counter() - start, forward_backward], dtype=torch.float64)
+    elapsed = torch.tensor([time.perf_counter() - start, forward_backward], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed[0]), float(elapsed[1])
 

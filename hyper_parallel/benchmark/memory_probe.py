@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from hyper_parallel import trace
+from hyper_parallel.devices import default_device_type
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.models.mlp import MLP, MLPConfig, mlp_batch
 
@@ -109,7 +110,7 @@ def memory_probe(
         raise ValueError(
             f"{GLOBAL_BATCH} rows do not split into {dist.get_world_size()} ranks x {micro_batches} micro-batches"
         )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device_type()
     mesh = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
     model = new_model(checkpointed=checkpointed)
     for block in model.blocks:

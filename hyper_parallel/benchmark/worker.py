@@ -1,8 +1,10 @@
 """torchrun entry of the benchmark: ``python -m hyper_parallel.benchmark.worker --world 4 --steps 20``.
 
 For each configuration, one model is built twice from the same initial weights: under our
-``fully_shard`` and under ``torch.distributed.fsdp.fully_shard``, on the same mesh, with the same
-data and optimizer (AdamW). After warm-up:
+``fully_shard`` and under ``torch.distributed.fsdp.fully_shard``, on the same mesh (the multi-dim
+configuration: on each stack's own meshes, ``configs``), with the same data and optimizer (AdamW). First
+each one's first step and ``--cold`` pairs of cold steps, DTensor's caches cleared before each (what a fresh
+run pays); after warm-up:
 
 1. one traced step of each (every collective with op, group, bytes, time; saved as
    ``DIR/<config>/<impl>/trace_rank{r}.json``, read like a recipe run's by the launcher's summary
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import json
 import os
@@ -40,16 +43,18 @@ from hyper_parallel.benchmark.measure import (
     trace_torch_fsdp,
     transient_peak_bytes,
 )
+from hyper_parallel.devices import backend_for, bind_local_device, default_device_type
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
-from hyper_parallel.mesh_views import MeshViews, build_mesh
+from hyper_parallel.mesh_views import MeshViews, build_mesh, clear_mesh_caches
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
 from hyper_parallel.parallel.async_tp import parallelize_transformer_async_tp
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes.batches import data_parallel_rows
+from hyper_parallel.recipes.moe import MOE_CONFIG, apply_dual_stack_fully_shard, apply_expert_parallel, moe_layers
 from hyper_parallel.run_files import TRACE_FORMAT, trace_path
 
 LEARNING_RATE = 1e-3
@@ -94,21 +99,41 @@ def build_model(
     fully_shard unit per block + the root.
 
     Both implementations get the same data-parallel mesh: (dp_replicate, fsdp) for HSDP, the 1-D fsdp
-    mesh otherwise (a size-1 mesh dim would cost DTensor dispatch time on every optimizer op).
+    mesh otherwise. With experts (the multi-dim configuration) ``build_moe_model`` instead.
     """
     model = copy.deepcopy(base)
-    if tp_style == "async" and impl == "ours":
-        parallelize_transformer_async_tp(model, views[MeshDim.TP])
+    if dims.ep > 1:
+        build_moe_model(impl, model, dims, views)
     else:
-        parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=tp_style != "tp")
-    mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP] if dims.dp_replicate > 1 else views[MeshDim.FSDP]
-    shard = fully_shard if impl == "ours" else torch_fully_shard
-    for layer in model.layers:
-        shard(layer, mesh=mesh)
-    shard(model, mesh=mesh)
+        if tp_style == "async" and impl == "ours":
+            parallelize_transformer_async_tp(model, views[MeshDim.TP])
+        else:
+            parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=tp_style != "tp")
+        mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP] if dims.dp_replicate > 1 else views[MeshDim.FSDP]
+        shard = fully_shard if impl == "ours" else torch_fully_shard
+        for layer in model.layers:
+            shard(layer, mesh=mesh)
+        shard(model, mesh=mesh)
     if impl == "ours":
         model.set_overlap(overlap)
     return model
+
+
+def build_moe_model(impl: str, model: Transformer, dims: ParallelDims, views: MeshViews) -> None:
+    """S2's recipe on ``model``: TP + SP, EP (+ ETP), then fully_shard. Ours as the recipe applies it, on the
+    views it hands over (``apply_dual_stack_fully_shard``); torch's FSDP2 on the data dims > 1, the experts
+    on ``efsdp`` as torchtitan shards them, their gradients divided by the data shards as ours."""
+    parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=True, moe_tokens_replicated=dims.etp > 1)
+    apply_expert_parallel(model, dims, views, dispatch="all_to_all")
+    if impl == "ours":
+        apply_dual_stack_fully_shard(model, dims, views)
+        return
+    for layer in model.layers:
+        if layer in moe_layers(model):
+            experts = torch_fully_shard(layer.feed_forward.experts, mesh=views[MeshDim.EFSDP])
+            experts.set_gradient_divide_factor(dims.dp_cp)
+        torch_fully_shard(layer, mesh=views[MeshDim.FSDP])
+    torch_fully_shard(model, mesh=views[MeshDim.FSDP])
 
 
 def _traced(trainer: Trainer, views: MeshViews) -> list[dict]:
@@ -117,11 +142,22 @@ def _traced(trainer: Trainer, views: MeshViews) -> list[dict]:
         trace.set_step(0)
         with trace.TorchCollectiveTracer(views.group_names()):
             if trainer.impl == "torch":
-                with trace_torch_fsdp(views.group_names()):
+                with trace_torch_fsdp(_fsdp_group_names(views)):
                     trainer.step()
             else:
                 trainer.step()
     return recorder.events
+
+
+def _fsdp_group_names(views: MeshViews) -> dict[tuple[int, ...], str]:
+    """Group names for FSDP2's collectives: the data-parallel dims win where a model-parallel dim has the
+    same ranks (S2's ep borrows fsdp's), since FSDP2 issues only data-parallel collectives."""
+    names = views.group_names()
+    for dim in (MeshDim.DP_REPLICATE, MeshDim.FSDP):
+        ranks = tuple(views.dims.group_of(dim, dist.get_rank()))
+        if len(ranks) > 1:
+            names[ranks] = dim
+    return names
 
 
 def _profile(trainer: Trainer, path: Path, steps: int = 3) -> None:
@@ -143,12 +179,14 @@ def run_config(
     steps: int,
     warmup: int,
     out: Path,
-    device: torch.device,
+    device_type: str,
     profile: bool = False,
     overlap: bool = True,
+    cold: int = 3,
 ) -> dict:
     dims = ParallelDims(**config.degrees)
-    views = build_mesh(dims, device.type)
+    views = build_mesh(dims, device_type)
+    device = views.device
     model_config = TransformerConfig(
         vocab_size=shape.vocab_size,
         d_model=shape.d_model,
@@ -157,6 +195,15 @@ def run_config(
         hidden=shape.hidden,
         seq_len=shape.seq_len,
     )
+    if config.experts:
+        model_config = dataclasses.replace(
+            model_config,
+            moe_layers=MOE_CONFIG.moe_layers,
+            num_experts=shape.num_experts,
+            top_k=MOE_CONFIG.top_k,
+            moe_hidden=shape.moe_hidden,
+            shared_expert=MOE_CONFIG.shared_expert,
+        )
     torch.manual_seed(0)
     base = Transformer(model_config).to(device)
     tokens, targets = token_batch(model_config, shape.global_batch, seed=0)
@@ -166,6 +213,7 @@ def run_config(
         for impl in IMPLEMENTATIONS
     }
     del base
+    first, cold_steps = cold_pairs(trainers, cold, device)
     for _ in range(warmup):
         for trainer in trainers.values():
             trainer.step()
@@ -175,6 +223,8 @@ def run_config(
         "title": config.title,
         "degrees": dims.degrees(),
         "peak_memory": {},
+        "first_step_times": first,
+        "cold_step_times": cold_steps,
         "step_times": {impl: [] for impl in IMPLEMENTATIONS},
         "forward_backward_times": {impl: [] for impl in IMPLEMENTATIONS},
     }
@@ -195,7 +245,7 @@ def run_config(
     for index in range(steps):
         order = IMPLEMENTATIONS if index % 2 == 0 else IMPLEMENTATIONS[::-1]
         for impl in order:
-            step_time, forward_backward = timed_step(trainers[impl].step)
+            step_time, forward_backward = timed_step(trainers[impl].step, device)
             result["step_times"][impl].append(step_time)
             result["forward_backward_times"][impl].append(forward_backward)
     if profile:
@@ -209,6 +259,24 @@ def run_config(
     return result
 
 
+def cold_pairs(
+    trainers: dict[str, Trainer], pairs: int, device: torch.device
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each implementation's first step, then ``pairs`` alternated pairs of cold steps: DTensor's caches are
+    cleared before every one of these steps, so each pays the uncached sharding propagation of every op, as
+    the first step of a fresh launch or of a warm-pool relaunch does (the pool clears them between runs)."""
+    first: dict[str, float] = {}
+    cold: dict[str, list[float]] = {impl: [] for impl in IMPLEMENTATIONS}
+    for impl in IMPLEMENTATIONS:
+        clear_mesh_caches()
+        first[impl] = timed_step(trainers[impl].step, device)[0]
+    for index in range(pairs):
+        for impl in IMPLEMENTATIONS if index % 2 else IMPLEMENTATIONS[::-1]:
+            clear_mesh_caches()
+            cold[impl].append(timed_step(trainers[impl].step, device)[0])
+    return first, cold
+
+
 def _gather_ints(values: list[int]) -> list[list[int]]:
     """Every rank's ``values`` (rank order)."""
     gathered: list = [None] * dist.get_world_size()
@@ -220,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed pairs per configuration")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--cold", type=int, default=3, help="pairs of cold steps (DTensor caches cleared before each)")
     parser.add_argument("--configs", default="", help="comma-separated names (default: all for this world size)")
     parser.add_argument("--model", default="{}", help="JSON object of BenchModel fields to override")
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
@@ -227,11 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="write DIR/<config>/profile_<impl>.txt (rank 0)")
     parser.add_argument("--no-overlap", action="store_true", help="ours issues every collective synchronously")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    device_type = default_device_type()
+    bind_local_device(device_type)
+    dist.init_process_group(backend_for(device_type), timeout=datetime.timedelta(seconds=args.collective_timeout))
     out = Path(args.out)
     shape = BenchModel(**json.loads(args.model))
     wanted = [name for name in args.configs.split(",") if name]
@@ -241,7 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             results.append(
                 run_config(
-                    config, shape, args.steps, args.warmup, out, device, args.profile, overlap=not args.no_overlap
+                    config,
+                    shape,
+                    args.steps,
+                    args.warmup,
+                    out,
+                    device_type,
+                    args.profile,
+                    overlap=not args.no_overlap,
+                    cold=args.cold,
                 )
             )
             if dist.get_rank() == 0:
@@ -251,10 +326,11 @@ def main(argv: list[str] | None = None) -> int:
             payload = {
                 "world_size": dist.get_world_size(),
                 "backend": dist.get_backend(),
-                "device": device.type,
+                "device": device_type,
                 "model": shape.as_dict(),
                 "steps": args.steps,
                 "warmup": args.warmup,
+                "cold": args.cold,
                 "overlap": not args.no_overlap,
                 "torch": torch.__version__,
                 "configs": results,

@@ -30,7 +30,7 @@ from hyper_parallel.fsdp.layouts import MANAGED_BY_ATTR, SHARDED_BY_ATTR, layout
 from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.param import ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
-from hyper_parallel.fsdp.roles import MeshRoles, resolve_roles
+from hyper_parallel.fsdp.roles import MeshRoles, named_mesh, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
 from hyper_parallel.fsdp.torch_interop import register_with_torch
 from hyper_parallel.mesh_dims import MeshDim
@@ -68,7 +68,7 @@ def fully_shard(
     """
     modules = _validated_modules(module)
     _refuse_unsupported(shard_placement_fn, offload_policy)
-    mesh = mesh if mesh is not None else _default_mesh()
+    mesh = named_mesh(mesh) if mesh is not None else _default_mesh()
     roles = resolve_roles(mesh, enable_param_shard, dp_mesh_dims)
     device = (
         torch.device(mesh.device_type, torch.cuda.current_device())

@@ -9,6 +9,10 @@ DTensor lives on the combined mesh ``(data-parallel dims..., model-parallel dims
     sharded    (Replicate()?, Shard(fsdp_axis), <mp placements>)      what the optimizer sees
     unsharded  (Replicate()?, Replicate(),      <mp placements>)      what forward computes with
 
+Traces and figures show these placements over the named dims; the sharded DTensor itself (and its
+gradient) is built on the combined mesh without its size-1 dims (``roles.without_size_one_dims``), so a
+``(dp_replicate=1, fsdp=2, tp=2)`` parameter is a DTensor on ``(fsdp, tp)`` with one placement per dim > 1.
+
 Storage. Every rank stores its piece padded to ``ceil(n / shard_size)`` along ``fsdp_axis`` inside
 its group's flat shard buffer, so that buffer is the all-gather input with no copy-in; the unsharded
 tensor is a padded full tensor whose storage is freed on reshard and refilled on unshard.
@@ -27,7 +31,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Placement, _StridedShard
 
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.fsdp.roles import MeshRoles
+from hyper_parallel.fsdp.roles import MeshRoles, without_size_one_dims
 from hyper_parallel.partial_grad import marked_partial_dims
 
 
@@ -94,6 +98,13 @@ class ShardedParam:
         self.marked_partial_dims = self._marked_partial_dims(param)
         self.sharded_placements = self._placements(sharded=True)
         self.unsharded_placements = self._placements(sharded=False)
+        self.dtensor_mesh = without_size_one_dims(self.combined_mesh, roles.data_parallel_dims)
+        kept = set(self.dtensor_mesh.mesh_dim_names)
+        self.dtensor_placements = tuple(
+            placement
+            for dim, placement in zip(self.combined_mesh.mesh_dim_names, self.sharded_placements)
+            if dim in kept
+        )
         self.sharded_param: nn.Parameter | None = None
         self.unsharded_param: nn.Parameter | None = None
         self.unsharded_padded: torch.Tensor | None = None
@@ -201,16 +212,16 @@ class ShardedParam:
                 local.copy_(self._initial_local.narrow(self.fsdp_axis, start, self.local_len))
         dtensor = DTensor.from_local(
             local,
-            self.combined_mesh,
-            self.sharded_placements,
+            self.dtensor_mesh,
+            self.dtensor_placements,
             run_check=False,
             shape=torch.Size(self.global_shape),
             stride=self._global_stride(),
         )
         self.sharded_param = nn.Parameter(dtensor, requires_grad=self.requires_grad)
         self._grad_spec = DTensorSpec(
-            self.combined_mesh,
-            self.sharded_placements,
+            self.dtensor_mesh,
+            self.dtensor_placements,
             TensorMeta(torch.Size(self.global_shape), self._global_stride(), self.orig_dtype),
         )
         self._initial_local = None

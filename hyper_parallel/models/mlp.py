@@ -55,6 +55,6 @@ class MLP(nn.Module):
 def mlp_batch(config: MLPConfig, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed regression batch: inputs [batch, seq_len, d_in], targets [batch, seq_len, d_out]."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, config.seq_len, config.d_in, generator=generator)
-    y = torch.randn(batch, config.seq_len, config.d_out, generator=generator)
+    x = torch.randn(batch, config.seq_len, config.d_in, generator=generator, device=generator.device)
+    y = torch.randn(batch, config.seq_len, config.d_out, generator=generator, device=generator.device)
     return x, y

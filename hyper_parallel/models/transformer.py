@@ -119,7 +119,9 @@ class Transformer(nn.Module):
 def token_batch(config: TransformerConfig, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed next-token batch: tokens [batch, seq_len] and targets (the tokens shifted by one)."""
     generator = torch.Generator().manual_seed(seed)
-    stream = torch.randint(0, config.vocab_size, (batch, config.seq_len + 1), generator=generator)
+    stream = torch.randint(
+        0, config.vocab_size, (batch, config.seq_len + 1), generator=generator, device=generator.device
+    )
     return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
 
 

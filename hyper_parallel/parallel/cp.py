@@ -38,7 +38,9 @@ IMPLS = ("all_gather", "ring")
 """The K/V exchanges of this module; Ulysses (head resharding by all-to-all) is ``ulysses.py``."""
 
 
-def load_balanced_positions(seq_len: int, cp_size: int, cp_index: int) -> torch.Tensor:
+def load_balanced_positions(
+    seq_len: int, cp_size: int, cp_index: int, device: torch.device | None = None
+) -> torch.Tensor:
     """Global positions held by cp rank ``cp_index``, in local order: chunk ``i`` then chunk ``2*cp-1-i``."""
     if cp_size < 1 or not 0 <= cp_index < cp_size:
         raise ValueError(
@@ -53,20 +55,23 @@ def load_balanced_positions(seq_len: int, cp_size: int, cp_index: int) -> torch.
     chunk = seq_len // (2 * cp_size)
     first, second = cp_index, 2 * cp_size - 1 - cp_index
     return torch.cat(
-        [torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)]
+        [
+            torch.arange(first * chunk, (first + 1) * chunk, device=device),
+            torch.arange(second * chunk, (second + 1) * chunk, device=device),
+        ]
     )
 
 
-def gathered_positions(seq_len: int, cp_size: int) -> torch.Tensor:
+def gathered_positions(seq_len: int, cp_size: int, device: torch.device | None = None) -> torch.Tensor:
     """Positions of every rank concatenated in group rank order: the order of an all-gathered sequence
     (also the sequence order Ulysses attends over after its all-to-all)."""
-    return torch.cat([load_balanced_positions(seq_len, cp_size, i) for i in range(cp_size)])
+    return torch.cat([load_balanced_positions(seq_len, cp_size, i, device) for i in range(cp_size)])
 
 
 def checked_positions(positions: torch.Tensor, s_local: int, cp: GroupInfo) -> tuple[torch.Tensor, int]:
     """The gathered sequence's positions and this rank's index, after checking that ``positions`` are
     this rank's load-balanced chunks (the inputs must have been sharded with ``shard_sequence``)."""
-    layout = gathered_positions(s_local * cp.size, cp.size).to(positions.device)
+    layout = gathered_positions(s_local * cp.size, cp.size, positions.device)
     index = cp_index(cp)
     if not torch.equal(positions, layout[index * s_local : (index + 1) * s_local]):
         raise ValueError(
@@ -89,8 +94,8 @@ def shard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo) -> torch.Tenso
     """
     if cp.size == 1:
         return tensor
-    positions = load_balanced_positions(tensor.shape[dim], cp.size, cp_index(cp))
-    return tensor.index_select(dim, positions.to(tensor.device))
+    positions = load_balanced_positions(tensor.shape[dim], cp.size, cp_index(cp), tensor.device)
+    return tensor.index_select(dim, positions)
 
 
 def unshard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo) -> torch.Tensor:
@@ -103,7 +108,7 @@ def unshard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo) -> torch.Ten
     if cp.size == 1:
         return tensor
     dim = dim % tensor.dim()
-    order = torch.argsort(gathered_positions(tensor.shape[dim] * cp.size, cp.size)).to(tensor.device)
+    order = torch.argsort(gathered_positions(tensor.shape[dim] * cp.size, cp.size, tensor.device))
     gathered = AllGatherWithSplitBackward.apply(tensor, dim, cp)
     return gathered.index_select(dim, order)
 

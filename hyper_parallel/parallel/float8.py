@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hyper_parallel.devices import default_device_type
 from hyper_parallel.models.transformer import FeedForward, Transformer
 from hyper_parallel.parallel.tp import check_heads, parallelize_root
 
@@ -41,8 +42,10 @@ FLOAT8_LAYERS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
 _GATHERS = {"all_gather_into_tensor", "all_gather_into_tensor_coalesced", "wait_tensor"}
 
 
-def require_scaled_mm(device: torch.device | str = "cpu") -> None:
-    """Float8 matmuls need ``torch._scaled_mm`` on ``device``; raise with the fix where this build lacks it."""
+def require_scaled_mm(device: torch.device | str | None = None) -> None:
+    """Float8 matmuls need ``torch._scaled_mm`` on ``device`` (default: the one runs use); raise with the fix
+    where this build lacks it."""
+    device = default_device_type() if device is None else device
     probe = getattr(torch, "_scaled_mm", None)
     if probe is not None:
         try:

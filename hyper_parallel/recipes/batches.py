@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hyper_parallel.devices import HOST
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 
@@ -24,9 +25,10 @@ def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor
 
 
 def sequence_positions(seq_len: int, dims: ParallelDims) -> torch.Tensor:
-    """Global positions of the tokens this rank holds: all of them, or its load-balanced CP chunks."""
+    """Global positions of the tokens this rank holds: all of them, or its load-balanced CP chunks (on the host,
+    where the batch is drawn)."""
     if dims.cp == 1:
-        return torch.arange(seq_len)
+        return torch.arange(seq_len, device=HOST)
     from hyper_parallel.parallel.cp import load_balanced_positions
 
-    return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())[MeshDim.CP])
+    return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())[MeshDim.CP], HOST)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 
-import torch
 import torch.nn.functional as F
 
+from hyper_parallel.devices import seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -21,8 +21,8 @@ def _mlp_workload(
     dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions, enable_param_shard: bool | None
 ) -> Workload:
     config = MLPConfig()
-    torch.manual_seed(seed)
-    model = MLP(config)
+    with seeded_on_host(seed):
+        model = MLP(config)
     reference = copy.deepcopy(model)
     mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     for block in model.blocks:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import torch
-
+from hyper_parallel.devices import seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -30,18 +29,22 @@ from hyper_parallel.recipes.transformer import apply_context_parallel, lm_worklo
 MOE_CONFIG = TransformerConfig(moe_layers=(1,), num_experts=4, top_k=2, moe_hidden=32, shared_expert=True)
 
 
-def _moe_layers(model: Transformer) -> list:
+def moe_layers(model: Transformer) -> list:
     return [layer for layer in model.layers if isinstance(layer.feed_forward, MoE)]
 
 
 def apply_expert_parallel(model: Transformer, dims: ParallelDims, views: MeshViews, dispatch: str) -> None:
     """EP (etp 1) or EP+ETP on every MoE feed-forward. Under SP with etp == 1 the router and shared
-    expert see only this rank's sequence shard: their gradients are partial over tp (marked)."""
-    mesh = views[MeshDim.EP, MeshDim.ETP] if dims.etp > 1 else views[MeshDim.EP]
-    for layer in _moe_layers(model):
-        parallelize_moe(layer.feed_forward, mesh, dispatch=dispatch)
+    expert see only this rank's sequence shard: their gradients are partial over tp (marked). With ep == 1
+    every expert stays whole on every rank (no dispatch), and under SP its gradients are partial over tp too."""
+    for layer in moe_layers(model):
+        moe = layer.feed_forward
+        if dims.ep > 1:
+            parallelize_moe(
+                moe, views[MeshDim.EP, MeshDim.ETP] if dims.etp > 1 else views[MeshDim.EP], dispatch=dispatch
+            )
         if dims.tp > 1 and dims.etp == 1:
-            replicated = [layer.feed_forward.router, layer.feed_forward.shared]
+            replicated = [moe.router, moe.shared] + ([moe.experts] if dims.ep == 1 else [])
             for param in (p for module in replicated if module is not None for p in module.parameters()):
                 mark_partial(param, MeshDim.TP)
 
@@ -53,7 +56,7 @@ def apply_dual_stack_fully_shard(model: Transformer, dims: ParallelDims, views: 
         else views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     )
     for layer in model.layers:
-        if isinstance(layer.feed_forward, MoE):
+        if isinstance(layer.feed_forward, MoE) and dims.ep > 1:  # with ep == 1 the experts are dense
             experts = fully_shard(layer.feed_forward.experts, mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP])
             experts.set_gradient_divide_factor(dims.dp_cp)
         fully_shard(layer, mesh=dense)
@@ -64,8 +67,8 @@ def moe_workload(
     dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions, dispatch: str = "all_to_all"
 ) -> Workload:
     config = dataclasses.replace(MOE_CONFIG, seq_len=options.seq_len, num_experts=options.num_experts)
-    torch.manual_seed(seed)
-    model = Transformer(config)
+    with seeded_on_host(seed):
+        model = Transformer(config)
     reference = copy.deepcopy(model)
     parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=True, moe_tokens_replicated=dims.etp > 1)
     apply_expert_parallel(model, dims, views, dispatch)

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 from hyper_parallel import trace
+from hyper_parallel.devices import seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -73,6 +74,7 @@ class PipelineStep(nn.Module):
         self.is_first = any(module.first for _, module in stages)
         self.optimizer = torch.optim.SGD([p for p in self.parameters()], lr=lr)
         self.pp_group = views[MeshDim.PP].get_group()
+        self.device = views.device
         self.pp_ranks = dims.group_of(MeshDim.PP, dist.get_rank())
         self.rank0_partners = dims.group_of(MeshDim.PP, 0)  # rank 0 and the ranks of its data slice in later stages
         if mirror_of is not None:  # rank 0: frozen copies of every parameter it does not hold
@@ -94,7 +96,7 @@ class PipelineStep(nn.Module):
             self.optimizer.step()
             self.optimizer.zero_grad()
         with _disable_current_modes():  # bookkeeping: not the training's communication
-            loss = torch.stack(losses).mean().detach() if self.is_last else torch.zeros(())
+            loss = torch.stack(losses).mean().detach() if self.is_last else torch.zeros((), device=self.device)
             dist.broadcast(loss, src=self.pp_ranks[-1], group=self.pp_group)
             self._refresh_mirrors()
         return loss.requires_grad_()
@@ -126,7 +128,8 @@ def step_or_lm_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 def _owners(config: TransformerConfig, dims: ParallelDims, stages_per_rank: int) -> dict[str, int]:
     """Full parameter name -> the rank of rank 0's data slice whose stage holds it."""
-    model = Transformer(config)
+    with torch.device("meta"):  # the names only: no storage, no random draws
+        model = Transformer(config)
     owners = {}
     partners = dims.group_of(MeshDim.PP, 0)
     for pp_rank, rank in enumerate(partners):
@@ -151,8 +154,8 @@ def pipeline_workload(
     and turns gradient sync off until the step's last microbatch. ``options``: the global batch, split into
     ``options.microbatches`` per data-parallel rank, the sequence length and (P3) the experts."""
     config = dataclasses.replace(config, seq_len=options.seq_len, num_experts=options.num_experts or config.num_experts)
-    torch.manual_seed(seed)
-    model = Transformer(config)
+    with seeded_on_host(seed):
+        model = Transformer(config)
     reference = copy.deepcopy(model)
     rank = dist.get_rank()
     parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=False)
@@ -174,16 +177,17 @@ def pipeline_workload(
     tokens, targets = token_batch(config, options.global_batch, seed)
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
     rows = local_tokens.shape[0] // microbatches
-    hidden = torch.zeros(rows, config.seq_len, config.d_model, requires_grad=True)  # its gradient goes back
+    device = views.device
+    hidden = torch.zeros(rows, config.seq_len, config.d_model, device=device, requires_grad=True)  # gradient goes back
     pp_group = views[MeshDim.PP].get_group()
     pipeline_stages = [
         TracedPipelineStage(
             stage,
             index,
             dims.pp * stages_per_rank,
-            torch.device("cpu"),
-            input_args=local_tokens[:rows] if stage.first else hidden,
-            output_args=torch.zeros(rows, config.seq_len, config.vocab_size) if stage.last else hidden,
+            device,
+            input_args=local_tokens[:rows].to(device) if stage.first else hidden,
+            output_args=torch.zeros(rows, config.seq_len, config.vocab_size, device=device) if stage.last else hidden,
             group=pp_group,
         )
         for index, stage in stages
@@ -193,7 +197,7 @@ def pipeline_workload(
         build_schedule(schedule, pipeline_stages, microbatches, lm_loss),
         dims,
         views,
-        mirror_of=copy.deepcopy(reference) if rank == 0 else None,
+        mirror_of=copy.deepcopy(reference).to(device) if rank == 0 else None,
         owners=_owners(config, dims, stages_per_rank) if rank == 0 else {},
         lr=LR,
     )

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import Replicate
 
 from hyper_parallel import trace
+from hyper_parallel.devices import backend_for, bind_local_device, default_device_type, seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh import ParallelDims
@@ -56,28 +57,30 @@ def train_pure_tp(dims: ParallelDims, views: MeshViews, steps: int, fixed: bool)
     """One run: the model parallelized, wrapped and trained next to its reference; ``fixed`` is the only
     difference between the notebook's two runs."""
     config = MLPConfig()
-    torch.manual_seed(0)
-    model = MLP(config)
+    with seeded_on_host(0):
+        model = MLP(config)
     reference = copy.deepcopy(model)
-    model = parallelize_mlp_local(model, views[MeshDim.TP], mark_partial_grads=fixed)
+    model = parallelize_mlp_local(model.to(views.device), views[MeshDim.TP], mark_partial_grads=fixed)
     mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     for block in model.blocks:
         fully_shard(block, mesh=mesh, enable_param_shard=False)
     fully_shard(model, mesh=mesh, enable_param_shard=False)
     x, y = mlp_batch(config, GLOBAL_BATCH, 0)
     rows = (data_parallel_rows(x, dims),), data_parallel_rows(y, dims)
-    workload = Workload(model, reference, *rows, (x,), y, loss_fn=F.mse_loss)
+    workload = Workload(model, reference, *rows, (x,), y, loss_fn=F.mse_loss).to(views.device)
     return model, train_and_compare(workload, steps)
 
 
 def main(argv: list[str] | None = None) -> int:
     out, steps, degrees = sys.argv[1:] if argv is None else argv
     out, steps = Path(out), int(steps)
-    dist.init_process_group("gloo")
+    device_type = default_device_type()
+    bind_local_device(device_type)
+    dist.init_process_group(backend_for(device_type))
     try:
         rank = dist.get_rank()
         dims = ParallelDims(world_size=dist.get_world_size(), **json.loads(degrees))
-        views = build_mesh(dims, "cpu")
+        views = build_mesh(dims, device_type)
         for fixed in (False, True):
             run_dir = out / ("with_fix" if fixed else "without_fix")
             run_dir.mkdir(parents=True, exist_ok=True)

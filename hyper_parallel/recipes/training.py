@@ -43,6 +43,20 @@ class Workload:
     scales take each data-parallel rank's own activation amax, so M3-F8 on dp ranks is compared with a
     reference that scales each dp rank's rows by their own amax."""
 
+    def to(self, device: torch.device) -> Workload:
+        """The batch and the reference on ``device`` (the parallel model is already on its mesh's device:
+        TP, EP and fully_shard place its parameters there). Batches are drawn on the CPU's generator, so a
+        run draws the same numbers on any device."""
+        self.inputs = tuple(_moved(value, device) for value in self.inputs)
+        self.global_inputs = tuple(_moved(value, device) for value in self.global_inputs)
+        self.targets, self.global_targets = _moved(self.targets, device), _moved(self.global_targets, device)
+        self.reference.to(device)
+        return self
+
+
+def _moved(value, device: torch.device):
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
 
 def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor() if isinstance(param, DTensor) else param.detach()

@@ -10,9 +10,8 @@ import copy
 import dataclasses
 import functools
 
-import torch
-
 from hyper_parallel.comm import GroupInfo
+from hyper_parallel.devices import seeded_on_host
 from hyper_parallel.fsdp import fully_shard
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
@@ -72,8 +71,8 @@ def transformer_workload(
     """``async_tp``: TP+SP with each block's gather and scatter pipelined (``parallel.async_tp``) instead of
     torch's styles; the same numbers and bytes."""
     config = dataclasses.replace(config, seq_len=options.seq_len)
-    torch.manual_seed(seed)
-    model = Transformer(config)
+    with seeded_on_host(seed):
+        model = Transformer(config)
     reference = copy.deepcopy(model)
     if async_tp:
         if not sequence_parallel:
@@ -168,8 +167,8 @@ def float8_tensor_sequence_parallel(dims: ParallelDims, views: MeshViews, seed: 
     from hyper_parallel.parallel.float8 import Float8WireAsBytes, convert_to_float8, parallelize_transformer_float8_tp
 
     config = dataclasses.replace(DENSE_CONFIG, seq_len=options.seq_len)
-    torch.manual_seed(seed)
-    model = Transformer(config)
+    with seeded_on_host(seed):
+        model = Transformer(config)
     reference = convert_to_float8(copy.deepcopy(model))
     convert_to_float8(model)
     parallelize_transformer_float8_tp(model, views[MeshDim.TP])

@@ -19,10 +19,10 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from hyper_parallel import trace
+from hyper_parallel.devices import backend_for, bind_local_device, default_device_type
 from hyper_parallel.fsdp import FullyShardModule
 from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh_views import build_mesh
@@ -72,7 +72,7 @@ def specs_of(args: argparse.Namespace, world_size: int) -> list[RunSpec]:
     ]
 
 
-def _load(implementation: str):
+def load_builder(implementation: str):
     module_name, _, function = implementation.partition(":")
     return getattr(importlib.import_module(module_name), function)
 
@@ -90,13 +90,13 @@ def run_one(spec: RunSpec, device_type: str) -> bool:
     views = build_mesh(dims, device_type)
     out = Path(spec.out if spec.out is not None else ".")
     out.mkdir(parents=True, exist_ok=True)
-    build = _load(recipe.implementation)
+    build = load_builder(recipe.implementation)
 
     def report(progress: dict) -> None:
         print(PROGRESS_PREFIX + json.dumps({"recipe": recipe.name, **progress}), flush=True)
 
     with trace.record() as recorder:
-        workload = build(dims, views, spec.seed, options)
+        workload = build(dims, views, spec.seed, options).to(views.device)
         if spec.overlap is not None:
             for module in workload.model.modules():
                 if isinstance(module, FullyShardModule):
@@ -136,14 +136,13 @@ def run_one(spec: RunSpec, device_type: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
+    device_type = default_device_type()
+    bind_local_device(device_type)
+    dist.init_process_group(backend_for(device_type), timeout=datetime.timedelta(seconds=args.collective_timeout))
     matched = []
     try:
         for spec in specs_of(args, dist.get_world_size()):
-            matched.append(run_one(spec, "cuda" if use_cuda else "cpu"))
+            matched.append(run_one(spec, device_type))
             dist.barrier()
     finally:
         dist.destroy_process_group()

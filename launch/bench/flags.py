@@ -21,6 +21,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.world_size,
         steps=args.steps,
         warmup=args.warmup,
+        cold=args.cold,
         out=args.out,
         configs=configs,
         timeout=args.timeout,
@@ -55,10 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         choices=(2, 4),
-        help="ranks: 2 runs FSDP; 4 runs FSDP, HSDP and FSDP+TP",
+        help="ranks: 2 runs FSDP; 4 runs FSDP, HSDP, FSDP+TP and the multi-dim S2",
     )
     parser.add_argument("--steps", type=int, default=20, help="timed pairs per configuration")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps of each implementation first")
+    parser.add_argument(
+        "--cold",
+        type=int,
+        default=3,
+        help="pairs of cold steps (DTensor's caches cleared before each), after the first",
+    )
     parser.add_argument("--configs", help="comma-separated subset, e.g. FSDP,HSDP")
     parser.add_argument("--out", help="directory for bench.json, the figure and traces (default: a new temporary one)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="wall timeout in seconds")

@@ -59,7 +59,7 @@ class BenchResult:
             return f"BenchResult(FAILED, {self.directory}: {(self.error or '').splitlines()[-1:]})"
         lines = [
             f"  {r['config']}: ratio {r['ratio']['median']:.3f} [{r['ratio']['q1']:.2f}-{r['ratio']['q3']:.2f}], "
-            f"{r['median_ms']['ours']:.1f} / {r['median_ms']['torch']:.1f} ms"
+            f"{r['median_ms']['ours']:.1f} / {r['median_ms']['torch']:.1f} ms, first step ratio {r['first_ratio']:.2f}"
             for r in self.rows
         ]
         return f"BenchResult(ok, {self.payload.get('world_size')} ranks, {self.directory}\n" + "\n".join(lines) + ")"
@@ -140,6 +140,7 @@ def run_bench(
     steps: int = 20,
     warmup: int = 3,
     out: str | Path | None = None,
+    cold: int = 3,
     configs: list[str] | None = None,
     model: dict[str, int] | None = None,
     timeout: float = 1200.0,
@@ -152,8 +153,8 @@ def run_bench(
     unknown = sorted(set(configs or ()) - set(known))
     if unknown:
         raise ValueError(f"unknown configuration(s) {unknown} on {world_size} ranks; choose from {known}")
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"--steps must be >= 1 and --warmup >= 0, got {steps} and {warmup}")
+    if steps < 1 or warmup < 0 or cold < 0:
+        raise ValueError(f"--steps must be >= 1, --warmup and --cold >= 0, got {steps}, {warmup} and {cold}")
     BenchModel(**(model or {}))  # unknown fields raise TypeError here, not on every rank
     directory = Path(out) if out is not None else new_scratch_dir("hp-bench-")
     directory.mkdir(parents=True, exist_ok=True)
@@ -163,6 +164,8 @@ def run_bench(
         str(steps),
         "--warmup",
         str(warmup),
+        "--cold",
+        str(cold),
         "--configs",
         ",".join(configs or ()),
         "--model",
@@ -196,6 +199,8 @@ def table_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
                 f"{row['median_ms']['torch']:.1f}",
                 f"{ratio['median']:.3f} [{ratio['q1']:.2f}-{ratio['q3']:.2f}]",
                 f"{fb['median']:.3f}",
+                f"{row['first_ms']['ours']:.0f} / {row['first_ms']['torch']:.0f} ({row['first_ratio']:.2f})",
+                f"{row['cold_ratio']['median']:.2f}",
                 f"{row['bytes_ratio']['ours']:.3f} / {row['bytes_ratio']['torch']:.3f}",
                 f"{row['exposure_ms']['ours']['exposed']:.1f} / {row['exposure_ms']['torch']['exposed']:.1f}"
                 f" of {row['exposure_ms']['ours']['in_flight']:.1f} / {row['exposure_ms']['torch']['in_flight']:.1f}",
@@ -212,6 +217,8 @@ TABLE_HEADER = (
     "torch ms",
     "ratio [quartiles]",
     "fwd+bwd ratio",
+    "first step ms ours / torch (ratio)",
+    "cold ratio",
     "bytes/min ours/torch",
     "exposed of in-flight ms ours / torch",
     "peak MiB ours/torch",
@@ -227,6 +234,7 @@ def bench_table(result: BenchResult):
         list(TABLE_HEADER),
         [list(row) for row in table_rows(result.rows)],
         caption="ratio: median of ours/torch over adjacent step pairs (below 1: ours faster); "
+        "first step / cold ratio: steps with DTensor's caches cleared before each (as a fresh run starts); "
         "bytes/min: bytes on FSDP groups per step over fully_shard's minimum; "
         "peak: largest rank, resident state + the step's transient peak",
     )
@@ -268,7 +276,10 @@ def print_bench(result: BenchResult) -> None:
     )
     print_table(TABLE_HEADER, table_rows(result.rows))
     print(
-        "\nratio: median of ours/torch over adjacent pairs (below 1: ours faster); bytes/min: bytes on FSDP "
+        "\nratio: median of ours/torch over adjacent pairs of warm steps (below 1: ours faster); first step: "
+        "each one's first step, DTensor's caches cleared before it (as every fresh run and warm-pool relaunch "
+        "starts); cold ratio: median of ours/torch over pairs of steps with the caches cleared before each; "
+        "bytes/min: bytes on FSDP "
         "groups per step over fully_shard's minimum; exposed: ms of the traced step in which a collective was "
         "in flight and no compute ran, of the ms any was in flight (the rank with the most exposed); peak: "
         "largest rank, resident + the step's transient peak"

@@ -44,7 +44,6 @@ from __future__ import annotations
 import ast
 import base64
 import datetime
-import functools
 import gc
 import io
 import json
@@ -55,9 +54,8 @@ from multiprocessing.connection import Client
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import _mesh_resources
-from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
 
+from hyper_parallel.mesh_views import clear_mesh_caches
 from hyper_parallel.recipes.run_spec import RunSpec
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
 from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, RENDEZVOUS
@@ -70,44 +68,8 @@ BACKEND = "nccl" if DEVICE == "cuda" else "gloo"
 
 
 def _fresh_state(seed: int) -> None:
-    _clear_mesh_caches()
+    clear_mesh_caches()
     torch.manual_seed(seed)
-
-
-_LRU_CACHE = type(functools.lru_cache(None)(int))
-_torch_caches: list = []
-_modules_scanned = 0
-
-
-def _torch_distributed_caches() -> list:
-    """Every ``functools`` cache defined in ``torch.distributed`` (rescanned when modules were imported since).
-
-    torch memoises with caches keyed by a DeviceMesh or a DTensorSpec (``MeshTopoInfo.build_from_mesh``,
-    the sharding propagator, the redistribute planner, ...): each one keeps a finished run's meshes, and
-    with them their gloo groups, alive. Clearing all of them covers those and any a later torch adds;
-    they refill on the next run."""
-    global _modules_scanned
-    if len(sys.modules) != _modules_scanned:
-        _modules_scanned = len(sys.modules)
-        _torch_caches[:] = [
-            obj
-            for obj in gc.get_objects()
-            if type(obj) is _LRU_CACHE and str(getattr(obj, "__module__", "")).startswith("torch.distributed")
-        ]
-    return _torch_caches
-
-
-def _clear_mesh_caches() -> None:
-    """The caches that hold meshes (a mesh keeps its subgroups), and the mesh stack.
-
-    Besides the ``functools`` caches, the C++ fast path of sharding propagation and the redistribute
-    planner keep their own (``torch.distributed.tensor.debug._clear_sharding_prop_cache`` clears them
-    too, but importing it pulls in dynamo and inductor, 0.45 s of every rank's start)."""
-    for cache in _torch_distributed_caches():
-        cache.cache_clear()
-    torch._C._clear_DTensor_sharding_propagator_cache()
-    clear_redistribute_planner_cache()
-    _mesh_resources.mesh_stack.clear()
 
 
 def _drop_grad_hooks() -> None:
@@ -123,7 +85,7 @@ def release_run(recipes: bool) -> None:
 
     After recipe runs nothing of the run is kept, so their tensors' hooks go too; a cell's names stay
     (objects a cell keeps are the user's), only the caches and the process groups are released."""
-    _clear_mesh_caches()
+    clear_mesh_caches()
     if recipes:
         _drop_grad_hooks()
     if dist.is_initialized():

@@ -1,4 +1,5 @@
-"""Drop-in cases on meshes beyond 1-D FSDP, over 4 ranks: torch's TP plan on tp with fully_shard on
+"""Drop-in cases on meshes beyond 1-D FSDP, over 4 ranks: meshes without dim names (FSDP2's docs' own
+``init_device_mesh("cpu", (4,))``, 1-D and 2-D), torch's TP plan on tp with fully_shard on
 (dp_replicate, fsdp) of the same mesh (with sequence parallelism and tied weights too), torch's test MoE
 with ExpertParallel on ep and the experts a unit on efsdp, and DCP checkpoints saved by ours and loaded by
 torch FSDP2 on another mesh and back (checked by tests/test_drop_in.py: against torch FSDP2, the
@@ -17,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from drop_in_training import (
     case,
+    fsdp_only,
     full,
     max_diff,
     run_three,
@@ -58,6 +60,28 @@ def tp_case(shape: tuple[int, int, int], sequence_parallel: bool, tying: bool) -
         {"torch": with_(torch_fully_shard), "ours": with_(our_fully_shard)},
         dp_rank,
         dp_size,
+    )
+
+
+@case
+def unnamed_mesh_1d():
+    """fully_shard(block, mesh=init_device_mesh("cpu", (4,))), no dim names, as FSDP2's docs write it."""
+    return run_three(
+        lambda: transformer(weight_tying=False), fsdp_only(init_device_mesh("cpu", (4,))), dist.get_rank(), 4
+    )
+
+
+@case
+def unnamed_mesh_2d():
+    """An unnamed (2, 2) mesh, read by position as (replicate, shard). torch 2.13's fully_shard refuses an
+    unnamed 2-D mesh (it asks for names), so its side runs on the same mesh named (dp_replicate, dp_shard)."""
+    named = init_device_mesh("cpu", (2, 2), mesh_dim_names=(MeshDim.DP_REPLICATE, MeshDim.DP_SHARD))
+    unnamed = init_device_mesh("cpu", (2, 2))
+    return run_three(
+        lambda: transformer(weight_tying=False),
+        {"torch": fsdp_only(named)["torch"], "ours": fsdp_only(unnamed)["ours"]},
+        dist.get_rank(),
+        4,
     )
 
 
