@@ -70,8 +70,25 @@ def test_indexing_a_sharded_container_gives_the_plain_class(world):
 
 
 def test_deepcopy_is_refused_clearly(world):
-    with pytest.raises(RuntimeError, match="deepcopy of a fully_shard module .* state dict"):
-        copy.deepcopy(fully_shard(nn.Linear(8, 8), mesh=world))
+    """As torch FSDP2 refuses it (an AssertionError, "FSDP does not support deepcopy"), with the fix."""
+    for error in (RuntimeError, AssertionError):
+        with pytest.raises(
+            error, match="FSDP does not support deepcopy.*deepcopy of a fully_shard module .* state dict"
+        ):
+            copy.deepcopy(fully_shard(nn.Linear(8, 8), mesh=world))
+
+
+def test_fully_shard_state_is_one_view_per_unit(world):
+    """torch's fully_shard.state(module) / module._get_fsdp_state(): one state per fully_shard call, the same
+    for every module of a unit of several, as FSDP2's; the wrapper class is named FSDP<Class>, as FSDP2's."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
+    fully_shard([model[0], model[1]], mesh=world)
+    fully_shard(model[2], mesh=world)
+    fully_shard(model, mesh=world)
+    states = [fully_shard.state(m) for m in (model, model[0], model[1], model[2])]
+    assert states[1] is states[2] is model[0]._get_fsdp_state()
+    assert len({id(s) for s in states}) == 3
+    assert [type(m).__name__ for m in (model, model[0])] == ["FSDPSequential", "FSDPLinear"]
 
 
 @pytest.mark.parametrize("method", sorted(UNSUPPORTED_FSDP2_METHODS))
@@ -84,8 +101,6 @@ def test_unsupported_fsdp2_methods_name_themselves(world, method):
 def test_unsupported_arguments_are_refused(world):
     with pytest.raises(ValueError, match=r"reshard_after_forward=3: an int must divide .* size 8.*\[1, 2, 4, 8\]"):
         fully_shard(nn.Linear(8, 8), mesh=world, reshard_after_forward=3)
-    with pytest.raises(NotImplementedError, match="shard_placement_fn"):
-        fully_shard(nn.Linear(8, 8), mesh=world, shard_placement_fn=lambda p: Shard(1))
     with pytest.raises(NotImplementedError, match="CPUOffloadPolicy"):
         fully_shard(nn.Linear(8, 8), mesh=world, offload_policy=CPUOffloadPolicy())
     fully_shard(nn.Linear(8, 8), mesh=world, offload_policy=OffloadPolicy())  # FSDP2's default: accepted
@@ -150,6 +165,35 @@ def test_ignored_params_stay_plain(world):
     assert len(model.sharded_params()) == 3
 
 
+def test_shard_placement_fn_picks_the_dim_per_parameter(world):
+    """FSDP2's shard_placement_fn: Shard(d) (d < 0 counted from the end) or None (fully_shard's choice) per
+    parameter; another mesh for one parameter of a unit is refused with the fix."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
+
+    layer = fully_shard(nn.Linear(8, 16), mesh=world, shard_placement_fn=lambda p: Shard(-1) if p.ndim == 2 else None)
+    assert (layer.weight.placements, layer.bias.placements) == ((Shard(1),), (Shard(0),))
+    assert layer.weight.to_local().shape == (16, 1)
+    other = init_device_mesh("cpu", (2, 4), mesh_dim_names=("a", "b"))["b"]
+    elsewhere = ShardPlacementResult(placement=Shard(0), mesh_info=FSDPMeshInfo(mesh=other, shard_mesh_dim=0))
+    with pytest.raises(NotImplementedError, match="another mesh .* per-parameter meshes"):
+        fully_shard(nn.Linear(8, 8), mesh=world, shard_placement_fn=lambda p: elsewhere)
+    with pytest.raises(ValueError, match="must return Shard"):
+        fully_shard(nn.Linear(8, 8), mesh=world, shard_placement_fn=lambda p: Replicate())
+
+
+def test_containers_without_forward_and_a_second_application_are_refused_as_fsdp2_refuses_them(world):
+    """torch FSDP2 refuses an nn.ModuleList / nn.ModuleDict (ValueError) and a second fully_shard on a module
+    (AssertionError); ours raises errors catchable as either of torch's types, with the fix."""
+    with pytest.raises(ValueError, match="containers that do not implement forward: ModuleList"):
+        fully_shard(nn.ModuleList([nn.Linear(8, 8)]), mesh=world)
+    with pytest.raises(ValueError, match="containers that do not implement forward: ModuleDict"):
+        fully_shard(nn.ModuleDict({"a": nn.Linear(8, 8)}), mesh=world)
+    layer = fully_shard(nn.Linear(8, 8), mesh=world)
+    for error in (AssertionError, ValueError):
+        with pytest.raises(error, match="already been applied .* once per module"):
+            fully_shard(layer, mesh=world)
+
+
 def test_unnamed_meshes_are_read_by_position_as_fsdp2_reads_them(world):
     """FSDP2's docs write fully_shard(m, mesh=init_device_mesh("cpu", (8,))): a 1-D mesh without names shards,
     a 2-D one replicates over dim 0 and shards over dim 1; the view that names them uses the mesh's own
@@ -211,7 +255,7 @@ def test_slices_of_one_mesh_combine_whatever_else_exists(world, shape):
 
 def test_meta_parameters_become_meta_shards_and_to_empty_relinks_them(world):
     """torchtitan's order: build on meta, fully_shard, to_empty, initialise. The shards are meta until to_empty;
-    after it each sharded parameter (the same object) is a view into its group's new flat shard, so what
+    after it each sharded parameter (the same object) is a view of its padded shard again, so what
     reset_parameters writes is what the all-gather reads."""
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
@@ -224,13 +268,13 @@ def test_meta_parameters_become_meta_shards_and_to_empty_relinks_them(world):
     for module in model:
         module.reset_parameters()
     (group,) = model._hp_state.groups
-    flat = group.flat_shard
-    assert not flat.is_meta and [p is q for p, q in zip(model.parameters(), before)] == [True] * 4
-    for param, offset in zip(model.parameters(), group.offsets):
+    assert [p is q for p, q in zip(model.parameters(), before)] == [True] * 4
+    for param, sharded in zip(model.parameters(), group.params):
         local = param.to_local()
-        assert local.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
-        assert torch.equal(flat[offset : offset + local.numel()], local.flatten())
-    assert flat.abs().sum() > 0
+        assert not local.is_meta and sharded.holds_own_shard(param)
+        assert local.untyped_storage().data_ptr() == sharded.padded_shard.untyped_storage().data_ptr()
+        assert torch.equal(sharded.padded_shard.narrow(0, 0, local.shape[0]), local)
+    assert sum(float(p.to_local().abs().sum()) for p in model.parameters()) > 0
 
 
 def test_a_frozen_bf16_base_and_trainable_fp32_adapter_share_a_unit(world):
@@ -263,12 +307,12 @@ def test_the_lifecycle_is_data_and_checked(world):
 
 def test_to_empty_relinks_a_unit_of_several_modules(world):
     """torchtitan's fully_shard([norm, output]): nn.Module._apply moves norm before output, so the unit relinks
-    once both are moved (before the fix: 'now on ['cpu', 'meta']')."""
+    once both are moved."""
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8))
     fully_shard([model[1], model[2]], mesh=world)
     fully_shard(model, mesh=world)
     model.to_empty(device="cpu")
     for group in model[1]._hp_state.groups + model._hp_state.groups:
-        flat = group.flat_shard.untyped_storage().data_ptr()
-        assert all(p.registered().to_local().untyped_storage().data_ptr() == flat for p in group.params)
+        group.relink()
+        assert all(p.holds_own_shard(p.registered()) and not p.padded_shard.is_meta for p in group.params)

@@ -1,6 +1,6 @@
 """fully_shard on other people's training stacks: meta-device initialisation (torchtitan, torchtune), MoE experts
 unused on some ranks, QLoRA's mixed dtypes, accumulation in the reduce dtype. One 4-rank launch of
-``tests/workers/drop_in_worker.py --modules drop_in_stack_cases``; each case trains ours beside torch FSDP2
+``tests/workers/drop_in_worker.py`` (``drop_in_stack_cases``, shared with tests/test_drop_in_fsdp2.py); each case trains ours beside torch FSDP2
 and (where the weights are the same) one process on the global batch, with the tolerances of
 tests/test_drop_in.py (derived there): bit for bit against FSDP2, fp32 rtol 1e-5 on the loss, 1e-6 on the
 gradients (one bf16 ulp of the largest gradient for the case computing through bf16, ``BF16_ULP``) and 5e-5
@@ -15,7 +15,7 @@ from FSDP2's (rel 4.4e-3).
 from __future__ import annotations
 
 import pytest
-from drop_in_launch import case_result, launch_cases
+from drop_in_launch import STACKS_AND_FSDP2_SUITE, case_result, shared_launch
 
 pytestmark = pytest.mark.distributed
 
@@ -30,7 +30,7 @@ BF16_CASE = "frozen_bf16_beside_trainable_fp32"
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    return launch_cases(tmp_path_factory.mktemp("drop_in_stacks"), "--modules", "drop_in_stack_cases")
+    return shared_launch(tmp_path_factory, STACKS_AND_FSDP2_SUITE)
 
 
 @pytest.mark.parametrize(

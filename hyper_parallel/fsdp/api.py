@@ -19,24 +19,25 @@ adapters) are gathered in one flat buffer per dtype.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.fsdp.layouts import MANAGED_BY_ATTR, SHARDED_BY_ATTR, layout_of, unmanaged_params
+from hyper_parallel.fsdp.layouts import MANAGED_BY_ATTR, SHARDED_BY_ATTR, layout_of, requested_axis, unmanaged_params
 from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.param import ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
 from hyper_parallel.fsdp.roles import MeshRoles, named_mesh, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
-from hyper_parallel.fsdp.torch_interop import register_with_torch
+from hyper_parallel.fsdp.torch_interop import TorchStateView, register_with_torch
 from hyper_parallel.mesh_dims import MeshDim
 
 _WRAPPER_CLASSES: dict[type, type] = {}
-"""One ``FullyShard<Class>`` per user class, as torch FSDP2 caches its ``FSDP<Class>``."""
+"""One ``FSDP<Class>`` per user class, named and cached as torch FSDP2 names and caches its own."""
 
 
 def _default_mesh() -> DeviceMesh:
@@ -67,7 +68,7 @@ def fully_shard(
     full mesh whose parameters are already DTensors on it; without it roles follow the dims' names.
     """
     modules = _validated_modules(module)
-    _refuse_unsupported(shard_placement_fn, offload_policy)
+    _refuse_unsupported(offload_policy)
     mesh = named_mesh(mesh) if mesh is not None else _default_mesh()
     roles = resolve_roles(mesh, enable_param_shard, dp_mesh_dims)
     device = (
@@ -87,6 +88,8 @@ def fully_shard(
         if param.device != device and param.device.type != "meta":
             param = _moved(param, device)
         layout = layout_of(mesh, roles, param, fqn)
+        if shard_placement_fn is not None:
+            layout = replace(layout, fsdp_axis=requested_axis(shard_placement_fn(original), original, fqn, mesh))
         mp_groups = {}
         for dim in layout.mp_dims:
             ranks = tuple(int(r) for r in layout.combined[dim].mesh.flatten().tolist())
@@ -114,12 +117,25 @@ def fully_shard(
             exposed.shard_size, exposed.dp_size, exposed.rank_size = param.shard_size, param.dp_size, param.rank_size
             setattr(exposed, SHARDED_BY_ATTR, prefix)
     state = FullyShardState(modules, groups, reshard_after_forward, mp_policy)
+    view = TorchStateView(state)
     for each in modules:
-        each.register_state_dict_post_hook(_detach_from_flat_buffer)
         each.__class__ = _wrapper_class(each.__class__)
         each._hp_state = state
-        register_with_torch(each, state)
+        register_with_torch(each, view)
     return module
+
+
+class AppliedTwiceError(ValueError, AssertionError):
+    """fully_shard applied to a module it already manages: an ``AssertionError``, as torch FSDP2 raises it, and a
+    ``ValueError``, as the rest of this API's refusals."""
+
+
+def _state(module: nn.Module) -> TorchStateView:
+    """``fully_shard.state(module)``, as torch's: the view of the unit's state that torch's FSDP2 helpers read."""
+    return module._get_fsdp_state()
+
+
+fully_shard.state = _state
 
 
 def _validated_modules(module) -> list[nn.Module]:
@@ -129,8 +145,17 @@ def _validated_modules(module) -> list[nn.Module]:
     for each in modules:
         if not isinstance(each, nn.Module):
             raise ValueError(f"fully_shard expects an nn.Module or a list of them, got {type(each).__name__}")
+        if isinstance(each, (nn.ModuleList, nn.ModuleDict)) and type(each).forward is nn.Module.forward:
+            raise ValueError(
+                f"fully_shard does not support containers that do not implement forward: {type(each).__name__} "
+                "(as torch FSDP2): apply it to each module in the container, or to several as one unit with "
+                "fully_shard(list(container))"
+            )
         if isinstance(each, FullyShardModule):
-            raise ValueError(f"fully_shard was already applied to this {type(each).__name__}; apply it once per module")
+            raise AppliedTwiceError(
+                "Each distinct composable distributed API can only be applied to a module once (torch FSDP2's "
+                f"rule): fully_shard has already been applied to this {type(each).__name__}; apply it once per module"
+            )
     return modules
 
 
@@ -159,13 +184,8 @@ def _post_forward(mesh: DeviceMesh, roles: MeshRoles, reshard_after_forward) -> 
     return True, GroupInfo.from_mesh(inner, (names[1],))
 
 
-def _refuse_unsupported(shard_placement_fn, offload_policy) -> None:
+def _refuse_unsupported(offload_policy) -> None:
     """FSDP2 arguments this implementation does not offer: refused by name, never silently ignored."""
-    if shard_placement_fn is not None:
-        raise NotImplementedError(
-            "shard_placement_fn is not supported: hyper_parallel's fully_shard chooses the "
-            "FSDP axis itself (the first axis no model-parallel dim shards)"
-        )
     if offload_policy is not None and type(offload_policy).__name__ != "OffloadPolicy":
         raise NotImplementedError(
             f"offload_policy={type(offload_policy).__name__} (CPU offload) is not supported "
@@ -174,25 +194,10 @@ def _refuse_unsupported(shard_placement_fn, offload_policy) -> None:
 
 
 def _wrapper_class(cls: type) -> type:
-    """``FullyShard<cls>``: ours first in the MRO (as FSDP2), created once per user class."""
+    """``FSDP<cls>``: ours first in the MRO (as FSDP2), created once per user class."""
     if cls not in _WRAPPER_CLASSES:
-        _WRAPPER_CLASSES[cls] = type(f"FullyShard{cls.__name__}", (FullyShardModule, cls), {})
+        _WRAPPER_CLASSES[cls] = type(f"FSDP{cls.__name__}", (FullyShardModule, cls), {})
     return _WRAPPER_CLASSES[cls]
-
-
-def _detach_from_flat_buffer(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
-    """Give each sharded tensor of the state dict its own storage.
-
-    A unit's shards are views into one flat buffer (the all-gather input); torch.save cannot pickle a
-    DTensor whose local tensor is a view at a non-zero offset, and a checkpoint should not pin the
-    whole buffer either. The clone costs one copy of this rank's shards, only when a state dict is taken.
-    """
-    for key, value in state_dict.items():
-        if key.startswith(prefix) and isinstance(value, DTensor) and value.to_local().storage_offset() != 0:
-            local = value.to_local().detach().clone()
-            state_dict[key] = DTensor.from_local(
-                local, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
-            )
 
 
 def _moved(param: nn.Parameter, device: torch.device) -> nn.Parameter:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.param import ParamLayout
@@ -66,6 +66,28 @@ def layout_of(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str)
             "the data-parallel and model-parallel dims on separate axes"
         ) from None
     return ParamLayout(combined, own_names, own_placements, own_mesh, own_placements)
+
+
+def requested_axis(result, param: nn.Parameter, fqn: str, mesh: DeviceMesh) -> int | None:
+    """The tensor dim FSDP2's ``shard_placement_fn`` returned for ``param`` (``Shard(d)``, a negative d counted
+    from the end, or a ``ShardPlacementResult`` on fully_shard's own mesh); None keeps fully_shard's choice."""
+    if type(result).__name__ == "ShardPlacementResult":
+        other = getattr(result.mesh_info, "mesh", None)
+        if other is not None and not (_same_ranks(other, mesh) and other.ndim == mesh.ndim):
+            raise NotImplementedError(
+                f"shard_placement_fn put {fqn!r} on another mesh ({other}) than fully_shard's ({mesh}); "
+                "per-parameter meshes in one unit are not supported: apply fully_shard to those parameters' "
+                "module on that mesh (e.g. the experts on their efsdp mesh)"
+            )
+        result = result.placement
+    if result is None:
+        return None
+    if type(result) is not Shard:
+        raise ValueError(f"shard_placement_fn must return Shard(dim) or None for {fqn!r}, got {result!r}")
+    ndim = param.dim()
+    if not -ndim <= result.dim < ndim:
+        raise ValueError(f"shard_placement_fn returned {result!r} for {fqn!r}, a {ndim}-d parameter")
+    return result.dim % ndim
 
 
 def _same_ranks(a: DeviceMesh, b: DeviceMesh) -> bool:

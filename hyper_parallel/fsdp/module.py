@@ -30,6 +30,11 @@ UNSUPPORTED_FSDP2_METHODS = {
 }
 
 
+class DeepcopyRefused(RuntimeError, AssertionError):
+    """``copy.deepcopy`` of a sharded module: an ``AssertionError``, as torch FSDP2 raises it, and a
+    ``RuntimeError``."""
+
+
 class UnshardHandle:
     """What ``unshard(async_op=True)`` returns. The all-gather has completed when ``unshard`` returns
     (collectives are issued synchronously here), so ``wait()`` only marks the handle as waited for."""
@@ -67,16 +72,15 @@ class FullyShardModule(FSDPModule):
         return states
 
     def __deepcopy__(self, memo):
-        raise RuntimeError(
-            f"copy.deepcopy of a fully_shard module ({type(self).__name__}) is not supported (torch "
-            "FSDP2 refuses it too): deepcopy the model before fully_shard, or save and load a state dict"
+        raise DeepcopyRefused(
+            f"FSDP does not support deepcopy (torch FSDP2's words): copy.deepcopy of a fully_shard module "
+            f"({type(self).__name__}) is not supported: deepcopy the model before fully_shard, or save and load a "
+            "state dict"
         )
 
     def _get_fsdp_state(self):
-        raise RuntimeError(
-            f"{type(self).__name__} is sharded by hyper_parallel's fully_shard, which torch FSDP2's internals "
-            "cannot drive: apply one fully_shard (ours or torch's) to the whole model"
-        )
+        """The view of this unit torch's FSDP2 helpers read (``hyper_parallel.fsdp.torch_interop``)."""
+        return self._hp_torch_view
 
     def _apply(self, *args, **kwargs):
         """``to_empty`` / ``to`` / ``cuda``: move the sharded parameters, then relink each group's flat shard
@@ -193,7 +197,11 @@ class FullyShardModule(FSDPModule):
         for group in (group for state in self._states(recurse=True) for group in state.groups):
             group.relink()
             with torch.no_grad():
-                comm.broadcast(group.flat_shard, group.unsharded_group, module=group.name)
+                shards = [param.padded_shard.view(-1) for param in group.params]
+                flat = torch.cat(shards)
+                comm.broadcast(flat, group.unsharded_group, module=group.name)
+                for shard, piece in zip(shards, flat.split([shard.numel() for shard in shards])):
+                    shard.copy_(piece)
                 for param in group.params:
                     for mp_group in param.partial_groups():
                         comm.broadcast(param.sharded_param.to_local(), mp_group, module=group.name)

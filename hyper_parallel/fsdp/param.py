@@ -13,13 +13,17 @@ Traces and figures show these placements over the named dims; the sharded DTenso
 gradient) is built on the combined mesh without its size-1 dims (``roles.without_size_one_dims``), so a
 ``(dp_replicate=1, fsdp=2, tp=2)`` parameter is a DTensor on ``(fsdp, tp)`` with one placement per dim > 1.
 
-Storage. Every rank stores its piece padded to ``ceil(n / shard_size)`` along ``fsdp_axis`` inside
-its group's flat shard buffer, so that buffer is the all-gather input with no copy-in; the unsharded
-tensor is a padded full tensor whose storage is freed on reshard and refilled on unshard.
+Storage. Every rank keeps its piece padded to ``ceil(n / shard_size)`` along ``fsdp_axis`` in a tensor of
+its own (FSDP2's layout: the sharded DTensor's local tensor is a view of it at offset 0, so state dict
+entries are views torch.save can write); the all-gather copies the pieces of a unit into one buffer
+(``hyper_parallel.fsdp.gather``). The unsharded tensor is a padded full tensor whose storage is freed on
+reshard and refilled on unshard, or what a tensor subclass's all-gather extension builds
+(``hyper_parallel.fsdp.extension``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -31,6 +35,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Placement, _StridedShard
 
 from hyper_parallel.comm import GroupInfo
+from hyper_parallel.fsdp.extension import GatheredExtension, has_extension, pre_all_gather
 from hyper_parallel.fsdp.roles import MeshRoles, without_size_one_dims
 from hyper_parallel.partial_grad import marked_partial_dims
 
@@ -54,6 +59,7 @@ class ParamLayout:
     mp_placements: tuple[Placement, ...]
     compute_mesh: DeviceMesh | None
     compute_placements: tuple[Placement, ...]
+    fsdp_axis: int | None = None  # the tensor dim to shard (FSDP2's shard_placement_fn); None: fully_shard's choice
 
 
 class ShardedParam:
@@ -83,7 +89,7 @@ class ShardedParam:
         self.orig_dtype = local.dtype
         self.mp_local_shape = tuple(local.shape)
         self.global_shape = tuple(param.shape)
-        self.fsdp_axis = self._choose_fsdp_axis(local.dim())
+        self.fsdp_axis = layout.fsdp_axis if layout.fsdp_axis is not None else self._choose_fsdp_axis(local.dim())
         shard_size = self.shard_size
         axis_len = self.mp_local_shape[self.fsdp_axis]
         self.chunk = math.ceil(axis_len / shard_size)
@@ -111,6 +117,9 @@ class ShardedParam:
         self.parked = None  # a reduction.ParkedGradient while gradient sync is off
         self.is_meta = local.is_meta
         self._initial_local = local
+        self.padded_shard: torch.Tensor | None = None  # this rank's chunk, padded to ``padded_shape``
+        self.local_shard: torch.Tensor | None = None  # its unpadded view, the sharded DTensor's local tensor
+        self.extension: GatheredExtension | None = None  # set when the shard uses the all-gather extension
 
     # ----- layout -----
     @property
@@ -198,34 +207,35 @@ class ShardedParam:
         return grad.to_local(), tuple(partial)
 
     # ----- storage -----
-    def init_sharded(self, padded_storage: torch.Tensor) -> None:
-        """Copy this rank's chunk into ``padded_storage`` (a view of the group's flat shard buffer).
+    def init_sharded(self) -> None:
+        """This rank's chunk in a padded tensor of its own (FSDP2's layout): a state dict entry is then a view of
+        the parameter that torch.save can write, and in-place loads reach it. ``new_zeros`` on the parameter's
+        local tensor keeps a tensor subclass (float8, NF4) that subclass, so its all-gather extension applies.
 
         A parameter on the meta device (built under ``torch.device("meta")``) has no data to copy: its
         shard stays meta until ``to_empty`` moves the module and ``ShardedParam.adopt`` relinks it."""
-        padded = padded_storage.view(self.padded_shape)
-        local = padded.narrow(self.fsdp_axis, 0, self.local_len)
-        if not padded.is_meta:
-            padded.zero_()
-            if self.local_len > 0:
-                start = self.shard_index * self.chunk
-                local.copy_(self._initial_local.narrow(self.fsdp_axis, start, self.local_len))
-        dtensor = DTensor.from_local(
-            local,
-            self.dtensor_mesh,
-            self.dtensor_placements,
-            run_check=False,
-            shape=torch.Size(self.global_shape),
-            stride=self._global_stride(),
-        )
+        source = self._initial_local
+        padded = source.new_zeros(self.padded_shape)
+        if not padded.is_meta and self.local_len > 0:
+            start = self.shard_index * self.chunk
+            with torch.no_grad():
+                self._local_of(padded).copy_(source.narrow(self.fsdp_axis, start, self.local_len))
+        self.padded_shard = padded
+        dtensor = DTensor(self._local_of(padded), self._spec(padded.dtype), requires_grad=False)
         self.sharded_param = nn.Parameter(dtensor, requires_grad=self.requires_grad)
-        self._grad_spec = DTensorSpec(
-            self.dtensor_mesh,
-            self.dtensor_placements,
-            TensorMeta(torch.Size(self.global_shape), self._global_stride(), self.orig_dtype),
-        )
+        self.local_shard = self.sharded_param._local_tensor  # nn.Parameter made its own view of the shard
         self._initial_local = None
         self._set_on_owner(self.sharded_param)
+
+    def _local_of(self, padded: torch.Tensor) -> torch.Tensor:
+        return padded.narrow(self.fsdp_axis, 0, self.local_len)
+
+    def _spec(self, dtype: torch.dtype) -> DTensorSpec:
+        """The sharded DTensor's spec (also its gradient's), made once per dtype: ``DTensor.from_local``
+        would rebuild it and go through autograd for every parameter of every step."""
+        meta = TensorMeta(torch.Size(self.global_shape), self._global_stride(), dtype)
+        self._grad_spec = DTensorSpec(self.dtensor_mesh, self.dtensor_placements, meta)
+        return self._grad_spec
 
     def registered(self) -> nn.Parameter:
         """The parameter the module holds now: ours, or one that ``to_empty`` / ``load_state_dict(assign=True)``
@@ -233,9 +243,14 @@ class ShardedParam:
         owner, leaf = self.owners[0]
         return owner._parameters[leaf]
 
-    def adopt(self, registered: nn.Parameter, padded_storage: torch.Tensor) -> None:
+    def holds_own_shard(self, registered: nn.Parameter) -> bool:
+        """``registered`` is the sharded parameter, still a view of this parameter's padded shard (not moved by
+        ``to_empty`` / ``.to``, not replaced by ``load_state_dict(assign=True)``)."""
+        return registered is self.sharded_param and registered._local_tensor is self.local_shard
+
+    def adopt(self, registered: nn.Parameter) -> None:
         """Make ``registered`` (a sharded DTensor of this parameter's layout) this parameter's shard again, its
-        data copied into ``padded_storage`` (a view of the new flat shard buffer), the same object kept, so an
+        data copied into a new padded shard on its device and of its dtype, the same object kept, so an
         optimizer built on it still steps the shard that the all-gather reads (as FSDP2's
         ``reset_sharded_param``)."""
         if not isinstance(registered, DTensor) or tuple(registered.shape) != self.global_shape:
@@ -245,23 +260,20 @@ class ShardedParam:
                 "load sharded state dicts of the same layout (or full ones with set_model_state_dict)"
             )
         source = registered._local_tensor
-        padded = padded_storage.view(self.padded_shape)
-        local = padded.narrow(self.fsdp_axis, 0, self.local_len)
-        if not padded.is_meta:
+        padded = source.new_zeros(self.padded_shape)
+        local = self._local_of(padded)
+        if not padded.is_meta and not source.is_meta:
             with torch.no_grad():
-                padded.zero_()
-                if not source.is_meta:
-                    local.copy_(source.view(local.shape))
+                local.copy_(source.view(local.shape))
+        self.padded_shard = padded
+        self.orig_dtype = padded.dtype
         registered._local_tensor = local
-        self.sharded_param = registered
+        registered._spec = self._spec(padded.dtype)
+        self.sharded_param, self.local_shard = registered, local
         self._set_on_owner(registered)
 
     def _global_stride(self) -> tuple[int, ...]:
-        stride, acc = [], 1
-        for size in reversed(self.global_shape):
-            stride.append(acc)
-            acc *= size
-        return tuple(reversed(stride))
+        return self._contiguous_stride(self.global_shape)
 
     def init_unsharded(self, dtype: torch.dtype, device: torch.device, alias: torch.Tensor | None) -> None:
         """Create the compute parameter; ``alias`` (shard_size 1, same dtype) shares the sharded storage."""
@@ -272,6 +284,13 @@ class ShardedParam:
             shape[self.fsdp_axis] = self.chunk * self.shard_size
             self.unsharded_padded = torch.empty(shape, dtype=dtype, device=device)
         local = self.unsharded_padded.narrow(self.fsdp_axis, 0, self.mp_local_shape[self.fsdp_axis])
+        self.unsharded_param = self.plain_unsharded = self._compute_param(local)
+        self.extension_param = None
+        if alias is None:
+            self.free_unsharded()
+
+    def _compute_param(self, local: torch.Tensor) -> nn.Parameter:
+        """The parameter forward computes with: ``local`` itself, or a DTensor on its TP/EP mesh."""
         if self.layout.compute_mesh is not None:
             local = DTensor.from_local(
                 local,
@@ -281,9 +300,7 @@ class ShardedParam:
                 shape=torch.Size(self.global_shape),
                 stride=self._global_stride(),
             )
-        self.unsharded_param = nn.Parameter(local, requires_grad=self.requires_grad)
-        if alias is None:
-            self.free_unsharded()
+        return nn.Parameter(local, requires_grad=self.requires_grad)
 
     def alloc_unsharded(self) -> None:
         storage = self.unsharded_padded.untyped_storage()
@@ -292,12 +309,61 @@ class ShardedParam:
             storage.resize_(needed)
 
     def free_unsharded(self) -> None:
-        if not self.unsharded_padded.is_meta:
+        if self.extension is not None:
+            self.extension.free()
+        elif not self.unsharded_padded.is_meta:
             self.unsharded_padded.untyped_storage().resize_(0)
+
+    # ----- all-gather (hyper_parallel.fsdp.gather) -----
+    def extension_inputs(self, mp_policy) -> tuple[tuple[torch.Tensor, ...], object] | None:
+        """None when this rank's shard is a plain tensor (the group gathers the padded shard itself); else the
+        inputs and metadata of its ``fsdp_pre_all_gather`` (``hyper_parallel.fsdp.extension``)."""
+        local = self.local_shard
+        if not has_extension(local, self.fqn):
+            if self.extension is not None:
+                self.extension, self.unsharded_param = None, self.plain_unsharded
+            return None
+        if self.fsdp_axis != 0:
+            raise NotImplementedError(
+                f"{self.fqn}: the all-gather extension gathers along dim 0, but fully_shard shards this parameter "
+                f"along dim {self.fsdp_axis} (dim 0 is sharded by its TP/EP placements)"
+            )
+        if self.extension is None:
+            self.extension = GatheredExtension()
+        owner = self.owners[0][0]
+        size, padded = torch.Size(self.mp_local_shape), torch.Size(self.padded_shape)
+        return pre_all_gather(local, self.fqn, self.shard_mesh, size, owner, mp_policy, padded)
+
+    @functools.cached_property
+    def shard_mesh(self) -> DeviceMesh:
+        """The 1-D mesh of the shard dim, the one FSDP2 hands ``fsdp_pre_all_gather``."""
+        mesh, dim = self.roles.mesh, self.roles.shard_dim
+        return mesh[dim] if dim is not None else mesh
+
+    def receive(self, rows: list[torch.Tensor], pieces, metadata, param_dtype: torch.dtype) -> None:
+        """Fill the unsharded parameter from the gathered pieces (``rows``: [ranks, numel] each)."""
+        if self.extension is None:
+            self.alloc_unsharded()
+            self.copy_out(rows[0])
+            return
+        sizes = [piece.size for piece in pieces]
+        tensor = self.extension.receive(self.local_shard, rows, sizes, metadata, param_dtype, self.extension_param)
+        if tensor is not None:  # the first all-gather: the unsharded tensor cut to the parameter's size
+            stride = self._contiguous_stride(self.mp_local_shape)
+            self.extension_param = self._compute_param(torch.as_strided(tensor, self.mp_local_shape, stride, 0))
+        self.unsharded_param = self.extension_param
+
+    @staticmethod
+    def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+        stride, acc = [], 1
+        for size in reversed(shape):
+            stride.append(acc)
+            acc *= size
+        return tuple(reversed(stride))
 
     def copy_out(self, gathered: torch.Tensor) -> None:
         """Fill the unsharded tensor from ``gathered`` ([shard_size, padded_numel] for this parameter)."""
-        pieces = gathered.view(self.shard_size, *self.padded_shape)
+        pieces = gathered.reshape(self.shard_size, *self.padded_shape)
         target = self.unsharded_padded.unflatten(self.fsdp_axis, (self.shard_size, self.chunk))
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.unsharded_padded):
             target.copy_(pieces.movedim(0, self.fsdp_axis))

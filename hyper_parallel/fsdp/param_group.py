@@ -17,6 +17,7 @@ QLoRA): each group gathers in its own flat buffer, and only groups with trainabl
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import NamedTuple
@@ -26,6 +27,8 @@ from torch.distributed.tensor import DTensor
 
 from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo, PendingCollective
+from hyper_parallel.fsdp.extension import has_extension
+from hyper_parallel.fsdp.gather import PackedRow, default_pieces, pack, piece_of
 from hyper_parallel.fsdp.param import ShardedParam, placements_str, union_dims
 from hyper_parallel.fsdp.reduction import (
     Contribution,
@@ -33,6 +36,7 @@ from hyper_parallel.fsdp.reduction import (
     ParkedGradient,
     ReduceScatterInFlight,
     ReductionTarget,
+    divide_factors,
 )
 
 
@@ -50,11 +54,12 @@ class MixedPrecisionPolicy:
 
 class AllGatherInFlight(NamedTuple):
     """An all-gather issued and not yet copied out: its pending work (None when done at once), the buffer
-    it fills, and the cast copy of the shard it reads (None when it reads the flat shard itself)."""
+    it fills ([ranks, row length]) and this rank's row with the layout of its pieces (None for both when
+    nothing is gathered)."""
 
     work: PendingCollective | None
     gathered: torch.Tensor | None
-    cast_input: torch.Tensor | None
+    row: PackedRow | None
 
 
 class ShardedState(Enum):
@@ -64,6 +69,20 @@ class ShardedState(Enum):
     SHARDED = auto()
     GATHERING = auto()
     UNSHARDED = auto()
+
+
+def _outside_functorch(method):
+    """Run ``method`` with functorch's transforms off (FSDP2's ``_disable_functorch_if_active``): gathering and
+    freeing parameters are bookkeeping a transform such as ``torch.func.jvp`` must not trace through."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        if torch._C._are_functorch_transforms_active():
+            with torch._C._DisableFuncTorch():
+                return method(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    return wrapper
 
 
 class ParamGroup:
@@ -90,9 +109,8 @@ class ParamGroup:
         self.needs_all_gather = self.shard_size > 1
         self.device = torch.device("meta") if first.is_meta else device
         self._set_dtypes(first.orig_dtype)
-        self.flat_shard = torch.empty(total, dtype=self.orig_dtype, device=self.device)
-        for param, offset in zip(params, self.offsets):
-            param.init_sharded(self.flat_shard[offset : offset + param.padded_numel])
+        for param in params:
+            param.init_sharded()
         self._init_unsharded()
         self.sharded_state = ShardedState.SHARDED
         self._gathering: AllGatherInFlight | None = None
@@ -106,12 +124,11 @@ class ParamGroup:
         self.reduce_dtype = self.mp_policy.reduce_dtype or self.param_dtype
 
     def _init_unsharded(self) -> None:
-        """The compute parameters: views of the flat shard when nothing is gathered or cast, else their own
+        """The compute parameters: views of the padded shards when nothing is gathered or cast, else their own
         storage, allocated on unshard and freed on reshard."""
         alias = not self.needs_all_gather and self.param_dtype == self.orig_dtype
-        for param, offset in zip(self.params, self.offsets):
-            storage = self.flat_shard[offset : offset + param.padded_numel] if alias else None
-            param.init_unsharded(self.param_dtype, self.device, storage)
+        for param in self.params:
+            param.init_unsharded(self.param_dtype, self.device, param.padded_shard if alias else None)
         self.owns_unsharded_storage = not alias
 
     # ----- the parameters the module holds -----
@@ -120,22 +137,15 @@ class ParamGroup:
         ``reset_sharded_param``, for ``to_empty`` / ``to`` (``nn.Module._apply``) and
         ``load_state_dict(assign=True)`` (meta-device initialisation, torchtune's state-dict broadcast).
 
-        The registered parameters' data are copied into a new flat shard on their device and each keeps its
-        identity, now a view into that buffer; the compute parameters are rebuilt there. Cheap when nothing
-        changed (one identity and storage check per parameter), so every unshard calls it. ``strict`` False
-        (from ``_apply``) leaves a group whose parameters are on several devices for the next call: the unit's
-        other modules have not been moved yet."""
+        A registered parameter that is no longer a view of its padded shard has its data copied into a new padded
+        shard on its device and keeps its identity; the compute parameters are rebuilt there. Cheap when nothing
+        changed (one identity check per parameter), so every unshard calls it. ``strict`` False (from ``_apply``)
+        leaves a group whose parameters are on several devices for the next call: the unit's other modules
+        have not been moved yet."""
         if self.sharded_state is not ShardedState.SHARDED:
             return
         current = [param.registered() for param in self.params]
-        flat_storage = self.flat_shard.untyped_storage()
-        if all(
-            now is param.sharded_param
-            and now._local_tensor.device == self.flat_shard.device
-            and now._local_tensor.untyped_storage().data_ptr() == flat_storage.data_ptr()
-            and now._local_tensor.dtype == self.orig_dtype
-            for param, now in zip(self.params, current)
-        ):
+        if all(param.holds_own_shard(now) for param, now in zip(self.params, current)):
             return
         devices = {now._local_tensor.device for now in current}
         dtypes = {now._local_tensor.dtype for now in current}
@@ -149,22 +159,22 @@ class ParamGroup:
             )
         self.device = devices.pop()
         self._set_dtypes(dtypes.pop())
-        self.flat_shard = torch.empty(self.total, dtype=self.orig_dtype, device=self.device)
-        for param, now, offset in zip(self.params, current, self.offsets):
-            param.orig_dtype = self.orig_dtype
-            param.adopt(now, self.flat_shard[offset : offset + param.padded_numel])
+        for param, now in zip(self.params, current):
+            if not param.holds_own_shard(now):
+                param.adopt(now)
             param.parked = None
         self._init_unsharded()
 
     @property
     def is_meta(self) -> bool:
-        return self.flat_shard.is_meta
+        return self.params[0].padded_shard.is_meta
 
     # ----- forward -----
     @property
     def is_unsharded(self) -> bool:
         return self.sharded_state is ShardedState.UNSHARDED
 
+    @_outside_functorch
     def unshard(self, async_op: bool = False, for_backward: bool = False) -> None:
         """All-gather the FSDP dim only: (Shard(a), <mp>) -> (Replicate(), <mp>). ``async_op`` issues the
         all-gather and returns (a prefetch); ``wait_for_unshard`` or a later ``unshard()`` completes it.
@@ -185,44 +195,53 @@ class ParamGroup:
             self.wait_for_unshard()
 
     def _issue_all_gather(self, async_op: bool) -> None:
-        work, gathered, cast = None, None, None
-        if self.needs_all_gather:
-            gathered = torch.empty(self.shard_size, self.total, dtype=self.param_dtype, device=self.device)
-            if self.post_forward_shard is not None:  # backward after reshard_after_forward=k: gather over k ranks
-                shard, group = self.post_forward_shard.view(-1), self.post_forward_group
-                self.post_forward_shard = None
-            else:
-                shard = self.flat_shard if self.param_dtype == self.orig_dtype else self.flat_shard.to(self.param_dtype)
-                group = self.sharded_group
-            cast = shard if shard is not self.flat_shard else None
-            work = comm.all_gather_into_tensor(gathered.view(-1), shard, group, module=self.name, async_op=async_op)
-        self._gathering = AllGatherInFlight(work, gathered, cast)
+        """Copy the unit's pieces into one buffer (``hyper_parallel.fsdp.gather``) and all-gather it over the shard
+        dim; backward after ``reshard_after_forward=k`` gathers the kept rows over k ranks. With nothing to gather
+        (shard_size 1, no extension) the compute parameters alias or cast the shards (``wait_for_unshard``)."""
+        work, gathered, row, group = None, None, None, self.sharded_group
+        if self.needs_all_gather and self.post_forward_shard is not None:
+            pieces = default_pieces(self.params, self.param_dtype)
+            row, group = (
+                PackedRow(self.post_forward_shard.view(-1), pieces, [None] * len(pieces)),
+                self.post_forward_group,
+            )
+            self.post_forward_shard = None
+        elif self.needs_all_gather or any(has_extension(p.local_shard, p.fqn) for p in self.params):
+            row = pack(self.params, self.param_dtype, self.mp_policy, self.device)
+        if row is not None and self.needs_all_gather:
+            gathered = torch.empty(group.size * row.buffer.numel(), dtype=row.buffer.dtype, device=self.device)
+            work = comm.all_gather_into_tensor(gathered, row.buffer, group, module=self.name, async_op=async_op)
+            gathered = gathered.view(self.shard_size, -1)
+        elif row is not None:
+            gathered = row.buffer.view(1, -1)
+        self._gathering = AllGatherInFlight(work, gathered, row)
         self.sharded_state = ShardedState.GATHERING
 
+    @_outside_functorch
     def wait_for_unshard(self) -> None:
         """Complete an issued all-gather: wait, copy into the unsharded parameters, swap them in."""
         if self.sharded_state is not ShardedState.GATHERING:
             return
-        work, gathered, cast = self._gathering
+        work, gathered, row = self._gathering
         self._gathering = None
-        if self.needs_all_gather:
+        if row is not None:
             if work is not None:
                 work.wait()
-            for param, offset in zip(self.params, self.offsets):
-                param.alloc_unsharded()
-                param.copy_out(gathered[:, offset : offset + param.padded_numel])
+            for param, pieces, metadata in zip(self.params, row.pieces, row.metadata):
+                rows = [piece_of(gathered, piece, row.is_bytes) for piece in pieces]
+                param.receive(rows, pieces, metadata, self.param_dtype)
             comm.release(gathered)
-            if cast is not None:
-                comm.release(cast)
+            comm.release(row.buffer)
         elif self.owns_unsharded_storage:
-            for param, offset in zip(self.params, self.offsets):
+            for param in self.params:
                 param.alloc_unsharded()
-                param.copy_cast(self.flat_shard[offset : offset + param.padded_numel])
+                param.copy_cast(param.padded_shard)
         for param in self.params:
             param.use_unsharded()
         self.sharded_state = ShardedState.UNSHARDED
         self._trace_placements(sharded_to_unsharded=True)
 
+    @_outside_functorch
     def reshard(self, keep_post_forward_shard: bool = False) -> None:
         """Free the unsharded parameters; with ``keep_post_forward_shard`` (reshard_after_forward=k) keep the
         rows of the gathered buffer that this rank contributes when its group of k ranks gathers in backward."""
@@ -234,7 +253,7 @@ class ParamGroup:
         if keep_post_forward_shard and self.post_forward_group is not None:
             self.post_forward_shard = self._post_forward_rows()
         for param in self.params:
-            if self.owns_unsharded_storage:
+            if self.owns_unsharded_storage or param.extension is not None:
                 param.free_unsharded()
             param.use_sharded()
         self.sharded_state = ShardedState.SHARDED
@@ -243,6 +262,11 @@ class ParamGroup:
     def _post_forward_rows(self) -> torch.Tensor:
         """Rows [s*m, (s+1)*m) of the [shard_size, total] all-gather buffer (s: this rank's place among its k
         ranks, m = shard_size / k): the k ranks' rows gathered in their order are the whole buffer again."""
+        if any(param.extension is not None for param in self.params):
+            raise NotImplementedError(
+                f"{self.name}: reshard_after_forward={self.post_forward_group.size} (an int) with parameters that use "
+                "the all-gather extension (fsdp_pre_all_gather); torch FSDP2 does not support it either: use True/False"
+            )
         group = self.post_forward_group
         rows = self.shard_size // group.size
         first = group.index * rows
@@ -324,7 +348,7 @@ class ParamGroup:
             self.name,
             self.unsharded_group,
             self.dp_size,
-            self.gradient_divide_factor,
+            divide_factors(self.reduce_dtype, self.gradient_divide_factor)[1],
             self.orig_dtype,
             self.requires_all_reduce,
             self.reduce_unused_params,
@@ -389,6 +413,9 @@ class ParamGroup:
             offset = offsets[key]
             param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset : offset + param.padded_numel])
             del grad
+        before, _ = divide_factors(self.reduce_dtype, self.gradient_divide_factor)
+        if before != 1:
+            reduce_in.div_(before)
         if self.shard_size == 1:
             return reduce_in.view(-1), None
         reduced = torch.empty(total, dtype=self.reduce_dtype, device=self.device)

@@ -98,7 +98,7 @@ class ReductionTarget:
     name: str
     unsharded_group: GroupInfo
     dp_size: int
-    divide_factor: float
+    divide_factor: float  # what is left to divide after the collectives (``divide_factors``)
     orig_dtype: torch.dtype
     requires_all_reduce: bool
     reduce_unused: bool
@@ -160,6 +160,18 @@ class GradientReduction:
         self.stage = ReductionStage.DONE
 
 
+def divide_factors(reduce_dtype: torch.dtype, factor: float) -> tuple[float, float]:
+    """The gradient divisions before and after the collectives, as FSDP2 makes them: in fp32 and bf16 all of
+    ``factor`` after; in other dtypes (fp16) about sqrt(factor) before and the rest after, so that neither the
+    sum over ranks overflows nor the divided gradients underflow."""
+    if reduce_dtype in (torch.float32, torch.bfloat16):
+        return 1.0, factor
+    before = 1
+    while factor % before == 0 and factor / before > before:
+        before *= 2
+    return float(before), factor / before
+
+
 def write_grads(target: ReductionTarget, contribution: Contribution) -> None:
     """Sum partial model-parallel gradients, divide, and add each parameter's piece to its ``.grad``."""
     reduced, offsets = contribution.reduced, contribution.offsets
@@ -178,10 +190,13 @@ def write_grads(target: ReductionTarget, contribution: Contribution) -> None:
                 )
             continue  # no rank used it: None, as one process leaves it
         grad = param.sharded_grad(piece)
-        if param.sharded_param.grad is None:
-            param.sharded_param.grad = grad
+        sharded = param.sharded_param
+        if sharded.grad is None:
+            sharded.grad = grad
         else:
-            param.sharded_param.grad += grad
+            sharded.grad += grad
+        for hook in (getattr(sharded, "_post_accumulate_grad_hooks", None) or {}).values():
+            hook(sharded)  # register_post_accumulate_grad_hook (an optimizer step in backward), as FSDP2 runs them
 
 
 def reduce_partial_grads(

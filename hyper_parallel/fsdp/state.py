@@ -23,19 +23,24 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 from torch.autograd import Variable
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from hyper_parallel import trace
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
 from hyper_parallel.fsdp.step import BackwardProgress, TrainingState, check_transition
+from hyper_parallel.fsdp.unit_io import cast_floating, hook_inputs, hook_outputs
 
 
 def _not_traced(hook):
-    """``torch.compiler.disable`` for a hook, decided when it is called (as FSDP2's ``_dynamo_disable``):
-    under ``torch.compile`` dynamo traces this wrapper, sees ``is_compiling()`` and runs the hook outside
-    the graph; in eager mode the hook is called directly. Decorating with ``torch.compiler.disable``
-    itself imports dynamo and inductor when this module is imported: 0.45 s of every rank's start."""
+    """Keep ``torch.compile`` out of a hook, in both ways a hook meets it, without importing dynamo (0.45 s of
+    every rank's start):
+
+    * called as a frame of its own (a block compiled with ``block.compile(fullgraph=True)`` before fully_shard,
+      torchtitan's ``apply_compile``: the eager ``_call_impl`` runs the hooks around the compiled forward): the
+      wrapper's code is marked to run, with all it calls, untraced, as FSDP2's hooks are in torch's own files;
+    * inlined into a frame dynamo traces (a whole model under ``torch.compile``): it sees ``is_compiling()`` and
+      runs the hook outside the graph (FSDP2's ``_dynamo_disable``)."""
 
     @functools.wraps(hook)
     def wrapper(*args, **kwargs):
@@ -43,26 +48,12 @@ def _not_traced(hook):
             return torch._dynamo.disable(hook, recursive=True, reason="fully_shard hooks")(*args, **kwargs)
         return hook(*args, **kwargs)
 
+    set_code_exec_strategy(wrapper.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
     return wrapper
 
 
 IDLE, FORWARD = TrainingState.IDLE, TrainingState.FORWARD
 PRE_BACKWARD, POST_BACKWARD = TrainingState.PRE_BACKWARD, TrainingState.POST_BACKWARD
-
-
-class RunAfterInputGradients(torch.autograd.Function):
-    """Identity on the unit's forward inputs; its backward runs once their gradients are computed,
-    i.e. once backward is done with every weight of the unit, frozen ones included."""
-
-    @staticmethod
-    def forward(ctx, state: FullyShardState, *inputs: torch.Tensor):
-        ctx.state = state
-        return inputs
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor):
-        ctx.state._after_input_gradients()
-        return (None, *grads)
 
 
 def overlap_default() -> bool:
@@ -180,16 +171,19 @@ class FullyShardState:
 
     @_not_traced
     def _pre_forward(self, module: nn.Module, args, kwargs):
-        if self.training_state is PRE_BACKWARD:
-            return args, kwargs  # recomputation inside backward: the parameters are already unsharded
+        if self.training_state is PRE_BACKWARD:  # recomputed inside backward (activation checkpointing)
+            for group in self.groups:
+                group.unshard(for_backward=True)  # no-op unless a nested unit resharded them meanwhile
+            return self._cast_inputs(args, kwargs)
+        first_in_pass = self.training_state is not FORWARD  # of a unit's modules, the first to run this pass
         self._lazy_init()
         context = self.context
         with trace.outside_compute(start_after=True if self.is_root else None):
-            if self.is_root:
-                if context.callback_queued:  # the previous backward raised before its end: recover first
-                    self.reset_iteration()
-                trace.set_phase("forward")
-            if self.training_state is not FORWARD:
+            if first_in_pass:
+                if self.is_root:
+                    if context.callback_queued:  # the previous backward raised before its end: recover first
+                        self.reset_iteration()
+                    trace.set_phase("forward")
                 for group in self.groups:
                     for param in group.params:  # trainable or frozen as the user set it since the last step
                         param.sync_requires_grad()
@@ -199,49 +193,51 @@ class FullyShardState:
             self._outer_module_label = trace.set_module(self.name)
             for group in self.groups:
                 group.unshard()
-            for state in self._forward_targets():
-                state.prefetch()
-        policy = self.settings.mp_policy
-        if policy.param_dtype is not None and policy.cast_forward_inputs:
-            cast = lambda t: t.to(policy.param_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-            args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
-        if torch.is_grad_enabled():
-            args, kwargs = self._hook_input_gradients(args, kwargs)
+            if first_in_pass:
+                for state in self._forward_targets():
+                    state.prefetch()
+        args, kwargs = self._cast_inputs(args, kwargs)
+        if first_in_pass and torch.is_grad_enabled():  # one unit pass, one backward to wait for (FSDP2)
+            args, kwargs, hooked = hook_inputs(self, args, kwargs)
+            self.progress.inputs_pending += hooked
         return args, kwargs
 
-    def _hook_input_gradients(self, args, kwargs):
-        flat, spec = tree_flatten((args, kwargs))
-        positions = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if positions:
-            self.progress.inputs_pending += 1
-            hooked = RunAfterInputGradients.apply(self, *(flat[i] for i in positions))
-            for position, tensor in zip(positions, hooked):
-                flat[position] = tensor
-        return tree_unflatten(flat, spec)
+    def _cast_inputs(self, args, kwargs):
+        policy = self.settings.mp_policy
+        if policy.param_dtype is None or not policy.cast_forward_inputs:
+            return args, kwargs
+        return cast_floating(args, policy.param_dtype), cast_floating(kwargs, policy.param_dtype)
 
     @_not_traced
     def _post_forward(self, module: nn.Module, args, output):
         if self.training_state is PRE_BACKWARD:
-            return output
-        training = torch.is_grad_enabled()
+            return cast_floating(output, self.settings.mp_policy.output_dtype)
         with trace.outside_compute():
             trace.set_module(self._outer_module_label)
             self.progress.modules_run.add(id(module))
-            if len(self.progress.modules_run) == len(self.modules):
-                self._record_order(self.context.post_forward_order)
-                if not training or self.reshards_after_forward:
-                    for group in self.groups:
-                        group.reshard(keep_post_forward_shard=training)
-                self._transition(IDLE, FORWARD)
-        output_dtype = self.settings.mp_policy.output_dtype
-        if output_dtype is not None:
-            output = tree_map(
-                lambda t: t.to(output_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, output
-            )
-        if training:
-            for tensor in tree_flatten(output)[0]:
-                if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-                    tensor.register_hook(self._pre_backward)
+            complete = len(self.progress.modules_run) == len(self.modules)
+            if complete:  # a unit of several modules ends its pass with the last of them
+                output = self._end_forward(output)
+                if self.is_root:
+                    output = self._end_partial_passes(output)
+        return cast_floating(output, self.settings.mp_policy.output_dtype)
+
+    def _end_forward(self, output):
+        """Reshard (unless reshard_after_forward says otherwise) and hook the outputs for backward."""
+        training = torch.is_grad_enabled()
+        self._record_order(self.context.post_forward_order)
+        if not training or self.reshards_after_forward:
+            for group in self.groups:
+                group.reshard(keep_post_forward_shard=training)
+        self._transition(IDLE, FORWARD)
+        return hook_outputs(self, output) if training else output
+
+    def _end_partial_passes(self, output):
+        """At the end of the root's forward, end the pass of every unit only some of whose modules ran (a chunked
+        loss skips the head of fully_shard([norm, head])): its outputs are those of the root, as in FSDP2."""
+        for state in reversed(self.context.states):
+            if state is not self and state.training_state is FORWARD and state.progress.modules_run:
+                output = cast_floating(state._end_forward(output), state.settings.mp_policy.output_dtype)
         return output
 
     # ----- prefetch: at most one unit gathered ahead -----
@@ -289,11 +285,7 @@ class FullyShardState:
             return grad
         self._transition(PRE_BACKWARD, IDLE, FORWARD)
         with trace.outside_compute():
-            context = self.context
-            if not context.callback_queued:  # from any unit: the loss may not use the root's output
-                context.callback_queued = True
-                trace.set_phase("backward")
-                Variable._execution_engine.queue_callback(context.root._end_of_backward)
+            self._queue_end_of_backward()
             trace.set_module(self.name)
             for group in self.groups:
                 group.unshard(for_backward=True)
@@ -304,9 +296,18 @@ class FullyShardState:
     def _after_input_gradients(self) -> None:
         """Backward reached the inputs of one forward call; once it reached those of every call, backward is
         done with this unit: reduce its gradients, then reshard."""
+        self._queue_end_of_backward()  # a backward through a unit's module called on its own reaches no output hook
         if self.progress.input_gradients_done() and self.training_state is not POST_BACKWARD:
             with trace.outside_compute():
                 self._backward_done()
+
+    def _queue_end_of_backward(self) -> None:
+        """Once per backward, from whichever unit it reaches first: the loss may not use the root's output."""
+        context = self.context
+        if not context.callback_queued:
+            context.callback_queued = True
+            trace.set_phase("backward")
+            Variable._execution_engine.queue_callback(context.root._end_of_backward)
 
     def _backward_done(self, backward_ran: bool = True) -> None:
         """Start this unit's gradient reduction and reshard. With overlap, the reductions already in flight

@@ -4,8 +4,12 @@ torch's pipelining schedules turn gradient sync off for every microbatch's backw
 step, look up the stage's FSDP2 state with ``torch.distributed.fsdp.fully_shard.state(module)`` and call
 ``post_backward()`` on each of its parameter groups and ``_root_post_backward_final_callback()`` (stage.py,
 ``perform_reduce_grad``). ``register_with_torch`` files a small view of our state under that key, so the
-schedules reduce our gradients once per step, as they do FSDP2's. Anything else torch might ask of the view
-is an AttributeError with a message, not a wrong answer.
+schedules reduce our gradients once per step, as they do FSDP2's. ``FSDPModule._get_fsdp_state()`` returns
+the same view, which is what torch's public helpers use: ``register_fsdp_forward_method`` runs a method
+between the unit's forward hooks (``_pre_forward`` / ``_post_forward``), ``share_comm_ctx`` hands the units
+one communication context (``_comm_ctx``; collectives here run on the default stream, so there is nothing
+else to share). Anything else torch might ask of the view is an AttributeError with a message, not a wrong
+answer.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class _GroupView:
 
     def __init__(self, state: FullyShardState) -> None:
         self._state = state
+        self.comm_ctx = None  # set by share_comm_ctx
 
     def post_backward(self) -> None:
         state = self._state
@@ -43,12 +48,17 @@ class _ContextView:
     def all_states(self) -> list[TorchStateView]:
         """The units under the module this view was asked for (the pipeline stage's model chunk)."""
         module = self._root._state.modules[0]
-        states = []
+        views = []
         for each in module.modules():
-            state = getattr(each, "_hp_state", None)
-            if state is not None and all(view._state is not state for view in states):
-                states.append(TorchStateView(state))
-        return states
+            view = getattr(each, "_hp_torch_view", None)
+            if view is not None and all(view is not other for other in views):
+                views.append(view)
+        return views
+
+
+class CommContext:
+    """What ``share_comm_ctx`` hands every unit: FSDP2 shares its CUDA streams; collectives here are issued on
+    the current stream, so units share them already and the context carries nothing."""
 
 
 class TorchStateView:
@@ -58,6 +68,16 @@ class TorchStateView:
         self._state = state
         self._fsdp_param_groups = [_GroupView(state)] if state.groups else []
         self._state_ctx = _ContextView(self)
+        self._comm_ctx = CommContext()
+
+    def _pre_forward(self, module: nn.Module, args, kwargs):
+        return self._state._pre_forward(module, args, kwargs)
+
+    def _post_forward(self, module: nn.Module, args, output):
+        return self._state._post_forward(module, args, output)
+
+    def _lazy_init(self) -> None:
+        self._state._lazy_init()
 
     def _root_post_backward_final_callback(self) -> None:
         """Land the reductions in flight, reshard and reset, as at the end of an ordinary backward."""
@@ -72,8 +92,10 @@ class TorchStateView:
         )
 
 
-def register_with_torch(module: nn.Module, state: FullyShardState) -> None:
-    """File the view where ``torch.distributed.fsdp.fully_shard.state(module)`` looks."""
+def register_with_torch(module: nn.Module, view: TorchStateView) -> None:
+    """File ``view`` (one per unit) where ``torch.distributed.fsdp.fully_shard.state(module)`` and
+    ``FSDPModule._get_fsdp_state()`` look."""
+    module._hp_torch_view = view
     key = getattr(torch_fully_shard, "__wrapped__", None)
     if key is not None:
-        module.__dict__.setdefault(STATE_KEY, {})[key] = TorchStateView(state)
+        module.__dict__.setdefault(STATE_KEY, {})[key] = view

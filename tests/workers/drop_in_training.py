@@ -172,3 +172,56 @@ def fsdp_only(mesh: DeviceMesh, **kwargs) -> dict[str, Callable]:
 
 def world_mesh() -> DeviceMesh:
     return init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=(MeshDim.FSDP,))
+
+
+SHARDERS: dict[str, Callable] = {"torch": torch_fully_shard, "ours": our_fully_shard}
+
+
+def as_list(value) -> list[torch.Tensor]:
+    """A recorded quantity (a tensor, a DTensor or a list of them) as full tensors."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [full(v).detach() for v in values]
+
+
+def side_by_side(run: Callable[[Callable], dict]) -> dict:
+    """``run(fully_shard)`` once with torch's and once with ours (each seeding its own model); per recorded
+    quantity the largest |ours - torch| (inf when the shapes differ), and everything ours recorded that is not a
+    tensor under ``facts`` beside what torch's run recorded under ``torch_facts``."""
+    runs = {name: run(shard) for name, shard in SHARDERS.items()}
+    diffs, facts = {}, {}
+    for key, value in runs["ours"].items():
+        if not isinstance(value, (torch.Tensor, list, tuple)) or (
+            isinstance(value, (list, tuple)) and value and not isinstance(value[0], torch.Tensor)
+        ):
+            facts[key] = value
+            continue
+        ours, theirs = as_list(value), as_list(runs["torch"][key])
+        if len(ours) != len(theirs) or any(a.shape != b.shape for a, b in zip(ours, theirs)):
+            diffs[key] = float("inf")
+        else:
+            diffs[key] = max(
+                (float((a.double() - b.double()).abs().max()) for a, b in zip(ours, theirs) if a.numel()), default=0.0
+            )
+    torch_facts = {key: value for key, value in runs["torch"].items() if key in facts}
+    return {"torch": diffs, "facts": facts, "torch_facts": torch_facts}
+
+
+def train_steps(model: nn.Module, inputs: list[torch.Tensor], loss_fn=lambda out: out.float().sum()) -> dict:
+    """One Adam step per input; the losses (summed over ranks), the last gradients and the parameters."""
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for inp in inputs:
+        loss = loss_fn(model(inp))
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        optim.step()
+        optim.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(total)
+    return {"losses": losses, "grads": grads, "params": list(model.parameters())}
+
+
+def random_inputs(shape: tuple[int, ...], dtype=torch.float32) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(100 + dist.get_rank())
+    return [torch.randn(shape, generator=generator).to(dtype) for _ in range(STEPS)]
