@@ -71,24 +71,29 @@ def release(buffer: torch.Tensor) -> None:
 
 
 class PendingCollective:
-    """A collective issued with ``async_op``: ``wait()`` blocks until it completed and records its trace
-    event (issue to wait's return). On NCCL the work runs on its own stream and ``wait()`` orders the
-    current stream after it; on gloo it runs on gloo's thread."""
+    """A collective issued with ``async_op`` (or a batch of point-to-point ops): ``wait()`` blocks until
+    it completed and records its trace events (issue to wait's return). On NCCL the work runs on its own
+    stream and ``wait()`` orders the current stream after it; on gloo it runs on gloo's threads.
 
-    def __init__(self, work, completed) -> None:
-        self._work, self._completed = work, completed
+    ``works``: the works to wait for (a batch of P2P ops: one per op on gloo, one for the batch on NCCL);
+    ``completed``: the trace callbacks (``trace.issued``) to call once all of them are done."""
+
+    def __init__(self, works: list, completed: list) -> None:
+        self._works = list(works)
+        self._completed = [callback for callback in completed if callback is not None]  # None: nothing records
 
     def wait(self) -> None:
-        if self._work is None:
+        if not self._works:
             return
         recorder = trace.current()
         t_wait = recorder.now() if recorder is not None else 0.0
-        done_before_wait = bool(self._work.is_completed())
+        done_before_wait = all(bool(work.is_completed()) for work in self._works)
         with trace.outside_compute():
-            self._work.wait()
-        if self._completed is not None:
-            self._completed(t_wait, done_before_wait)
-        self._work = None
+            for work in self._works:
+                work.wait()
+        for completed in self._completed:
+            completed(t_wait, done_before_wait)
+        self._works = []
 
 
 def _issue(
@@ -102,7 +107,7 @@ def _issue(
     completed = trace.issued(op, info.name, info.ranks, nbytes, dtype, module)
     with trace.outside_compute():
         work = call(True)
-    return PendingCollective(work, completed)
+    return PendingCollective([work], [completed])
 
 
 def all_gather_into_tensor(
@@ -111,7 +116,7 @@ def all_gather_into_tensor(
     """``output`` (size x shard, contiguous) <- every rank's ``shard`` in rank order of the group."""
     if info.size == 1:
         output.copy_(shard.reshape(output.shape))
-        return PendingCollective(None, None) if async_op else None
+        return PendingCollective([], []) if async_op else None
     return _issue(
         "all_gather",
         info,
@@ -129,7 +134,7 @@ def reduce_scatter_tensor(
     """``output`` <- this rank's 1/size of the sum of every rank's ``full``."""
     if info.size == 1:
         output.copy_(full.reshape(output.shape))
-        return PendingCollective(None, None) if async_op else None
+        return PendingCollective([], []) if async_op else None
     return _issue(
         "reduce_scatter",
         info,
@@ -148,7 +153,7 @@ def all_reduce(
 ) -> torch.Tensor | PendingCollective:
     """In-place sum over the group; with ``async_op`` the pending collective instead of the tensor."""
     if info.size == 1:
-        return PendingCollective(None, None) if async_op else tensor
+        return PendingCollective([], []) if async_op else tensor
     pending = _issue(
         "all_reduce",
         info,
@@ -178,6 +183,37 @@ def all_to_all_single(
             output, tensor, output_split_sizes=output_splits, input_split_sizes=input_splits, group=info.group
         )
     return output
+
+
+def ring_exchange(
+    send: torch.Tensor, recv: torch.Tensor, info: GroupInfo, direction: int, module: str | None = None, tag: int = 0
+) -> PendingCollective:
+    """One step of a ring, asynchronous: ``send`` to the group's rank ``index + direction`` and ``recv``
+    from rank ``index - direction`` (indices mod the group size), posted together as one batch of P2P
+    ops (``batch_isend_irecv``: NCCL runs it as one group, gloo as an isend and an irecv). Returns at
+    once; ``wait()`` blocks until both are done and records a ``send`` and a ``recv`` event on the group
+    (bytes: what this rank sends / receives; ``peer``: the other rank; issue to wait's return).
+
+    Every rank of the group must call it with the same ``direction`` and ``tag`` (the tag keeps two
+    exchanges in flight to the same peer apart on gloo; NCCL matches them in the order posted)."""
+    if info.size == 1:
+        raise ValueError(f"a ring needs at least 2 ranks; group {info.name} has 1 (exchange with yourself: copy)")
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 (to the next rank) or -1 (to the previous), got {direction!r}")
+    index = info.index
+    to, source = info.ranks[(index + direction) % info.size], info.ranks[(index - direction) % info.size]
+    me = info.ranks[index]
+    completed = [
+        trace.issued(op, info.name, sorted({me, peer}), _nbytes(tensor), tensor.dtype, module, peer=peer)
+        for op, peer, tensor in (("send", to, send), ("recv", source, recv))
+    ]
+    ops = [
+        dist.P2POp(dist.isend, send, to, group=info.group, tag=tag),
+        dist.P2POp(dist.irecv, recv, source, group=info.group, tag=tag),
+    ]
+    with trace.outside_compute():
+        works = dist.batch_isend_irecv(ops)
+    return PendingCollective(works, completed)
 
 
 def broadcast(tensor: torch.Tensor, info: GroupInfo, src_index: int = 0, module: str | None = None) -> torch.Tensor:

@@ -175,14 +175,16 @@ def collective(
 
 
 def issued(
-    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None
+    op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None, **extra
 ) -> Callable[[float, bool], None] | None:
-    """For a collective issued asynchronously now: take its labels and issue time; the returned function,
-    called once it has been waited for with (wait-call time, completed before the wait?), records it.
+    """For a collective (or a send / receive) issued asynchronously now: take its labels and issue time;
+    the returned function, called once it has been waited for with (wait-call time, completed before the
+    wait?), records it.
 
     ``t_start`` is the issue, ``t_end`` the moment ``wait()`` returned (gloo's work objects tell no
     completion time of their own), ``t_wait`` when the wait was called: a collective that had
-    completed by then (``done_before_wait``) was hidden behind compute entirely.
+    completed by then (``done_before_wait``) was hidden behind compute entirely. ``extra`` fields (a
+    send's ``peer``) are added to the event.
     """
     recorder = _current.get()
     if recorder is None:
@@ -204,6 +206,7 @@ def issued(
             asynchronous=True,
             t_wait=t_wait,
             done_before_wait=done_before_wait,
+            **extra,
         )
 
     return completed

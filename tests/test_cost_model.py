@@ -160,17 +160,18 @@ def test_sequence_schemes_figure_shows_traced_bytes_equal_to_the_model(recipe_re
     runs = {
         r: (result_of(r, CP4, recipe_results).traces, result_of(r, CP4, recipe_results).metrics) for r in SCHEME_RUNS
     }
-    by_hand = {"A-CP": 32768, "M5-R": 24576, "M5-U": 16384}  # per layer, forward = backward
+    by_hand = {"A-CP": (32768, 32768), "M5-R": (24576, 40960), "M5-U": (16384, 16384)}  # per layer (forward, backward)
     for recipe, (traces, _) in runs.items():
-        assert sequence_traffic(traces, 1) == {"forward": 2 * by_hand[recipe], "backward": 2 * by_hand[recipe]}
+        forward, backward = by_hand[recipe]
+        assert sequence_traffic(traces, 1) == {"forward": 2 * forward, "backward": 2 * backward}
     fig = sequence_schemes(runs, step=1)
     ax = next(a for a in fig.axes if a.get_label() == "per_layer")
     bars = [p.get_height() for p in ax.patches if p.get_gid() == "measured"]
     ticks = [line.get_ydata()[0] for line in ax.get_lines() if line.get_gid() == "model"]
-    expected = [by_hand[r] for r in SCHEME_RUNS for _ in ("forward", "backward")]
+    expected = [b for r in SCHEME_RUNS for b in by_hand[r]]
     assert bars == expected and ticks == expected
     sent = [p.get_height() for p in ax.patches if p.get_gid() == "sent"]
-    assert sent == [49152, 49152, 24576]
+    assert sent == [49152, 65536, 24576]
 
 
 # ------------------------------------------------------------------ no workers
@@ -182,7 +183,8 @@ def test_sequence_scheme_bytes_per_layer_by_hand():
     4 KiB at cp 4.
     all_gather: forward AG of K and V of the whole sequence, 2 K cp; backward RS the same; sent
                 (cp-1)/cp of each: 4 K (cp-1).
-    ring:       cp-1 shifts of 2 K in each phase, each sent whole: 2 K (cp-1) per phase, 4 K (cp-1) sent.
+    ring:       forward cp-1 K/V blocks of 2 K sent whole; backward cp-2 K/V blocks and cp-1 dK/dV blocks
+                (float32: 2 K too): 2 K (cp-1) forward, 2 K (2 cp - 3) backward, all of it sent.
     ulysses:    q/k/v (3 K) and the output (K) all-to-all'd in each phase: 4 K per phase, 8 K (cp-1)/cp sent.
     """
     from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
@@ -192,7 +194,7 @@ def test_sequence_scheme_bytes_per_layer_by_hand():
         ("all_gather", 2): (32768, 32768, 32768),
         ("all_gather", 4): (32768, 32768, 49152),
         ("ring", 2): (16384, 16384, 32768),
-        ("ring", 4): (24576, 24576, 49152),
+        ("ring", 4): (24576, 40960, 65536),
         ("ulysses", 2): (32768, 32768, 32768),
         ("ulysses", 4): (16384, 16384, 24576),
     }

@@ -53,7 +53,8 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     sequence shard) or all-gathers its input (etp=tp: the output is cut back to the shard without
     communication; in backward that cut becomes an all-gather and the input gather a local cut).
     CP: one K/V all-gather per attention in forward, one reduce-scatter in backward (M5, M6); ring
-    (M5-R): cp-1 all-to-all shifts of the K/V block per attention in forward and again in backward;
+    (M5-R): per attention cp-1 K/V blocks sent to the next rank and received from the previous one in
+    forward, cp-2 K/V blocks and cp-1 dK/dV blocks each way in backward (the ring retraced);
     Ulysses (M5-U, M6-U): per attention one all-to-all of the stacked q/k/v and one of the output in
     forward, the same two in backward (no GQA here).
     EP per MoE layer (all-to-all dispatch): forward counts + dispatch + combine all-to-alls, backward
@@ -101,8 +102,9 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("all_gather", "tp", "forward")] = 1
         expected[("all_reduce", "tp", "backward")] = 2 * LAYERS + 1
     if cp > 1 and workload == "transformer:fsdp_transformer_ring":
-        expected[("all_to_all", "cp", "forward")] = (cp - 1) * LAYERS
-        expected[("all_to_all", "cp", "backward")] = (cp - 1) * LAYERS
+        for op in ("send", "recv"):
+            expected[(op, "cp", "forward")] = (cp - 1) * LAYERS
+            expected[(op, "cp", "backward")] = (2 * cp - 3) * LAYERS
     elif cp > 1 and workload == "transformer:fsdp_transformer_ulysses":
         expected[("all_to_all", "cp", "forward")] = 2 * LAYERS
         expected[("all_to_all", "cp", "backward")] = 2 * LAYERS
@@ -261,3 +263,16 @@ def test_ulysses_head_rule(recipe, degrees, message):
     assert str(error.value).startswith(message)
     assert "valid cp for" in str(error.value)
     RECIPES[recipe.replace("-U", "")].validate(**degrees)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("degrees", [{"world_size": 2, "cp": 2, "dp_shard": 1}, {"world_size": 4, "cp": 4}])
+def test_ring_keeps_fewer_activations_than_the_all_gather(degrees, recipe_results):
+    """Measured on the runs (rank 0, bytes autograd saves for backward, recipes.activation_memory): the
+    ring keeps its own K/V, one more block and a log-sum-exp per query where the all-gather keeps the
+    whole sequence's K/V and every probability, so M5-R holds less than the all-gather CP on one mesh
+    (tests/test_cp_attention.py has the per-call bytes by hand)."""
+    ring = result_of("M5-R", degrees, recipe_results)
+    gather = result_of("M5" if degrees["cp"] == 2 else "A-CP", degrees, recipe_results)
+    assert ring.ok and gather.ok, (ring.error, gather.error)
+    assert ring.metrics["saved_activation_bytes"] < gather.metrics["saved_activation_bytes"]

@@ -23,8 +23,10 @@ Sequence schemes over cp, per layer, with Q = B * s * (n_heads / tp) * head_dim 
 and K = B * s * kv_heads_per_tp_rank * head_dim * a (its keys; values the same):
     all_gather  forward one all_gather of the stacked K/V, 2 K * cp (the whole sequence's K and V);
                 backward one reduce_scatter of the same size
-    ring        cp - 1 all_to_all shifts of this rank's stacked K/V block, 2 K each, in forward and again
-                in backward (each shift sends its whole buffer to one peer)
+    ring        forward: cp - 1 sends of this rank's stacked K/V block in hand to the next rank, 2 K each,
+                and as many receives; backward retraces the ring: cp - 2 K/V blocks (the owner's own is
+                kept) and cp - 1 dK/dV blocks (2 K at float32 or wider: the gradients accumulate in
+                float32), each sent to the previous rank and received from the next
     ulysses     forward one all_to_all of stacked q/k/v, Q + 2 K (GQA: two, Q and 2 K), and one of the
                 attention output, Q; backward the same all_to_alls in reverse
 EP, per MoE layer with T tokens per rank entering the MoE (B * s / tp under SP with etp == 1, else B * s)
@@ -268,7 +270,10 @@ def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> 
     if scheme == "all_gather":
         calls = [("all_gather", "forward", 2 * k * cp), ("reduce_scatter", "backward", 2 * k * cp)]
     elif scheme == "ring":
-        calls = [("all_to_all", phase, 2 * k) for phase in ("forward", "backward") for _ in range(cp - 1)]
+        a = config.precision.compute
+        grads = 2 * k * max(a, 4) // a
+        blocks = [("forward", 2 * k)] * (cp - 1) + [("backward", 2 * k)] * (cp - 2) + [("backward", grads)] * (cp - 1)
+        calls = [(op, phase, b) for phase, b in blocks for op in ("send", "recv")]
     else:
         inputs = [q + 2 * k] if q == k else [q, 2 * k]
         calls = [("all_to_all", phase, b) for phase in ("forward", "backward") for b in (*inputs, q)]
@@ -277,14 +282,16 @@ def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> 
 
 def sequence_bytes_per_layer(config: ModelConfig, dims: ParallelDims, rows: int) -> dict[str, float]:
     """One layer's sequence-scheme traffic on one rank: ``forward`` and ``backward`` full buffers (the
-    trace convention) and ``sent``, the bytes the rank puts on the wire in both phases (ring shifts
-    send their whole block to one peer; all-gather, reduce-scatter and even all-to-alls (n-1)/n)."""
+    trace convention; a ring's sends, what it receives being its neighbour's sends) and ``sent``, the
+    bytes the rank puts on the wire in both phases (a ring's sends whole; all-gather, reduce-scatter and
+    even all-to-alls (n-1)/n)."""
     result = {"forward": 0.0, "backward": 0.0, "sent": 0.0}
     for c in sequence_collectives(config, dims, rows):
+        if c.op == "recv":
+            continue
         per_layer = c.bytes / config.n_layers
         result[c.phase] += per_layer
-        ring = config.sequence_scheme == "ring"
-        result["sent"] += per_layer * (1.0 if ring else wire_factor(c.op, c.group_size))
+        result["sent"] += per_layer * wire_factor(c.op, c.group_size)
     return result
 
 

@@ -34,7 +34,8 @@ import torch
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.parallel.cp import attend, checked_positions
+from hyper_parallel.parallel.attention_blocks import attend
+from hyper_parallel.parallel.sequence_layout import checked_positions
 
 
 def _all_to_all(send: torch.Tensor, info: GroupInfo) -> torch.Tensor:

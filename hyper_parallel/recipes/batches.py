@@ -27,6 +27,6 @@ def sequence_positions(seq_len: int, dims: ParallelDims) -> torch.Tensor:
     """Global positions of the tokens this rank holds: all of them, or its load-balanced CP chunks."""
     if dims.cp == 1:
         return torch.arange(seq_len)
-    from hyper_parallel.parallel.cp import load_balanced_positions
+    from hyper_parallel.parallel.sequence_layout import load_balanced_positions
 
     return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())[MeshDim.CP])

@@ -112,7 +112,7 @@ def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int, options: R
 
 
 def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
-    """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring (cp-1 shifts each way)."""
+    """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring with overlap (parallel/ring.py)."""
     return transformer_workload(
         dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ring"
     )
