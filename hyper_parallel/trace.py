@@ -99,19 +99,22 @@ def set_step(step: int) -> None:
 
 
 @contextlib.contextmanager
-def span(kind: str, **fields: Any) -> Iterator[None]:
+def span(kind: str, **fields: Any) -> Iterator[dict[str, Any]]:
     """One timed event of ``kind`` around the block, e.g. a pipeline stage's forward of a microbatch.
 
-    Recorded when the block ends without an exception; ``fields`` are written as given, then the step
-    and the block's start and end."""
+    Recorded when the block ends without an exception; ``fields`` are written as given, then those the
+    block put in the dict it is given (what is known only at its end), the step and the block's start
+    and end."""
     recorder = _current.get()
     start = time.time()
-    yield
+    late: dict[str, Any] = {}
+    yield late
     if recorder is not None:
         recorder.events.append(
             {
                 "kind": kind,
                 **fields,
+                **late,
                 "step": recorder.step,
                 "t_start": start - recorder.epoch,
                 "t_end": time.time() - recorder.epoch,

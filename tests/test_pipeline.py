@@ -191,3 +191,26 @@ def test_fsdp_reduces_once_per_step_not_per_microbatch(recipe_results):
             if event.get("kind") == "collective" and event["op"] == "reduce_scatter":
                 per_step[event["step"]] = per_step.get(event["step"], 0) + 1
         assert per_step and set(per_step.values()) == {3}, (rank, per_step)
+
+
+LAYER_BYTES = 4 * (4 * 32 * 32 + 2 * 32 * 64 + 2 * 32)
+"""One layer's parameters, float32: wq, wk, wv, wo (d x d, d = 32), w1 and w2 (d x hidden, hidden = 64), two
+norms (d): 33,024 B. The embedding and the head are vocab x d = 64 x 32: 8,192 B each; the final norm 128 B."""
+STAGE_BYTES = {0: 8192 + 2 * LAYER_BYTES, 1: 2 * LAYER_BYTES + 128 + 8192}  # P1's stages: 74,240 and 74,368 B
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("recipe", ["P1", "P1-G"])
+def test_every_unit_stays_gathered_from_its_first_forward(recipe, recipe_results):
+    """No unit reshards after forward under PP (torchtitan's default): from the end of a stage's first
+    forward to the end of its last backward, every action leaves all of the stage's parameters gathered,
+    measured after each action (the trace's ``gathered_bytes``), against their sizes by hand. The peak is
+    what torch's schedule keeps anyway once backward starts (no reshard after backward until the step ends),
+    so resharding after forward would save memory only during the warm-up."""
+    degrees = RECIPES[recipe].default
+    result = result_of(recipe, degrees, recipe_results)
+    assert result.ok, result.error
+    for rank, events in result.traces.items():
+        stage = rank // (degrees["world_size"] // degrees["pp"])
+        held = [e["gathered_bytes"] for e in events if e.get("kind") == "pipeline" and e["step"] == 1]
+        assert held == [STAGE_BYTES[stage]] * 8, (rank, held)

@@ -136,7 +136,7 @@ MICROBATCHES = 4  # hyper_parallel.recipes.pipeline.MICROBATCHES
 PP_LAYERS = 4  # PIPELINE_CONFIG.n_layers
 
 
-def expected_pipeline_collectives(schedule: str, dims: ParallelDims) -> Counter:
+def expected_pipeline_collectives(schedule: str, dims: ParallelDims, reshard_after_forward: bool = False) -> Counter:
     """Hand-derived collectives of one step on rank 0 of a pipeline recipe (pp=2, m=4 microbatches).
 
     Rank 0 holds stage 0 (the embedding and the first layers; interleaved: stage 0 = embedding + layer 0,
@@ -145,14 +145,18 @@ def expected_pipeline_collectives(schedule: str, dims: ParallelDims) -> Counter:
     input's gradient.
     fully_shard (fsdp > 1): every stage module is a fully_shard root (an FSDPModule to torch), so the
     schedule turns gradient sync and resharding after backward off for each microbatch and reduces once
-    at the end of the step: each unit reduce-scatters once per step. Between, a layer unit is resharded
-    after every forward and kept after every backward, so it gathers in a forward that follows a forward
-    (or starts the step) and in a backward that follows a forward; a root unit gathers once, in its first
-    forward. Rank 0's orders: GPipe F0 F1 F2 F3 B0 B1 B2 B3 (a layer: 4 forward, 1 backward gathers);
-    1F1B F0 F1 B0 F2 B1 F3 B2 B3 (2 and 3); interleaved (microbatches in rounds of pp=2): stage 0 runs
-    F0-F3 before B0 (4 and 1), stage 2 (its lone layer, under a root holding nothing) F0 F1 B0 B1 F2 F3 B2
-    B3 (3 and 2); the interleaved runtime also unshards every unit before the step's first forward (its
-    UNSHARD actions, outside forward), so one gather per unit is traced outside the forward phase.
+    at the end of the step: each unit reduce-scatters once per step. No unit reshards after forward
+    (torchtitan's default under PP), so each unit that holds parameters gathers once per step, in its
+    first forward, and never in backward: rank 0 holds stage 0's root (the embedding) and its layers
+    (interleaved: stage 2's lone layer too, under a root holding nothing). The interleaved runtime
+    unshards every unit before the step's first forward (its UNSHARD actions, outside forward), so its
+    gathers are traced outside the forward phase.
+    ``reshard_after_forward=True`` (every unit but the root reshards after forward, FSDP2's default): a
+    layer unit gathers in a forward that follows a forward (or starts the step) and in a backward that
+    follows a forward; a root unit gathers once, in its first forward. Rank 0's orders: GPipe F0 F1 F2 F3
+    B0 B1 B2 B3 (a layer: 4 forward, 1 backward gathers); 1F1B F0 F1 B0 F2 B1 F3 B2 B3 (2 and 3);
+    interleaved (microbatches in rounds of pp=2): stage 0 runs F0-F3 before B0 (4 and 1), stage 2 F0 F1 B0
+    B1 F2 F3 B2 B3 (3 and 2), the runtime's UNSHARD gathering each unit's first.
     P3 adds S1's all-to-alls of the MoE layer per microbatch (efsdp = 1 on its mesh: no expert gathers).
     TP without SP on stage 0 per microbatch: forward all-reduces after the embedding and wo, w2 of each
     layer (1 + 2 L_s), backward the input gradients of attention and feed-forward (2 L_s).
@@ -177,18 +181,19 @@ def expected_pipeline_collectives(schedule: str, dims: ParallelDims) -> Counter:
             "one_f_one_b": ["F0 F1 B0 F2 B1 F3 B2 B3"],
             "interleaved": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 B0 B1 F2 F3 B2 B3"],
         }[schedule]
+        units = 1 + layers_per_stage * len(orders)  # stage 0's root and the layers of rank 0's stages
         for order in orders:  # the stages rank 0 holds; stage 0 also holds a root with parameters
             actions = order.split()
             after = list(zip(["start", *actions], actions))
             forward_gathers = sum(now[0] == "F" and before[0] != "B" for before, now in after)
             backward_gathers = sum(now[0] == "B" and before[0] == "F" for before, now in after)
+            if not reshard_after_forward:
+                forward_gathers, backward_gathers = 1, 0
             expected[("all_gather", "fsdp", "forward")] += layers_per_stage * forward_gathers
             expected[("all_gather", "fsdp", "backward")] += layers_per_stage * backward_gathers
-            expected[("reduce_scatter", "fsdp", "backward")] += layers_per_stage
         expected[("all_gather", "fsdp", "forward")] += 1  # stage 0's root (the embedding), in its first forward
-        expected[("reduce_scatter", "fsdp", "backward")] += 1
+        expected[("reduce_scatter", "fsdp", "backward")] += units
         if schedule == "interleaved":  # its runtime unshards each unit ahead of the first forward (UNSHARD)
-            units = 1 + layers_per_stage * len(orders)
             expected[("all_gather", "fsdp", "forward")] -= units
             expected[("all_gather", "fsdp", "other")] += units
     if dims.tp > 1:

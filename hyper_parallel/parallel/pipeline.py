@@ -13,12 +13,15 @@ microbatch), and the gradients accumulate in the sharded ``.grad``; the numbers 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from hyper_parallel import trace
+from hyper_parallel.fsdp.summary import gathered_bytes
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.models.transformer import Transformer
 
@@ -72,16 +75,26 @@ def _nbytes(ops: list[dist.P2POp]) -> int:
 class TracedPipelineStage(PipelineStage):
     """A PipelineStage whose schedule actions appear in the trace.
 
-    Events (besides those fully_shard records): ``{"kind": "pipeline", "action": "forward"|"backward",
-    "stage", "microbatch", "t_start", "t_end"}`` around each microbatch's computation, and one
-    ``{"kind": "collective", "op": "send"|"recv", "group": "pp", "bytes", "peer", "microbatch"}`` per P2P
-    batch this stage posts (activations forward, their gradients backward). A P2P is recorded when it
-    is posted (zero duration): the schedule waits for it later, and the wait shows as the gap before the
-    next action.
+    Events (besides those fully_shard records): ``{"kind": "pipeline", "action", "phase", "stage",
+    "microbatch", "gathered_bytes", "t_start", "t_end"}`` around each microbatch's computation, with
+    ``action`` "forward", "backward" (input and weight gradients at once), or, for the zero-bubble schedules
+    that split it, "backward_input" (B: the gradient the previous stage waits for) and "backward_weight"
+    (W: the parameters' gradients, free to fill an idle slot); ``gathered_bytes``: the parameters this
+    stage's fully_shard units hold all-gathered when the action ends. One ``{"kind": "collective", "op":
+    "send"|"recv", "group": "pp", "bytes", "peer", "microbatch"}`` per P2P batch this stage posts
+    (activations forward, their gradients backward). A P2P is recorded when it is posted (zero duration):
+    the schedule waits for it later, and the wait shows as the gap before the next action.
     """
 
-    def _action_span(self, action: str, microbatch: int):
-        return trace.span("pipeline", action=action, phase=action, stage=self.stage_index, microbatch=microbatch)
+    @contextlib.contextmanager
+    def _action(self, action: str, microbatch: int):
+        phase = "forward" if action == "forward" else "backward"
+        with (
+            trace.span("pipeline", action=action, phase=phase, stage=self.stage_index, microbatch=microbatch) as late,
+            trace.labels(phase=phase, module=f"stage{self.stage_index}"),
+        ):
+            yield
+            late["gathered_bytes"] = gathered_bytes(self.submod)
 
     def _p2p(self, op: str, phase: str, microbatch: int, ops: list[dist.P2POp]) -> list[dist.P2POp]:
         if ops:
@@ -99,20 +112,18 @@ class TracedPipelineStage(PipelineStage):
         return ops
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
-        with (
-            self._action_span("forward", fwd_chunk_id),
-            trace.labels(phase="forward", module=f"stage{self.stage_index}"),
-        ):
+        with self._action("forward", fwd_chunk_id):
             return super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
 
     def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
-        with (
-            self._action_span("backward", bwd_chunk_id),
-            trace.labels(phase="backward", module=f"stage{self.stage_index}"),
-        ):
+        with self._action("backward" if full_backward else "backward_input", bwd_chunk_id):
             return super().backward_one_chunk(
                 bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward
             )
+
+    def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
+        with self._action("backward_weight", bwd_chunk_id):
+            return super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
 
     def get_fwd_send_ops(self, fwd_chunk_id):
         return self._p2p("send", "forward", fwd_chunk_id, super().get_fwd_send_ops(fwd_chunk_id))

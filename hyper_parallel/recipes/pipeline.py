@@ -149,7 +149,13 @@ def pipeline_workload(
     fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage
     module the root (holding the embedding or the head, if any), so that torch's schedule sees an FSDPModule
     and turns gradient sync off until the step's last microbatch. ``options``: the global batch, split into
-    ``options.microbatches`` per data-parallel rank, the sequence length and (P3) the experts."""
+    ``options.microbatches`` per data-parallel rank, the sequence length and (P3) the experts.
+
+    No unit reshards after forward (torchtitan's default under PP): torch's schedule keeps every unit
+    gathered after its first backward until the step's end anyway (resharding after backward is off until
+    the last microbatch), so resharding after each forward would only re-gather the unit for the next
+    microbatch, up to twice per microbatch, and save memory only until the first backward. A run can
+    still trade the memory back with ``set_reshard_after_forward(True)`` on the units."""
     config = dataclasses.replace(config, seq_len=options.seq_len, num_experts=options.num_experts or config.num_experts)
     torch.manual_seed(seed)
     model = Transformer(config)
@@ -166,10 +172,15 @@ def pipeline_workload(
     for _, stage in stages:
         for layer in stage.layers.values():
             if dims.ep > 1 and hasattr(layer.feed_forward, "experts"):
-                experts = fully_shard(layer.feed_forward.experts, mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP])
+                experts = fully_shard(
+                    layer.feed_forward.experts,
+                    mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP],
+                    reshard_after_forward=False,
+                )
                 experts.set_gradient_divide_factor(dims.dp_cp)
-            fully_shard(layer, mesh=fsdp_mesh)
-        fully_shard(stage, mesh=fsdp_mesh)  # the stage an FSDPModule: torch's schedule reduces once per step
+            fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=False)
+        # the stage an FSDPModule: torch's schedule reduces once per step
+        fully_shard(stage, mesh=fsdp_mesh, reshard_after_forward=False)
     microbatches = options.microbatches
     tokens, targets = token_batch(config, options.global_batch, seed)
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
