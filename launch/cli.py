@@ -18,7 +18,7 @@ one-shot command gains nothing from the warm pool, which serves notebooks: docs/
 from __future__ import annotations
 
 import argparse
-import shlex
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
 from launch import inputs
-from launch.processes.multinode import multinode_command, recipe_worker
+from launch.processes.multinode import multinode_command, new_rdzv_id
 from launch.processes.run_dirs import RunDirError
 from launch.tables import print_table
 
@@ -192,7 +192,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     options = None
     if args.recipe:
-        _, dims, options = resolve_run(args.recipe, **_degrees(args), **_options(args))
+        spec = resolve_run(args.recipe, **_degrees(args), **_options(args))
+        dims, options = spec.dims, spec.options
     else:
         if args.world_size is None:
             raise ValueError("--world is required (the number of ranks)")
@@ -230,34 +231,24 @@ def _progress_bar(progress: dict) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from launch.runs import resolve_run, run
+    from launch.runs import resolve_run, run_spec
 
-    spec, dims, options = resolve_run(args.recipe, **_degrees(args), **_options(args))
-    steps = None if args.steps is None else inputs.steps(args.steps)
+    spec = resolve_run(args.recipe, steps=args.steps, seed=args.seed, out=args.out, **_degrees(args), **_options(args))
     timeout = inputs.timeout(args.timeout, "--timeout")
-    out = inputs.out_dir(args.out)
-    print(f"{spec.name}: {spec.title}\n  {dims.describe()}", flush=True)
-    _print_options(options)
+    recipe = registry.get(spec.recipe)
+    print(f"{recipe.name}: {recipe.title}\n  {spec.dims.describe()}", flush=True)
+    _print_options(spec.options)
 
     def show(rank: int, line: str) -> None:
         if not line.startswith("[progress]"):
             print(f"[rank{rank}] {line}" if rank >= 0 else line, flush=True)
 
-    result = run(
-        args.recipe,
-        steps=steps,
-        timeout=timeout,
-        out=out,
-        seed=args.seed,
-        on_line=None if args.quiet else show,
-        on_progress=_progress_bar,
-        pool=False,
-        **_degrees(args),
-        **_options(args),
+    result = run_spec(
+        spec, timeout=timeout, on_line=None if args.quiet else show, on_progress=_progress_bar, pool=False
     )
     summary = result.summary()
     print(
-        f"{'OK' if result.ok else 'FAILED'}: {spec.name} in {summary['duration']:.1f}s, "
+        f"{'OK' if result.ok else 'FAILED'}: {recipe.name} in {summary['duration']:.1f}s, "
         f"max |loss - reference| = {summary['max_abs_diff']}, max |param - reference| = {summary['max_param_diff']}"
     )
     if result.error:
@@ -288,19 +279,20 @@ def cmd_command(args: argparse.Namespace) -> int:
 
     nnodes = inputs.positive_int(args.nnodes, "--nnodes")
     per_node = inputs.positive_int(args.nproc_per_node, "--nproc-per-node")
-    spec, dims, options = resolve_run(args.recipe, **_degrees(args), **_options(args))
-    steps = spec.steps if args.steps is None else inputs.steps(args.steps)
-    if nnodes * per_node != dims.world_size:
+    spec = resolve_run(args.recipe, steps=args.steps, **_degrees(args), **_options(args))
+    if nnodes * per_node != spec.dims.world_size:
         raise ValueError(
-            f"--nnodes {nnodes} x --nproc-per-node {per_node} = {nnodes * per_node} != world_size={dims.world_size}"
+            f"--nnodes {nnodes} x --nproc-per-node {per_node} = {nnodes * per_node} != "
+            f"world_size={spec.dims.world_size}"
         )
-    worker = recipe_worker(spec.name, dims.degrees(), options.kept(), steps)
-    command = multinode_command(nnodes, per_node, _endpoint(args.rdzv_endpoint), worker)
-    rdzv_id = command.split("--rdzv-id=")[1].split()[0]
-    out = args.out or f"runs/{spec.name}-{rdzv_id.removeprefix('hyper-parallel-')}"
-    print(f"{command} --out {shlex.quote(out)}")
+    rdzv_id = new_rdzv_id()
+    # a path on the nodes, not checked here
+    spec = dataclasses.replace(
+        spec, out=Path(args.out or f"runs/{spec.recipe}-{rdzv_id.removeprefix('hyper-parallel-')}")
+    )
+    print(multinode_command(nnodes, per_node, _endpoint(args.rdzv_endpoint), spec.worker_args(), rdzv_id))
     print(
-        f"# rank 0's node gets {out}/metrics.json; every node its ranks' traces; exit status non-zero when the "
+        f"# rank 0's node gets {spec.out}/metrics.json; every node its ranks' traces; exit status non-zero when the "
         f"run does not match its reference",
         file=sys.stderr,
     )

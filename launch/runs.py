@@ -8,10 +8,11 @@ per rank into the run directory; the result object carries both.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.recipes import registry
-from hyper_parallel.recipes.options import OPTION_NAMES, RunOptions
+from hyper_parallel.recipes.options import OPTION_NAMES
+from hyper_parallel.recipes.run_spec import WORKER_MODULE, RunSpec
 from hyper_parallel.run_files import (
     EXIT_MISMATCH,
     METRICS_FILE,
@@ -31,7 +33,6 @@ from hyper_parallel.run_files import (
 )
 from launch import inputs
 from launch.processes.log_layout import write_pool_logs
-from launch.processes.multinode import RECIPE_WORKER
 from launch.processes.run_dirs import claimed, new_scratch_dir
 from launch.processes.supervisor import TorchrunResult, torchrun_claimed
 
@@ -162,20 +163,38 @@ def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> di
     return degrees
 
 
-def resolve_run(recipe: str, **given: int | None) -> tuple[registry.Recipe, ParallelDims, RunOptions]:
-    """The recipe, its ParallelDims and its options (``given``: degrees and options by name), or
-    ``ValueError`` (unknown recipe, invalid mesh, an option that does not fit the mesh)."""
+def resolve_run(
+    recipe: str,
+    *,
+    steps: int | None = None,
+    seed: int = 0,
+    overlap: bool | None = None,
+    out: str | Path | None = None,
+    **given: int | None,
+) -> RunSpec:
+    """One run as the record every launch path passes to the worker (``given``: degrees and options by
+    name; the options resolved here, once), or ``ValueError`` (unknown recipe, invalid mesh, an option
+    that does not fit the mesh, a bad steps / seed / overlap / out)."""
     options = {name: given.pop(name) for name in OPTION_NAMES if name in given}
-    spec = registry.get(inputs.recipe_name(recipe))
-    dims = spec.validate(**resolve_degrees(spec, given))
-    return spec, dims, spec.options(dims, **options)
+    row = registry.get(inputs.recipe_name(recipe))
+    if overlap not in (None, True, False):
+        raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
+    return RunSpec.resolve(
+        row.name,
+        resolve_degrees(row, given),
+        options,
+        steps=None if steps is None else inputs.steps(steps),
+        seed=inputs.seed(seed),
+        overlap=overlap,
+        out=inputs.out_dir(out),
+    )
 
 
 def validate(recipe: str, **given: int | None) -> tuple[registry.Recipe, ParallelDims]:
     """The recipe and its ParallelDims, or ``ValueError`` (unknown recipe, invalid mesh, bad options:
     ``given`` holds degrees and, by name, the options of ``run``)."""
-    spec, dims, _ = resolve_run(recipe, **given)
-    return spec, dims
+    spec = resolve_run(recipe, **given)
+    return registry.get(spec.recipe), spec.dims
 
 
 def run(
@@ -186,100 +205,92 @@ def run(
     out: str | Path | None = None,
     seed: int = 0,
     overlap: bool | None = None,
-    global_batch: int | None = None,
-    seq_len: int | None = None,
-    num_experts: int | None = None,
-    microbatches: int | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_progress: Callable[[dict], None] | None = None,
     pool: bool = True,
-    **degrees: int | None,
+    **given: int | None,
 ) -> RunResult:
     """Run ``recipe`` on ``torchrun`` workers and compare with its single-process reference.
 
-    The recipe's options (those its model has, ``python -m launch list`` / docs/recipes.md):
-    ``global_batch``, ``seq_len``, ``num_experts`` and, for pipeline recipes, ``microbatches``. Left at
-    None, each takes the recipe's default, or the nearest value that fits the mesh when the default does not
-    (``result.metrics["adapted"]`` says which); a value given that does not fit raises ``ValueError``
+    ``given``: the degrees (world_size, dp_replicate, dp_shard, cp, tp, pp (pipeline recipes only), ep,
+    etp) and the recipe's options (those its model has, ``python -m launch list`` / docs/recipes.md):
+    ``global_batch``, ``seq_len``, ``num_experts`` and, for pipeline recipes, ``microbatches``. Left out,
+    an option takes the recipe's default, or the nearest value that fits the mesh when the default does
+    not (``result.metrics["adapted"]`` says which); a value given that does not fit raises ``ValueError``
     with the values that do.
 
     ``overlap=False`` issues every fully_shard collective synchronously (no prefetch, no reduce-scatter
     in flight): the same numbers, a timeline without overlap; None follows ``HYPER_PARALLEL_OVERLAP``
-    (on unless it is 0). ``degrees``: world_size, dp_replicate,
-    dp_shard, cp, tp, pp (pipeline recipes only), ep, etp. Raises
-    ``ValueError`` before any worker starts when they are invalid.
+    (on unless it is 0). Raises ``ValueError`` before any worker starts when anything is invalid.
     """
-    options = {
-        "global_batch": global_batch,
-        "seq_len": seq_len,
-        "num_experts": num_experts,
-        "microbatches": microbatches,
-    }
-    spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **options, **degrees}
-    run_dir = inputs.out_dir(out)
-    return run_many(
-        [spec],
-        timeout=timeout,
-        out=run_dir,
-        on_line=on_line,
-        on_progress=on_progress,
-        run_dirs=[run_dir] if run_dir is not None else None,
-        pool=pool,
-    )[0]
+    spec = resolve_run(recipe, steps=steps, seed=seed, overlap=overlap, out=out, **given)
+    return run_spec(spec, timeout=timeout, on_line=on_line, on_progress=on_progress, pool=pool)
+
+
+def run_spec(
+    spec: RunSpec,
+    *,
+    timeout: float = 300.0,
+    on_line: Callable[[int, str], None] | None = None,
+    on_progress: Callable[[dict], None] | None = None,
+    pool: bool = True,
+) -> RunResult:
+    """``run`` of a resolved record (``resolve_run``): its files in ``spec.out`` (a new scratch folder when None)."""
+    return run_many([spec], timeout=timeout, out=spec.out, on_line=on_line, on_progress=on_progress, pool=pool)[0]
 
 
 def run_many(
-    runs: list[dict],
+    runs: Sequence[RunSpec | Mapping[str, Any]],
     *,
     timeout: float = 600.0,
     out: str | Path | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_progress: Callable[[dict], None] | None = None,
-    run_dirs: list[Path] | None = None,
     pool: bool = True,
 ) -> list[RunResult]:
     """Several recipe runs of the same world size in ONE process group, one after another.
 
-    Each run is ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees, **options}`` (the
-    options of ``run``, e.g. ``"microbatches": 2``) and gets its own directory
-    (``out/NN-RECIPE`` unless ``run_dirs`` says otherwise). All runs are validated before anything
-    starts. ``pool=True`` (default) runs them on this process's warm workers (``launch.processes.pool``: started
-    on first use, grown to the largest world size asked for; a fresh process group, reseeded RNGs and a
-    fresh trace per run); ``pool=False`` starts a torchrun launch for them and ends it after.
+    Each run is a ``RunSpec`` (``resolve_run``) or the keywords of ``resolve_run`` as a dict,
+    ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees, **options}`` (the options of
+    ``run``, e.g. ``"microbatches": 2``), and writes into its ``out`` (``out/NN-RECIPE`` when it has
+    none). All runs are validated before anything starts. ``pool=True`` (default) runs them on this
+    process's warm workers (``launch.processes.pool``: started on first use, grown to the largest world
+    size asked for; a fresh process group, reseeded RNGs and a fresh trace per run); ``pool=False`` starts
+    a torchrun launch for them and ends it after.
     """
     if not runs:
         raise ValueError("run_many needs at least one run")
     timeout = inputs.timeout(timeout)
     out = inputs.out_dir(out)
-    prepared = []
-    for spec in runs:
-        spec = dict(spec)
-        name, steps, seed = spec.pop("recipe", None), spec.pop("steps", None), inputs.seed(spec.pop("seed", 0))
-        overlap = spec.pop("overlap", None)
-        if overlap not in (None, True, False):
-            raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
-        recipe, dims, options = resolve_run(name, **spec)
-        inputs.rank_count(dims.world_size, "world_size")  # every rank is a local process
-        steps = recipe.steps if steps is None else inputs.steps(steps)
-        prepared.append((recipe, dims, steps, seed, overlap, options))
-    worlds = {dims.world_size for _, dims, *_ in prepared}
+    specs = [run if isinstance(run, RunSpec) else _resolve_mapping(run) for run in runs]
+    for spec in specs:
+        inputs.rank_count(spec.dims.world_size, "world_size")  # every rank is a local process
+    worlds = {spec.dims.world_size for spec in specs}
     if len(worlds) != 1:
         raise ValueError(f"runs of one launch must share a world size; got {sorted(worlds)}")
     root = out if out is not None else new_scratch_dir("hp-run-")
-    dirs = run_dirs or [root / f"{index:02d}-{recipe.name}" for index, (recipe, *_) in enumerate(prepared)]
+    specs = [
+        spec if spec.out is not None else dataclasses.replace(spec, out=root / f"{index:02d}-{spec.recipe}")
+        for index, spec in enumerate(specs)
+    ]
     with contextlib.ExitStack() as claims:
-        for directory in dict.fromkeys(path.resolve() for path in [root, *dirs]):
+        for directory in dict.fromkeys(path.resolve() for path in [root, *(spec.out for spec in specs)]):
             _make_dir(directory)
             claims.enter_context(claimed(directory))  # before anything in it is deleted or written
-        process = _launch_batch(prepared, dirs, root, timeout, on_line, on_progress, pool)
+        process = _launch_batch(specs, root, timeout, on_line, on_progress, pool)
         results = []
-        for (recipe, dims, *_), run_dir in zip(prepared, dirs):
+        for spec in specs:
             result = RunResult(
-                recipe.name, dims, process, load_json(run_dir / METRICS_FILE), load_traces(run_dir), run_dir
+                spec.recipe, spec.dims, process, load_json(spec.out / METRICS_FILE), load_traces(spec.out), spec.out
             )
             result.save_summary()
             results.append(result)
     return results
+
+
+def _resolve_mapping(run: Mapping[str, Any]) -> RunSpec:
+    given = dict(run)
+    return resolve_run(given.pop("recipe", None), **given)
 
 
 def _make_dir(directory: Path) -> None:
@@ -292,8 +303,7 @@ def _make_dir(directory: Path) -> None:
 
 
 def _launch_batch(
-    prepared: list[tuple],
-    dirs: list[Path],
+    specs: list[RunSpec],
     root: Path,
     timeout: float,
     on_line: Callable[[int, str], None] | None,
@@ -301,22 +311,10 @@ def _launch_batch(
     pool: bool,
 ) -> TorchrunResult:
     """Clear the claimed directories of an earlier run's results, write batch.json, run the batch."""
-    batch = []
-    for (recipe, dims, steps, seed, overlap, options), run_dir in zip(prepared, dirs):
-        for stale in [run_dir / METRICS_FILE, run_dir / SUMMARY_FILE, *run_dir.glob(TRACE_FILE.format(rank="*"))]:
+    for spec in specs:
+        for stale in [spec.out / METRICS_FILE, spec.out / SUMMARY_FILE, *spec.out.glob(TRACE_FILE.format(rank="*"))]:
             stale.unlink(missing_ok=True)
-        explicit = {k: v for k, v in dims.degrees().items() if k != "world_size"}
-        batch.append(
-            {
-                "recipe": recipe.name,
-                "degrees": explicit,
-                "steps": steps,
-                "seed": seed,
-                "overlap": overlap,
-                "options": options.kept(),
-                "out": str(run_dir),
-            }
-        )
+    batch = [spec.to_json() for spec in specs]
     batch_file = root / "batch.json"
     batch_file.write_text(json.dumps(batch, indent=1))
 
@@ -326,11 +324,11 @@ def _launch_batch(
         if on_line is not None:
             on_line(rank, line)
 
-    world_size = prepared[0][1].world_size
+    world_size = specs[0].dims.world_size
     if pool:
         return _run_on_pool(world_size, batch, timeout, forward_line, root)
     args = ["--batch", str(batch_file), "--collective-timeout", str(max(30.0, min(timeout, 3600.0)))]
-    return torchrun_claimed(RECIPE_WORKER, world_size, args=args, timeout=timeout, on_line=forward_line, run_dir=root)
+    return torchrun_claimed(WORKER_MODULE, world_size, args=args, timeout=timeout, on_line=forward_line, run_dir=root)
 
 
 def _run_on_pool(

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def launch_cli(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+def launch_cli(*args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, float]:
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "launch", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout

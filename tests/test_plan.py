@@ -10,7 +10,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -40,8 +39,8 @@ def plan(*args: str) -> tuple[int, dict | str, str]:
     return code, json.loads(text) if "--json" in args and code == 0 else text, err.getvalue()
 
 
-def test_4096_ranks_in_seconds_with_hand_derived_rank_lists():
-    start = time.perf_counter()
+def test_4096_ranks_with_hand_derived_rank_lists():
+    """No worker starts: the groups of 4096 ranks come from DeviceMeshes on torch's fake process group."""
     done = subprocess.run(
         [sys.executable, "-m", "launch", "plan", *LAYOUT_4096, "--model", "llama-8b-like", "--rank", "1000", "--json"],
         cwd=ROOT,
@@ -49,9 +48,7 @@ def test_4096_ranks_in_seconds_with_hand_derived_rank_lists():
         text=True,
         timeout=300,
     )
-    seconds = time.perf_counter() - start
     assert done.returncode == 0, done.stderr
-    assert seconds < 60, f"plan took {seconds:.1f}s"  # about 4 s here; torch's import is most of it
     groups = json.loads(done.stdout)["plan"]["groups"]
     assert rank_of(1, 15, 0, 8) == 1000
     # tp: the 16 ranks that differ from 1000 only in the tp coordinate; dp_shard: only in dp_shard
@@ -106,10 +103,8 @@ def test_groups_crossing_node_boundaries(gpus_per_node):
 
 def test_8192_ranks():
     args = ["--world", "8192", "--dp-replicate", "8", "--dp-shard", "32", "--cp", "2", "--tp", "16"]
-    start = time.perf_counter()
     code, doc, err = plan(*args, "--model", "llama-8b-like", "--rank", "8191", "--json")
     assert code == 0, err
-    assert time.perf_counter() - start < 60
     groups = doc["plan"]["groups"]
     assert groups["tp"]["rank_group"] == list(range(8176, 8192))
     assert groups["dp_replicate"]["rank_group"] == [1023 + 1024 * r for r in range(8)]

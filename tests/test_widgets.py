@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hyper_parallel.mesh import valid_choices
+from hyper_parallel.mesh import ParallelDims, valid_choices
 from hyper_parallel.recipes import registry
 from hyper_parallel.run_files import METRICS_FILE, PROGRESS_PREFIX
 from launch import runs as launch_runs
@@ -147,7 +147,7 @@ def test_launch_passes_the_picked_microbatches(tmp_path):
     widget = MeshWidget("P1", steps=1, microbatches=2, out=tmp_path, preview=False, runner=fake_runner(calls))
     widget.launch()
     widget.wait(timeout=60)
-    assert calls[0]["microbatches"] == 2 and calls[0]["pp"] == 2
+    assert calls[0].options.microbatches == 2 and calls[0].dims.pp == 2
 
 
 def test_cli_command_and_recipe_card():
@@ -173,14 +173,14 @@ class FakeResult:
 
 
 def fake_runner(calls: list):
-    """Stands in for launch.run: streams lines and progress, writes metrics.json, starts nothing."""
+    """Stands in for launch.runs.run_spec: streams lines and progress, writes metrics.json, starts nothing."""
 
-    def run(recipe, *, steps, timeout, out, on_line, on_progress, **degrees):
-        calls.append({"recipe": recipe, "steps": steps, "out": out, **degrees})
-        out = Path(out)
+    def run(spec, *, timeout, on_line, on_progress):
+        calls.append(spec)
+        out, steps = spec.out, spec.steps
         out.mkdir(parents=True, exist_ok=True)
         losses = [1.0 - 0.1 * step for step in range(steps)]
-        for rank in range(degrees["world_size"]):
+        for rank in range(spec.dims.world_size):
             on_line(rank, f"rank {rank} ready")
         for step in range(steps):
             progress = {"step": step + 1, "steps": steps, "loss": losses[step], "reference": losses[step]}
@@ -189,8 +189,8 @@ def fake_runner(calls: list):
         (out / METRICS_FILE).write_text(
             json.dumps(
                 {
-                    "recipe": recipe,
-                    "degrees": degrees,
+                    "recipe": spec.recipe,
+                    "degrees": spec.dims.degrees(),
                     "losses": losses,
                     "reference_losses": losses,
                     "max_abs_diff": 0.0,
@@ -212,8 +212,8 @@ def test_launch_runs_in_a_thread_with_progress_logs_and_figures(tmp_path):
     assert isinstance(thread, threading.Thread)
     result = widget.wait(timeout=60)
     assert not widget.running and result is not None and result.ok
-    assert calls == [{"recipe": "M4", "steps": 3, "out": calls[0]["out"], **widget.degrees}]
-    assert Path(calls[0]["out"]).parent == tmp_path / "runs"
+    assert [(spec.recipe, spec.steps, spec.dims) for spec in calls] == [("M4", 3, ParallelDims(**widget.degrees))]
+    assert calls[0].out.parent == tmp_path / "runs"
     assert widget.progress.value == 3 and widget.progress.max == 3 and widget.progress.bar_style == "success"
     logged = "".join(output["text"] for output in widget.log_output.outputs)
     assert "[rank0] rank 0 ready" in logged and "[rank1] rank 1 ready" in logged
@@ -221,7 +221,7 @@ def test_launch_runs_in_a_thread_with_progress_logs_and_figures(tmp_path):
     assert "matched its single-process reference" in widget.run_status.value
     assert list(widget.figures) == ["mesh", "numerics"]  # no traces in the fake run
     assert widget.figure_tabs.titles == ("mesh", "numerics") and widget.figure_tabs.layout.display == ""
-    assert (tmp_path / "figures" / Path(calls[0]["out"]).name / "numerics.png").exists()
+    assert (tmp_path / "figures" / calls[0].out.name / "numerics.png").exists()
     assert not widget.launch_button.disabled and widget.stop_button.disabled
     assert not widget.world_selector.disabled
 
@@ -229,7 +229,7 @@ def test_launch_runs_in_a_thread_with_progress_logs_and_figures(tmp_path):
 def test_stop_ends_the_run_at_the_next_line_and_errors_are_shown():
     started = threading.Event()
 
-    def endless(recipe, *, on_line, **kwargs):
+    def endless(spec, *, on_line, **kwargs):
         started.set()
         while True:  # like torchrun streaming lines; on_line raises once Stop was clicked
             on_line(0, "working")
@@ -243,7 +243,7 @@ def test_stop_ends_the_run_at_the_next_line_and_errors_are_shown():
     assert not widget.running and widget.result is None and widget.run_error == "stopped by the user"
     assert not widget.launch_button.disabled
 
-    def broken(recipe, **kwargs):
+    def broken(spec, **kwargs):
         raise RuntimeError("no free port")
 
     widget = MeshWidget("M4", preview=False, runner=broken)
@@ -263,20 +263,26 @@ def test_export_report_writes_the_finished_runs_report_next_to_it(tmp_path):
     widget.wait(timeout=60)
     assert not widget.export_button.disabled
     widget.export_button.click()
-    report = Path(calls[0]["out"]).resolve() / REPORT_FILE
+    report = calls[0].out.resolve() / REPORT_FILE
     assert widget.report_path == report and report.exists()
     assert str(report) in widget.report_status.value.replace("&#x27;", "'")
     text = report.read_text()
     assert [f"data-figure='{name}'" in text for name in widget.figures] == [True, True]  # the widget's figures
     assert "data-ok='true'" in text
 
-    def failing(recipe, *, out, **kwargs):
-        out = Path(out)
+    def failing(spec, **kwargs):
+        out = spec.out
         out.mkdir(parents=True, exist_ok=True)
-        degrees = {k: kwargs[k] for k in ("world_size", *DEGREES)}
+        degrees = spec.dims.degrees()
         (out / "summary.json").write_text(
             json.dumps(
-                {"recipe": recipe, "degrees": degrees, "ok": False, "error": "rank 1 failed: <boom>", "returncode": 1}
+                {
+                    "recipe": spec.recipe,
+                    "degrees": degrees,
+                    "ok": False,
+                    "error": "rank 1 failed: <boom>",
+                    "returncode": 1,
+                }
             )
         )
         result = FakeResult(out, ok=False)

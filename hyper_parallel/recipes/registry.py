@@ -43,6 +43,13 @@ class Recipe:
     def validate(self, **degrees: int) -> ParallelDims:
         """The ParallelDims of a run of this recipe, or ``ValueError`` naming the broken rule (the options
         left at their defaults: a default that does not fit the mesh adapts, see ``options``)."""
+        dims = self.check_degrees(**degrees)
+        self.options(dims)
+        return dims
+
+    def check_degrees(self, **degrees: int) -> ParallelDims:
+        """The ParallelDims of ``degrees`` under this recipe's rules on degrees (its model's shapes are the
+        options' rules: ``options``), or ``ValueError`` naming the broken rule."""
         unknown = set(degrees) - set(DEGREE_KEYS)
         if unknown:
             raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {list(DEGREE_KEYS)}")
@@ -68,7 +75,6 @@ class Recipe:
             raise ValueError(
                 f"recipe {self.name} ({self.title}) needs at least one of {list(self.at_least_one_of)} > 1"
             )
-        self.options(dims)
         return dims
 
     def options(self, dims: ParallelDims, **given: int | None) -> RunOptions:

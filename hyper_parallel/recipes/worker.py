@@ -1,8 +1,10 @@
 """Entry point of every torchrun worker: ``python -m hyper_parallel.recipes.worker --recipe M4 ...``.
 
-Builds the meshes, applies the recipe, trains next to the single-process reference and writes into
-the run directory (``--out``, on the node of each rank): ``trace_rank{r}.json`` from every rank and
-``metrics.json`` from rank 0. Rank 0 prints one ``[progress] {...}`` JSON line per step for the
+Each run is a ``RunSpec`` (run_spec.py): the records of ``--batch`` as the launcher resolved them, or
+the one run the flags name (a multi-node command, ``RunSpec.worker_args``). A run builds the meshes,
+applies the recipe, trains next to the single-process reference and writes into its run directory
+(``--out``, on the node of each rank): ``trace_rank{r}.json`` from every rank and ``metrics.json`` from
+rank 0. Rank 0 prints one ``[progress] {...}`` JSON line per step for the
 launcher's progress bar. Rank 0 exits with ``EXIT_MISMATCH`` when a run did not match its reference,
 so a cluster job (Slurm, Kubernetes) fails on wrong numbers instead of reporting success.
 """
@@ -26,6 +28,7 @@ from hyper_parallel.fsdp.summary import describe_units
 from hyper_parallel.mesh_views import build_mesh
 from hyper_parallel.rank_lifetime import run_rank
 from hyper_parallel.recipes import registry
+from hyper_parallel.recipes.run_spec import RunSpec
 from hyper_parallel.recipes.training import train_and_compare
 from hyper_parallel.run_files import EXIT_MISMATCH, METRICS_FILE, PROGRESS_PREFIX, trace_path
 
@@ -35,13 +38,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--recipe", help="one run: the recipe")
     parser.add_argument("--degrees", default="{}", help="one run: JSON object of degrees, e.g. '{\"dp_shard\": 2}'")
     parser.add_argument("--options", default="{}", help="one run: JSON object of options, e.g. '{\"microbatches\": 2}'")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, help="one run: training steps (default: the recipe's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overlap", choices=("on", "off"), help="one run (default: HYPER_PARALLEL_OVERLAP decides)")
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
     parser.add_argument(
         "--batch",
-        help="several runs in one process group: a JSON file with a list of "
-        "{recipe, degrees, options, steps, seed, out} (saves the start-up of a launch per run)",
+        help="several runs in one process group: a JSON file with a list of RunSpec records "
+        "(hyper_parallel/recipes/run_spec.py; saves the start-up of a launch per run)",
     )
     parser.add_argument("--collective-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
@@ -50,21 +54,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def specs_of(args: argparse.Namespace, world_size: int) -> list[RunSpec]:
+    """The runs the flags ask for: the batch file's records as written, or the one run of ``--recipe``
+    resolved on this launch's ``world_size`` (a hand-written multi-node command gives only what it changes)."""
+    if args.batch:
+        return [RunSpec.from_json(record) for record in json.loads(Path(args.batch).read_text())]
+    return [
+        RunSpec.resolve(
+            args.recipe,
+            {"world_size": world_size, **json.loads(args.degrees)},
+            json.loads(args.options),
+            steps=args.steps,
+            seed=args.seed,
+            overlap=None if args.overlap is None else args.overlap == "on",
+            out=args.out,
+        )
+    ]
+
+
 def _load(implementation: str):
     module_name, _, function = implementation.partition(":")
     return getattr(importlib.import_module(module_name), function)
 
 
-def run_one(spec: dict, device_type: str) -> bool:
+def run_one(spec: RunSpec, device_type: str) -> bool:
     """Build, train and check one recipe run; write its trace (every rank) and metrics (rank 0).
 
     Whether it matched its reference (rank 0 knows; the other ranks return True)."""
-    rank = dist.get_rank()
-    recipe = registry.get(spec["recipe"])
-    dims = recipe.validate(world_size=dist.get_world_size(), **spec["degrees"])
-    options = recipe.options(dims, **spec.get("options", {}))
+    rank, dims, options = dist.get_rank(), spec.dims, spec.options
+    if dims.world_size != dist.get_world_size():
+        raise ValueError(
+            f"run {spec.recipe} is for world_size={dims.world_size}, but this launch has {dist.get_world_size()} ranks"
+        )
+    recipe = registry.get(spec.recipe)
     views = build_mesh(dims, device_type)
-    out = Path(spec["out"])
+    out = Path(spec.out if spec.out is not None else ".")
     out.mkdir(parents=True, exist_ok=True)
     build = _load(recipe.implementation)
 
@@ -72,14 +96,14 @@ def run_one(spec: dict, device_type: str) -> bool:
         print(PROGRESS_PREFIX + json.dumps({"recipe": recipe.name, **progress}), flush=True)
 
     with trace.record() as recorder:
-        workload = build(dims, views, spec["seed"], options)
-        if spec.get("overlap") is not None:
+        workload = build(dims, views, spec.seed, options)
+        if spec.overlap is not None:
             for module in workload.model.modules():
                 if isinstance(module, FullyShardModule):
-                    module.set_overlap(spec["overlap"], recurse=False)
+                    module.set_overlap(spec.overlap, recurse=False)
         metrics = train_and_compare(
             workload,
-            spec["steps"],
+            spec.steps,
             on_step=report,
             trace_torch_collectives=lambda: trace.TorchCollectiveTracer(views.group_names()),
         )
@@ -88,8 +112,8 @@ def run_one(spec: dict, device_type: str) -> bool:
         metrics = {
             "recipe": recipe.name,
             "degrees": dims.degrees(),
-            "steps": spec["steps"],
-            "seed": spec["seed"],
+            "steps": spec.steps,
+            "seed": spec.seed,
             "options": options.values(),
             "adapted": options.notes(),
             "overlap": next(
@@ -112,26 +136,13 @@ def run_one(spec: dict, device_type: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.batch:
-        specs = json.loads(Path(args.batch).read_text())
-    else:
-        specs = [
-            {
-                "recipe": args.recipe,
-                "degrees": json.loads(args.degrees),
-                "options": json.loads(args.options),
-                "steps": args.steps,
-                "seed": args.seed,
-                "out": args.out,
-            }
-        ]
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.collective_timeout))
     matched = []
     try:
-        for spec in specs:
+        for spec in specs_of(args, dist.get_world_size()):
             matched.append(run_one(spec, "cuda" if use_cuda else "cpu"))
             dist.barrier()
     finally:

@@ -12,6 +12,7 @@ Torch, ``launch.runs`` and IPython are imported only when a function needs them.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -38,20 +39,16 @@ def run_recipes(
     Run directories: ``out/<label>`` (default: a temporary folder), each with a Chrome trace
     ``chrome_trace.json`` (open it in Perfetto).
     """
-    from hyper_parallel.recipes.options import OPTION_NAMES
     from hyper_parallel.run_files import CHROME_TRACE_FILE, to_chrome_trace
     from launch.notebook.widgets.display import step_text
     from launch.processes.run_dirs import new_scratch_dir
-    from launch.runs import run_many, validate
+    from launch.runs import resolve_run, run_many
 
-    prepared: dict[int, list[tuple[str, dict]]] = {}
+    prepared: dict[int, list[tuple[str, Any]]] = {}
     for label, given in runs.items():
         given = dict(given)
-        recipe, overlap = given.pop("recipe", label), given.pop("overlap", None)
-        _, dims = validate(recipe, **given)
-        options = {name: given[name] for name in OPTION_NAMES if name in given}
-        spec = {"recipe": recipe, "steps": steps, "seed": seed, "overlap": overlap, **dims.degrees(), **options}
-        prepared.setdefault(dims.world_size, []).append((label, spec))
+        spec = resolve_run(given.pop("recipe", label), steps=steps, seed=seed, **given)
+        prepared.setdefault(spec.dims.world_size, []).append((label, spec))
     root = Path(out) if out is not None else new_scratch_dir("hp-notebook-")
     results: dict[str, Any] = {}
 
@@ -69,10 +66,9 @@ def run_recipes(
                 flush=True,
             )
         outcome = run_many(
-            [spec for _, spec in group],
+            [dataclasses.replace(spec, out=root / label) for label, spec in group],
             timeout=timeout,
             out=root,
-            run_dirs=[root / label for label in labels],
             on_progress=progress,
         )
         for label, result in zip(labels, outcome):

@@ -19,7 +19,7 @@ from hyper_parallel.cost_model.layouts import Bandwidth, TimedCollective, check_
 from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
-from hyper_parallel.recipes import registry
+from hyper_parallel.recipes.run_spec import RunSpec
 
 MESH_DIMS = (
     MeshDim.DP_REPLICATE,
@@ -113,15 +113,13 @@ def make_plan(
 def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, rdzv_endpoint: str) -> str:
     """The multi-node command of ``launch command`` for this layout: the recipe worker when a recipe trains
     this model on these degrees, otherwise the same torchrun line in front of your own training module."""
-    from launch.processes.multinode import multinode_command, recipe_worker
+    from launch.processes.multinode import multinode_command
 
     nnodes, per_node = max(1, dims.world_size // gpus_per_node), min(gpus_per_node, dims.world_size)
+    spec = _recipe_run(config, dims)
+    if spec is not None:
+        return multinode_command(nnodes, per_node, rdzv_endpoint, spec.worker_args())
     explicit = json.dumps({k: v for k, v in dims.degrees().items() if k != "world_size"})
-    recipe = _recipe_training(config, dims)
-    if recipe is not None:
-        spec = registry.get(recipe)
-        worker = recipe_worker(recipe, dims.degrees(), spec.options(dims).kept(), spec.steps)
-        return multinode_command(nnodes, per_node, rdzv_endpoint, worker)
     return (
         "# no workbook recipe trains this model on these degrees: the same launch for your own trainer, which\n"
         "# builds its meshes with build_mesh(ParallelDims(**degrees))\n"
@@ -129,13 +127,12 @@ def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int
     )
 
 
-def _recipe_training(config: ModelConfig, dims: ParallelDims) -> str | None:
-    """The recipe whose worker trains exactly this model (an unmodified small preset) on these degrees."""
+def _recipe_run(config: ModelConfig, dims: ParallelDims) -> RunSpec | None:
+    """The run of the recipe whose worker trains exactly this model (an unmodified small preset) on these degrees."""
     recipe = RECIPE_OF_MODEL.get(config.name)
     if recipe is None or config != get_model(config.name):
         return None
     try:
-        registry.get(recipe).validate(**dims.degrees())
+        return RunSpec.resolve(recipe, dims.degrees())
     except ValueError:
         return None
-    return recipe

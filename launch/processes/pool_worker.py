@@ -48,6 +48,7 @@ from torch.distributed.device_mesh import _mesh_resources
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
 
+from hyper_parallel.recipes.run_spec import RunSpec
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
 from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV
 
@@ -153,8 +154,8 @@ def main() -> int:
             )
             _fresh_state(task.get("seed", 0))
             if task["kind"] == "recipes":
-                for spec in task["specs"]:
-                    run_one(spec, DEVICE)
+                for record in task["specs"]:
+                    run_one(RunSpec.from_json(record), DEVICE)
             else:
                 namespace.update(rank=rank, world_size=world, torch=torch, dist=dist)
                 reply.update(_encode(_run_cell(task["code"], namespace)))

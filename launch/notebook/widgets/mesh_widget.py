@@ -1,6 +1,6 @@
 """``MeshWidget``: the degree picker plus Launch, Stop, progress, worker logs, figures and Export report.
 
-Workers are started by ``launch.run`` (a ``torchrun`` subprocess whose output is read line by line)
+Workers are started by ``launch.runs.run_spec`` (a ``torchrun`` subprocess whose output is read line by line)
 in a background thread, never by forking the kernel; their lines go to an ``Output`` widget, their
 progress to a bar. papermill never clicks, so notebooks run their default configuration in a plain
 code cell instead. Once a run finished (passed or failed), Export report writes the run's
@@ -49,7 +49,7 @@ class MeshWidget(DegreePicker):
 
     Selection arguments as ``DegreePicker``; ``steps``, ``timeout``, ``out`` (parent folder of the run
     directories; default: temporary) and ``figures_dir`` (where the figures of a finished run are
-    saved) are used by Launch. ``runner`` replaces ``launch.run`` (tests).
+    saved) are used by Launch. ``runner`` replaces ``launch.runs.run_spec`` (tests).
     """
 
     def __init__(
@@ -244,10 +244,10 @@ class MeshWidget(DegreePicker):
         self._say(step_text(progress), INFO_COLOR)
 
     def _run(self, recipe: str, degrees: dict[str, int], steps: int, options: dict[str, int]) -> None:
-        from launch.runs import run
+        from launch.runs import resolve_run, run_spec
 
-        runner = self._runner or run
-        # an explicit folder per run: launch.run's result.run_dir is then the folder holding its files
+        runner = self._runner or run_spec
+        # an explicit folder per run: the result's run_dir is then the folder holding its files
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = (
             self.out / f"{recipe}-{stamp}"
@@ -255,16 +255,8 @@ class MeshWidget(DegreePicker):
             else Path(tempfile.mkdtemp(prefix=f"hp-{recipe}-{stamp}-"))
         )
         try:
-            result = runner(
-                recipe,
-                steps=steps,
-                timeout=self.timeout,
-                out=run_dir,
-                on_line=self._on_line,
-                on_progress=self._on_progress,
-                **degrees,
-                **options,
-            )
+            spec = resolve_run(recipe, steps=steps, out=run_dir, **degrees, **options)
+            result = runner(spec, timeout=self.timeout, on_line=self._on_line, on_progress=self._on_progress)
         except Stopped:
             self.run_error = "stopped by the user"
             self.progress.bar_style = "warning"
