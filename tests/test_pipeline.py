@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import result_of
 
-from hyper_parallel import viz
+from hyper_parallel import ParallelDims, viz
 from hyper_parallel.cost_model.pipeline import alive_microbatches, bubble_fraction, p2p_bytes
 from hyper_parallel.recipes import RECIPES
 
@@ -214,3 +214,36 @@ def test_every_unit_stays_gathered_from_its_first_forward(recipe, recipe_results
         stage = rank // (degrees["world_size"] // degrees["pp"])
         held = [e["gathered_bytes"] for e in events if e.get("kind") == "pipeline" and e["step"] == 1]
         assert held == [STAGE_BYTES[stage]] * 8, (rank, held)
+
+
+ROOT_BYTES = {0: 8192, 1: 128 + 8192}  # what a stage's root holds: the embedding; the final norm and the head
+
+
+@pytest.mark.distributed
+def test_resharding_after_forward_under_pp_gathers_per_microbatch_for_the_same_peak(recipe_results):
+    """P1 (1F1B, pp 2 x dp_shard 2, 4 microbatches) with every layer resharded after forward
+    (``reshard_after_forward=True``): rank 0 issues 11 all-gathers per step, 5 in forward and 6 in
+    backward (tests/test_recipes.py derives them from the order), where the default issues 3 (one per
+    unit); both equal the reference. Measured memory after each action: a layer is freed after each
+    forward, but torch's schedule keeps it after backward, so stage 0 (F0 F1 B0 F2 B1 F3 B2 B3) holds its
+    root alone (8,192 B) after every forward and the whole stage (74,240 B) after every backward, and
+    stage 1 (F0 B0 F1 B1 ...) alternates 8,320 and 74,368 B: the same peak as the default."""
+    from test_recipes import expected_pipeline_collectives, step_collectives
+
+    degrees = RECIPES["P1"].default
+    default = result_of("P1", degrees, recipe_results)
+    resharded = result_of("P1", {**degrees, "reshard_after_forward": True}, recipe_results)
+    assert default.ok and resharded.ok, (default.error, resharded.error)
+    dims = ParallelDims(**degrees)
+    gathers = {
+        name: sum(n for (op, _, _), n in step_collectives(result).items() if op == "all_gather")
+        for name, result in (("default", default), ("resharded", resharded))
+    }
+    assert gathers == {"default": 3, "resharded": 11}
+    assert step_collectives(resharded) == expected_pipeline_collectives("one_f_one_b", dims, reshard_after_forward=True)
+    for rank, events in resharded.traces.items():
+        stage = rank // (degrees["world_size"] // degrees["pp"])
+        actions = [e for e in events if e.get("kind") == "pipeline" and e["step"] == 1]
+        held = [STAGE_BYTES[stage] if e["action"] == "backward" else ROOT_BYTES[stage] for e in actions]
+        assert [e["gathered_bytes"] for e in actions] == held, rank
+        assert max(held) == max(e["gathered_bytes"] for e in default.traces[rank] if e.get("kind") == "pipeline")
