@@ -6,14 +6,24 @@ are idle: bubble = (p-1)/(m+p-1). Interleaving ``v`` stages per rank makes each 
 leaves the fill/drain at p-1 of them: bubble = (p-1)/(v*m+p-1). 1F1B keeps the bubble of GPipe but not
 its memory: stage ``s`` holds at most ``p - s`` microbatches' activations, GPipe all ``m``.
 
+The zero-bubble schedules split a backward into the input gradient B and the weight gradient W (Qi et al.
+2023) and run 2 stages per rank in a V (rank r: stages r and 2p - 1 - r). With B = 2F and W = B / 2, the
+idle time left is (p-1)/6 of a slot for ZB-V (``zbv``) and (p-1)/3 for DualPipeV (``dualpipev``; DeepSeek-V3
+report, Table 2: (PP/2 - 1)(F&B + B - 3W) over PP = 2p half-rank stages): bubble = b / (m + b) with b
+those slots.
+
 Between stages only one tensor crosses per microbatch: the hidden states [rows, seq, d_model] forward,
 their gradient (same shape) backward. TP without SP replicates it, so each tp rank sends its own copy
-to its peer (same tp coordinate) of the next stage.
+to its peer (same tp coordinate) of the next stage; two neighbouring stages on one rank (the turn of a V)
+pass it in memory.
 """
 
 from __future__ import annotations
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev")
+BUBBLE_SLOTS = {"gpipe": 1.0, "1f1b": 1.0, "interleaved_1f1b": 1.0, "zbv": 1 / 6, "dualpipev": 1 / 3}
+"""Idle slots per pipeline hop (p - 1 hops), before interleaving divides them by v (module docstring)."""
+V_SCHEDULES = ("zbv", "dualpipev")  # 2 stages per rank in a V
 
 
 def _check(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> None:
@@ -23,17 +33,22 @@ def _check(schedule: str, pp: int, microbatches: int, stages_per_rank: int) -> N
         raise ValueError(
             f"pp, microbatches and stages_per_rank must be >= 1, got {pp}, {microbatches}, {stages_per_rank}"
         )
-    if (stages_per_rank > 1) != (schedule == "interleaved_1f1b"):
+    wanted = 2 if schedule in V_SCHEDULES else None
+    if (stages_per_rank > 1) != (schedule in ("interleaved_1f1b", *V_SCHEDULES)) or wanted not in (
+        None,
+        stages_per_rank,
+    ):
         raise ValueError(
             f"schedule {schedule!r} with stages_per_rank={stages_per_rank}: only interleaved_1f1b "
-            "runs several stages per rank, and it needs stages_per_rank >= 2"
+            f"runs several stages per rank (>= 2), and {' and '.join(V_SCHEDULES)} exactly 2"
         )
 
 
 def bubble_fraction(schedule: str, pp: int, microbatches: int, stages_per_rank: int = 1) -> float:
     """Idle fraction of a step on every rank, equal-cost stages (module docstring)."""
     _check(schedule, pp, microbatches, stages_per_rank)
-    return (pp - 1) / (stages_per_rank * microbatches + pp - 1)
+    slots = (pp - 1) * BUBBLE_SLOTS[schedule] / (stages_per_rank if schedule == "interleaved_1f1b" else 1)
+    return slots / (microbatches + slots)
 
 
 def alive_microbatches(schedule: str, pp: int, microbatches: int, stage: int) -> int:
@@ -54,23 +69,28 @@ def boundary_bytes(rows: int, seq_len: int, d_model: int, element_size: int = 4)
 
 
 def p2p_bytes(
-    pp: int, pp_rank: int, microbatches: int, message_bytes: int, stages_per_rank: int = 1
+    pp: int, pp_rank: int, microbatches: int, message_bytes: int, stages_per_rank: int = 1, schedule: str = "1f1b"
 ) -> dict[tuple[str, str], int]:
     """Bytes one rank sends and receives in one step, by (op, phase), op in {"send", "recv"}.
 
-    Rank ``pp_rank`` holds stages pp_rank, pp_rank + pp, ... (loop placement). Per microbatch, a stage that
-    is not the last sends its output forward and receives its gradient backward; one that is not the
-    first receives its input forward and sends the input's gradient backward.
+    Rank ``pp_rank`` holds stages pp_rank, pp_rank + pp, ... (loop placement), or pp_rank and 2 pp - 1 -
+    pp_rank (the V of ``V_SCHEDULES``). Per microbatch, a stage that is not the last sends its output
+    forward and receives its gradient backward; one that is not the first receives its input forward and
+    sends the input's gradient backward; a neighbour on the same rank costs nothing.
     """
     if not 0 <= pp_rank < pp:
         raise ValueError(f"pp_rank {pp_rank} is outside 0..{pp - 1}")
     last = pp * stages_per_rank - 1
+
+    def rank_of(stage: int) -> int:
+        return (stage if stage < pp else last - stage) if schedule in V_SCHEDULES else stage % pp
+
     totals = {("send", "forward"): 0, ("recv", "forward"): 0, ("send", "backward"): 0, ("recv", "backward"): 0}
-    for stage in range(pp_rank, last + 1, pp):
-        if stage != last:
+    for stage in (s for s in range(last + 1) if rank_of(s) == pp_rank):
+        if stage != last and rank_of(stage + 1) != pp_rank:
             totals[("send", "forward")] += microbatches * message_bytes
             totals[("recv", "backward")] += microbatches * message_bytes
-        if stage != 0:
+        if stage != 0 and rank_of(stage - 1) != pp_rank:
             totals[("recv", "forward")] += microbatches * message_bytes
             totals[("send", "backward")] += microbatches * message_bytes
     return totals
