@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 RUNS ?= runs
 
-.PHONY: install workbook lint test test-fast test-torchtitan lab clean
+.PHONY: install workbook lint test test-fast test-torchtitan lab clean docs
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 
 workbook: install
 	$(VPY) -m launch workbook --out $(RUNS)
+
+# The generated parts of docs/ (the recipe table, ...) rewritten from the code; the tests only compare.
+docs: install
+	$(VPY) tools/regenerate_docs.py
 
 # ruff (lint + format check) and the import contracts of pyproject.toml: a layering breach or an
 # import circle fails here, before any test runs.

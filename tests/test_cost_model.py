@@ -39,7 +39,7 @@ def _label(recipe: str, degrees: dict) -> str:
 def _is_pipeline(recipe: str) -> bool:
     """Pipeline recipes (P1, P2, ...): the cost model has their P2P bytes and bubble (cost_model.pipeline,
     tested below), not yet their per-stage fully_shard units and schedule-dependent gather counts."""
-    return RECIPES[recipe].implementation.startswith("hyper_parallel.recipes.pipeline:")
+    return RECIPES[recipe].workload.schedule is not None
 
 
 def _runs():

@@ -240,7 +240,7 @@ def test_resharding_after_forward_under_pp_gathers_per_microbatch_for_the_same_p
         for name, result in (("default", default), ("resharded", resharded))
     }
     assert gathers == {"default": 3, "resharded": 11}
-    assert step_collectives(resharded) == expected_pipeline_collectives("one_f_one_b", dims, reshard_after_forward=True)
+    assert step_collectives(resharded) == expected_pipeline_collectives("1f1b", False, dims, reshard_after_forward=True)
     for rank, events in resharded.traces.items():
         stage = rank // (degrees["world_size"] // degrees["pp"])
         actions = [e for e in events if e.get("kind") == "pipeline" and e["step"] == 1]

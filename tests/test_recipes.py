@@ -64,14 +64,14 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     """
     dims = ParallelDims(**d)  # only to infer dp_shard
     tp, cp, dp_replicate, fsdp = dims.tp, dims.cp, dims.dp_replicate, dims.dp_shard * dims.cp
-    workload = RECIPES[recipe].implementation.split(".")[-1]
-    if workload.startswith("pipeline:"):
-        return expected_pipeline_collectives(workload.split(":")[1], dims)
-    moe = workload.startswith("moe:")
+    workload = RECIPES[recipe].workload  # what the recipe's implementation builds, as data
+    if workload.schedule is not None:
+        return expected_pipeline_collectives(workload.schedule, workload.moe, dims)
+    moe = workload.moe
     moe_layers = 1 if moe else 0  # MOE_CONFIG.moe_layers == (1,)
     dense_layers = LAYERS - moe_layers
     expected: Counter = Counter()
-    if workload in ("dense:ddp_mlp", "transformer:tensor_parallel", "transformer:tensor_sequence_parallel"):
+    if workload.param_shard is False:
         if dp_replicate * fsdp > 1:
             expected[("all_reduce", "dp_replicate+fsdp", "backward")] = UNITS
     else:
@@ -80,16 +80,7 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("reduce_scatter", "fsdp", "backward")] = UNITS
         if dp_replicate > 1:
             expected[("all_reduce", "dp_replicate", "backward")] = UNITS
-    sequence_parallel = (
-        workload
-        in (
-            "transformer:tensor_sequence_parallel",
-            "transformer:fsdp_transformer",
-            "transformer:fsdp_transformer_ring",
-            "transformer:fsdp_transformer_ulysses",
-        )
-        or moe
-    )
+    sequence_parallel = workload.sequence_parallel is not False  # None: wherever tp > 1
     moe_input_gathers = moe_layers if dims.etp > 1 else 0
     if tp > 1 and sequence_parallel:
         expected[("all_gather", "tp", "forward")] = 2 * dense_layers + moe_layers + moe_input_gathers + 2
@@ -101,18 +92,18 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("all_reduce", "tp", "forward")] = 2 * LAYERS + 1
         expected[("all_gather", "tp", "forward")] = 1
         expected[("all_reduce", "tp", "backward")] = 2 * LAYERS + 1
-    if cp > 1 and workload == "transformer:fsdp_transformer_ring":
+    if cp > 1 and workload.sequence_scheme == "ring":
         for op in ("send", "recv"):
             expected[(op, "cp", "forward")] = (cp - 1) * LAYERS
             expected[(op, "cp", "backward")] = (2 * cp - 3) * LAYERS
-    elif cp > 1 and workload == "transformer:fsdp_transformer_ulysses":
+    elif cp > 1 and workload.sequence_scheme == "ulysses":
         expected[("all_to_all", "cp", "forward")] = 2 * LAYERS
         expected[("all_to_all", "cp", "backward")] = 2 * LAYERS
     elif cp > 1:
         expected[("all_gather", "cp", "forward")] = LAYERS
         expected[("reduce_scatter", "cp", "backward")] = LAYERS
     if moe:
-        if workload == "moe:expert_parallel_all_gather":
+        if workload.dispatch == "all_gather":
             expected[("all_gather", "ep", "forward")] = 2 * moe_layers
             expected[("reduce_scatter", "ep", "forward")] = moe_layers
             expected[("all_gather", "ep", "backward")] = moe_layers
@@ -136,7 +127,9 @@ MICROBATCHES = 4  # hyper_parallel.recipes.pipeline.MICROBATCHES
 PP_LAYERS = 4  # PIPELINE_CONFIG.n_layers
 
 
-def expected_pipeline_collectives(schedule: str, dims: ParallelDims, reshard_after_forward: bool = False) -> Counter:
+def expected_pipeline_collectives(
+    schedule: str, moe: bool, dims: ParallelDims, reshard_after_forward: bool = False
+) -> Counter:
     """Hand-derived collectives of one step on rank 0 of a pipeline recipe (pp=2, m=4 microbatches).
 
     Rank 0 holds stage 0 (the embedding and the first layers; interleaved: stage 0 = embedding + layer 0,
@@ -161,12 +154,10 @@ def expected_pipeline_collectives(schedule: str, dims: ParallelDims, reshard_aft
     TP without SP on stage 0 per microbatch: forward all-reduces after the embedding and wo, w2 of each
     layer (1 + 2 L_s), backward the input gradients of attention and feed-forward (2 L_s).
     """
-    moe = schedule == "expert_parallel"  # P3: 1F1B, layer 1 of stage 0 a MoE with experts over ep
-    schedule = "one_f_one_b" if moe else schedule
-    m, stages_per_rank = MICROBATCHES, 2 if schedule == "interleaved" else 1
+    m, stages_per_rank = MICROBATCHES, 2 if schedule == "interleaved_1f1b" else 1
     layers_per_stage = PP_LAYERS // (dims.pp * stages_per_rank)
     expected: Counter = Counter()
-    stages = [0, 2] if schedule == "interleaved" else [0]
+    stages = [0, 2] if schedule == "interleaved_1f1b" else [0]
     last = dims.pp * stages_per_rank - 1
     for stage in stages:
         if stage != last:
@@ -178,8 +169,8 @@ def expected_pipeline_collectives(schedule: str, dims: ParallelDims, reshard_aft
     if dims.fsdp > 1:
         orders = {
             "gpipe": ["F0 F1 F2 F3 B0 B1 B2 B3"],
-            "one_f_one_b": ["F0 F1 B0 F2 B1 F3 B2 B3"],
-            "interleaved": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 B0 B1 F2 F3 B2 B3"],
+            "1f1b": ["F0 F1 B0 F2 B1 F3 B2 B3"],
+            "interleaved_1f1b": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 B0 B1 F2 F3 B2 B3"],
         }[schedule]
         units = 1 + layers_per_stage * len(orders)  # stage 0's root and the layers of rank 0's stages
         for order in orders:  # the stages rank 0 holds; stage 0 also holds a root with parameters
@@ -193,7 +184,7 @@ def expected_pipeline_collectives(schedule: str, dims: ParallelDims, reshard_aft
             expected[("all_gather", "fsdp", "backward")] += layers_per_stage * backward_gathers
         expected[("all_gather", "fsdp", "forward")] += 1  # stage 0's root (the embedding), in its first forward
         expected[("reduce_scatter", "fsdp", "backward")] += units
-        if schedule == "interleaved":  # its runtime unshards each unit ahead of the first forward (UNSHARD)
+        if schedule == "interleaved_1f1b":  # its runtime unshards each unit ahead of the first forward (UNSHARD)
             expected[("all_gather", "fsdp", "forward")] -= units
             expected[("all_gather", "fsdp", "other")] += units
     if dims.tp > 1:
@@ -268,6 +259,31 @@ def test_ulysses_head_rule(recipe, degrees, message):
     assert str(error.value).startswith(message)
     assert "valid cp for" in str(error.value)
     RECIPES[recipe.replace("-U", "")].validate(**degrees)
+
+
+@pytest.mark.parametrize("recipe", [name for name, row in RECIPES.items() if row.workload.preset is not None])
+def test_the_cost_model_describes_the_model_the_facts_name(recipe):
+    """A row's workload facts are what the cost model builds its model from: the preset's architecture and
+    the facts' parallel style (the collectives counted from the same facts are checked against the traces
+    in test_recipe_matches_reference)."""
+    from hyper_parallel.cost_model import get_model, recipe_model
+
+    facts, model = RECIPES[recipe].workload, recipe_model(recipe)
+    assert model.is_moe == facts.moe and model.architecture == get_model(facts.preset).architecture
+    assert (model.param_shard, model.sequence_parallel) == (facts.param_shard, facts.sequence_parallel)
+    assert (model.sequence_scheme, model.dispatch) == (facts.sequence_scheme, facts.dispatch)
+
+
+def test_each_small_preset_has_one_recipe_for_the_plan_command():
+    """``launch plan`` prints a recipe's worker for the small presets: one recipe each, valid on its own default."""
+    from hyper_parallel.cost_model import PRESETS
+    from hyper_parallel.recipes.registry import plan_recipe
+
+    for preset in ("small", "small-moe", "small-mlp"):
+        chosen = [row for row in RECIPES.values() if row.plan_command and row.workload.preset == preset]
+        assert len(chosen) == 1 and plan_recipe(preset) is chosen[0], preset
+        chosen[0].validate(**chosen[0].default)
+    assert all(plan_recipe(name) is None for name in PRESETS if not name.startswith("small"))
 
 
 @pytest.mark.distributed

@@ -49,6 +49,7 @@ from hyper_parallel.cost_model import pipeline
 from hyper_parallel.cost_model.model_configs import INT64_BYTES, ModelConfig
 from hyper_parallel.cost_model.units import Unit
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 
 
 @dataclass(frozen=True)
@@ -267,16 +268,18 @@ def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> 
         return []
     per_token = rows * (config.seq_len // cp) * config.head_dim * config.precision.compute
     q, k = per_token * config.n_heads // dims.tp, per_token * config.kv_heads_per_rank(dims.tp)
-    if scheme == "all_gather":
+    if scheme == SequenceScheme.ALL_GATHER:
         calls = [("all_gather", "forward", 2 * k * cp), ("reduce_scatter", "backward", 2 * k * cp)]
-    elif scheme == "ring":
+    elif scheme == SequenceScheme.RING:
         a = config.precision.compute
         grads = 2 * k * max(a, 4) // a
         blocks = [("forward", 2 * k)] * (cp - 1) + [("backward", 2 * k)] * (cp - 2) + [("backward", grads)] * (cp - 1)
         calls = [(op, phase, b) for phase, b in blocks for op in ("send", "recv")]
-    else:
+    elif scheme == SequenceScheme.ULYSSES:
         inputs = [q + 2 * k] if q == k else [q, 2 * k]
         calls = [("all_to_all", phase, b) for phase in ("forward", "backward") for b in (*inputs, q)]
+    else:
+        raise ValueError(f"the cost model has no bytes for the sequence scheme {scheme!r}; add them here")
     return merged([Collective(op, "cp", phase, layers * b, layers, cp) for op, phase, b in calls])
 
 

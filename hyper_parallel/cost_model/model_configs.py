@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from hyper_parallel.cost_model import hf_config
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 
 INT64_BYTES = 8
 """EP exchanges its per-expert token counts as int64."""
@@ -92,7 +93,7 @@ class ModelConfig:
     sequence_parallel: bool | None = None
     param_shard: bool | None = None
     dispatch: str = "all_to_all"
-    sequence_scheme: str = "all_gather"  # cp attention: K/V "all_gather", K/V "ring", or "ulysses"
+    sequence_scheme: SequenceScheme = SequenceScheme.ALL_GATHER  # cp attention: K/V all-gather, K/V ring, Ulysses
     precision: Precision = PRECISIONS["fp32-sgd"]
     description: str = ""  # the architecture; ``describe()`` adds the step's shape
     micro_batch: int | None = None
@@ -129,8 +130,11 @@ class ModelConfig:
             raise ValueError(f"architecture must be 'transformer' or 'mlp', got {self.architecture!r}")
         if self.dispatch not in ("all_to_all", "all_gather"):
             raise ValueError(f"dispatch must be 'all_to_all' or 'all_gather', got {self.dispatch!r}")
-        if self.sequence_scheme not in ("all_gather", "ring", "ulysses"):
-            raise ValueError(f"sequence_scheme must be 'all_gather', 'ring' or 'ulysses', got {self.sequence_scheme!r}")
+        if self.sequence_scheme not in tuple(SequenceScheme):
+            raise ValueError(
+                f"sequence_scheme must be one of {[s.value for s in SequenceScheme]}, got {self.sequence_scheme!r}"
+            )
+        object.__setattr__(self, "sequence_scheme", SequenceScheme(self.sequence_scheme))
         if self.activation_checkpointing not in AC_MODES:
             raise ValueError(
                 f"activation_checkpointing must be one of {', '.join(AC_MODES)}, got {self.activation_checkpointing!r}"
@@ -246,7 +250,7 @@ class ModelConfig:
             num_heads=self.n_heads,
             hidden_sizes=hidden,
             expert_hidden_sizes=(self.moe_hidden,) if self.is_moe else (),
-            ulysses=self.sequence_scheme == "ulysses",
+            ulysses=self.sequence_scheme == SequenceScheme.ULYSSES,
         )
         if self.kv_heads % dims.tp and dims.tp % self.kv_heads:
             raise ValueError(

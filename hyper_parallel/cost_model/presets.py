@@ -63,22 +63,6 @@ PRESETS: dict[str, ModelConfig] = {m.name: m for m in _TINY} | {
 }
 CLI_MODELS = tuple(PRESETS)
 
-_RECIPE_WORKLOADS = {  # a recipe's implementation -> (preset, changes): what its worker builds
-    "hyper_parallel.recipes.dense:ddp_mlp": ("small-mlp", {"param_shard": False}),
-    "hyper_parallel.recipes.dense:fsdp_mlp": ("small-mlp", {}),
-    "hyper_parallel.recipes.transformer:tensor_parallel": ("small", {"sequence_parallel": False, "param_shard": False}),
-    "hyper_parallel.recipes.transformer:tensor_sequence_parallel": (
-        "small",
-        {"sequence_parallel": True, "param_shard": False},
-    ),
-    "hyper_parallel.recipes.transformer:fsdp_transformer_without_sp": ("small", {"sequence_parallel": False}),
-    "hyper_parallel.recipes.transformer:fsdp_transformer": ("small", {}),
-    "hyper_parallel.recipes.transformer:fsdp_transformer_ring": ("small", {"sequence_scheme": "ring"}),
-    "hyper_parallel.recipes.transformer:fsdp_transformer_ulysses": ("small", {"sequence_scheme": "ulysses"}),
-    "hyper_parallel.recipes.moe:expert_parallel": ("small-moe", {}),
-    "hyper_parallel.recipes.moe:expert_parallel_all_gather": ("small-moe", {"dispatch": "all_gather"}),
-}
-
 
 def get_model(name: str) -> ModelConfig:
     if name not in PRESETS:
@@ -92,11 +76,11 @@ cost model describes; ``microbatches`` only matters to pipeline recipes, which i
 
 
 def recipe_model(recipe: str, options: dict[str, int] | None = None) -> ModelConfig:
-    """The model (and parallel style) a recipe's worker trains, e.g. ``recipe_model("M6")``; ``options``: a
-    run's resolved options (its ``metrics["options"]``) where they differ from the recipe's defaults."""
-    implementation = registry.get(recipe).implementation
-    if implementation not in _RECIPE_WORKLOADS:
-        raise ValueError(f"the cost model does not describe {implementation!r} (recipe {recipe})")
-    preset, changes = _RECIPE_WORKLOADS[implementation]
-    changes = {**changes, **{k: v for k, v in (options or {}).items() if k in RUN_OPTIONS}}
-    return PRESETS[preset].replace(name=f"{preset} ({registry.get(recipe).name})", **changes)
+    """The model (and parallel style) a recipe's worker trains, e.g. ``recipe_model("M6")``: its preset with
+    the recipe's workload facts (``Recipe.workload``); ``options``: a run's resolved options (its
+    ``metrics["options"]``) where they differ from the recipe's defaults."""
+    row = registry.get(recipe)
+    if row.workload.preset is None:
+        raise ValueError(f"the cost model does not describe {row.implementation!r} (recipe {row.name})")
+    changes = {**row.workload.model_changes(), **{k: v for k, v in (options or {}).items() if k in RUN_OPTIONS}}
+    return PRESETS[row.workload.preset].replace(name=f"{row.workload.preset} ({row.name})", **changes)

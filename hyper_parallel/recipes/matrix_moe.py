@@ -3,7 +3,9 @@
 Each row is the keyword arguments of ``registry.Recipe`` (see ``matrix_dense``). Torch-free.
 """
 
-from hyper_parallel.recipes.matrix_shapes import MOE_CODE, MOE_SHAPES, MOE_WORKLOAD
+import dataclasses
+
+from hyper_parallel.recipes.matrix_shapes import MOE, MOE_CALLS, MOE_CODE, MOE_SHAPES, MOE_WORKLOAD
 
 MOE_ROWS: list[dict] = [
     dict(
@@ -17,6 +19,8 @@ MOE_ROWS: list[dict] = [
         default={"world_size": 4, "dp_shard": 4, "ep": 2},
         alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2},),
         implementation=f"{MOE_WORKLOAD}:expert_parallel",
+        workload=MOE,
+        torch_calls=MOE_CALLS,
         code=MOE_CODE,
         shapes=MOE_SHAPES,
         must_exceed_one=("ep",),
@@ -32,6 +36,8 @@ MOE_ROWS: list[dict] = [
         default={"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2},
         alternatives=({"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2, "etp": 2},),
         implementation=f"{MOE_WORKLOAD}:expert_parallel",
+        workload=MOE,
+        torch_calls=MOE_CALLS,
         code=MOE_CODE,
         shapes=MOE_SHAPES,
         must_exceed_one=("ep", "etp"),
@@ -47,6 +53,8 @@ MOE_ROWS: list[dict] = [
         default={"world_size": 4, "dp_shard": 4, "ep": 2},
         alternatives=(),
         implementation=f"{MOE_WORKLOAD}:expert_parallel_all_gather",
+        workload=dataclasses.replace(MOE, dispatch="all_gather"),
+        torch_calls=MOE_CALLS,
         code=MOE_CODE,
         shapes=MOE_SHAPES,
         must_exceed_one=("ep",),

@@ -3,7 +3,15 @@
 Each row is the keyword arguments of ``registry.Recipe`` (see ``matrix_dense``). Torch-free.
 """
 
-from hyper_parallel.recipes.matrix_shapes import PIPELINE_CODE, PIPELINE_SHAPES, PIPELINE_WORKLOAD
+import dataclasses
+
+from hyper_parallel.recipes.matrix_shapes import (
+    PIPELINE_1F1B,
+    PIPELINE_CALLS,
+    PIPELINE_CODE,
+    PIPELINE_SHAPES,
+    PIPELINE_WORKLOAD,
+)
 
 PIPELINE_ROWS: list[dict] = [
     dict(
@@ -18,6 +26,8 @@ PIPELINE_ROWS: list[dict] = [
         default={"world_size": 4, "pp": 2, "dp_shard": 2},
         alternatives=({"world_size": 2, "pp": 2},),
         implementation=f"{PIPELINE_WORKLOAD}:one_f_one_b",
+        workload=PIPELINE_1F1B,
+        torch_calls=PIPELINE_CALLS,
         code=PIPELINE_CODE,
         shapes=PIPELINE_SHAPES,
         must_be_one=("cp", "tp", "ep"),
@@ -33,6 +43,7 @@ PIPELINE_ROWS: list[dict] = [
         default={"world_size": 4, "pp": 2, "dp_shard": 2},
         alternatives=(),
         implementation=f"{PIPELINE_WORKLOAD}:gpipe",
+        workload=dataclasses.replace(PIPELINE_1F1B, schedule="gpipe"),
         shapes=PIPELINE_SHAPES,
         must_be_one=("cp", "tp", "ep"),
         must_exceed_one=("pp",),
@@ -48,6 +59,7 @@ PIPELINE_ROWS: list[dict] = [
         default={"world_size": 4, "pp": 2, "dp_shard": 2},
         alternatives=(),
         implementation=f"{PIPELINE_WORKLOAD}:interleaved",
+        workload=dataclasses.replace(PIPELINE_1F1B, schedule="interleaved_1f1b"),
         shapes={**PIPELINE_SHAPES, "stages_per_rank": 2},
         must_be_one=("cp", "tp", "ep"),
         must_exceed_one=("pp",),
@@ -63,6 +75,7 @@ PIPELINE_ROWS: list[dict] = [
         default={"world_size": 8, "pp": 2, "dp_shard": 2, "tp": 2},
         alternatives=({"world_size": 4, "pp": 2, "tp": 2},),
         implementation=f"{PIPELINE_WORKLOAD}:one_f_one_b",
+        workload=PIPELINE_1F1B,
         shapes=PIPELINE_SHAPES,
         must_be_one=("cp", "ep"),
         must_exceed_one=("pp", "tp"),
@@ -78,6 +91,7 @@ PIPELINE_ROWS: list[dict] = [
         default={"world_size": 4, "pp": 2, "dp_shard": 2, "ep": 2},
         alternatives=(),
         implementation=f"{PIPELINE_WORKLOAD}:expert_parallel",
+        workload=dataclasses.replace(PIPELINE_1F1B, moe=True),
         shapes={**PIPELINE_SHAPES, "num_experts": 4, "expert_hidden_sizes": (32,)},
         must_be_one=("cp", "tp", "etp"),
         must_exceed_one=("pp", "ep"),

@@ -4,7 +4,17 @@ Each row is the keyword arguments of ``registry.Recipe`` (see ``matrix_dense``);
 is its title. Torch-free.
 """
 
-from hyper_parallel.recipes.matrix_shapes import DENSE_WORKLOAD, MOE_SHAPES, MOE_WORKLOAD, SP_SHAPES, TRANSFORMER_SHAPES
+from hyper_parallel.recipes.matrix_shapes import (
+    DENSE_WORKLOAD,
+    MOE,
+    MOE_SHAPES,
+    MOE_WORKLOAD,
+    SP_SHAPES,
+    TRANSFORMER,
+    TRANSFORMER_SHAPES,
+    TRANSFORMER_TP,
+)
+from hyper_parallel.recipes.workload_facts import WorkloadFacts
 
 
 def _tier(
@@ -13,9 +23,11 @@ def _tier(
     row: str,
     default: dict,
     implementation: str,
+    workload: WorkloadFacts,
     shapes: dict,
     tier: str = "",
     alternatives: tuple = (),
+    plan_command: bool = False,
 ) -> dict:
     """A tier A/B/C entry: a named mesh of an existing workload."""
     return dict(
@@ -27,7 +39,9 @@ def _tier(
         default=default,
         alternatives=alternatives,
         implementation=implementation,
+        workload=workload,
         shapes=shapes,
+        plan_command=plan_command,
     )
 
 
@@ -38,6 +52,7 @@ TIER_ROWS: list[dict] = [
         "A-TP | tp=2/4 | Col/Row/all-gather vs reference",
         {"world_size": 2, "tp": 2},
         f"{DENSE_WORKLOAD}:tensor_parallel",
+        TRANSFORMER_TP,
         TRANSFORMER_SHAPES,
         alternatives=({"world_size": 4, "tp": 4},),
     ),
@@ -47,6 +62,7 @@ TIER_ROWS: list[dict] = [
         "A-CP | cp=2/4 | CP attention vs full sequence",
         {"world_size": 2, "cp": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer",
+        TRANSFORMER,
         TRANSFORMER_SHAPES,
         alternatives=({"world_size": 4, "cp": 4},),
     ),
@@ -56,6 +72,7 @@ TIER_ROWS: list[dict] = [
         "A-FSDP2 | dp_shard=2 | parameter sharding, gradients",
         {"world_size": 2, "dp_shard": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer",
+        TRANSFORMER,
         TRANSFORMER_SHAPES,
     ),
     _tier(
@@ -64,6 +81,7 @@ TIER_ROWS: list[dict] = [
         "A-EP | ep=2 (MoE) | dispatch, expert forward and backward",
         {"world_size": 2, "dp_shard": 2, "ep": 2},
         f"{MOE_WORKLOAD}:expert_parallel",
+        MOE,
         MOE_SHAPES,
     ),
     _tier(
@@ -72,6 +90,7 @@ TIER_ROWS: list[dict] = [
         "B-1 | TP + FSDP2 | fsdp_tp_example, Titan Llama3",
         {"world_size": 4, "dp_shard": 2, "tp": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer_without_sp",
+        WorkloadFacts("small", sequence_parallel=False),
         TRANSFORMER_SHAPES,
     ),
     _tier(
@@ -80,6 +99,7 @@ TIER_ROWS: list[dict] = [
         "B-2 | TP + SP + FSDP2 | + enable_sequence_parallel",
         {"world_size": 4, "dp_shard": 2, "tp": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer",
+        TRANSFORMER,
         SP_SHAPES,
     ),
     _tier(
@@ -88,6 +108,7 @@ TIER_ROWS: list[dict] = [
         "B-3 | CP + FSDP2 | fsdp already contains cp",
         {"world_size": 4, "dp_shard": 2, "cp": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer",
+        TRANSFORMER,
         TRANSFORMER_SHAPES,
     ),
     _tier(
@@ -96,6 +117,7 @@ TIER_ROWS: list[dict] = [
         "B-4 | TP + CP + FSDP2 | seq_len % (tp*2*cp)",
         {"world_size": 4, "cp": 2, "tp": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer",
+        TRANSFORMER,
         SP_SHAPES,
     ),
     _tier(
@@ -104,6 +126,7 @@ TIER_ROWS: list[dict] = [
         "B-5 | HSDP | get_mesh(['dp_replicate','fsdp'])",
         {"world_size": 4, "dp_replicate": 2, "dp_shard": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer",
+        TRANSFORMER,
         TRANSFORMER_SHAPES,
         tier="l1",
     ),
@@ -113,6 +136,7 @@ TIER_ROWS: list[dict] = [
         "B-6 | EP + FSDP2 | dual-stack FSDP",
         {"world_size": 4, "dp_shard": 4, "ep": 2},
         f"{MOE_WORKLOAD}:expert_parallel",
+        MOE,
         MOE_SHAPES,
     ),
     _tier(
@@ -121,6 +145,7 @@ TIER_ROWS: list[dict] = [
         "B-7 | EP + TP + (ETP) + FSDP2 | ETP=TP and ETP=1",
         {"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2},
         f"{MOE_WORKLOAD}:expert_parallel",
+        MOE,
         MOE_SHAPES,
         tier="l1",
         alternatives=({"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 1},),
@@ -131,8 +156,10 @@ TIER_ROWS: list[dict] = [
         "C | 8 ranks | (1,2,2,2) dense, MoE variant with ep=2, etp=2",
         {"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2},
         f"{DENSE_WORKLOAD}:fsdp_transformer",
+        TRANSFORMER,
         SP_SHAPES,
         tier="l2",
+        plan_command=True,
     ),
     _tier(
         "C-MoE",
@@ -140,7 +167,9 @@ TIER_ROWS: list[dict] = [
         "C | 8 ranks | MoE variant, legal ep/etp pair",
         {"world_size": 8, "dp_shard": 2, "cp": 2, "tp": 2, "ep": 2, "etp": 2},
         f"{MOE_WORKLOAD}:expert_parallel",
+        MOE,
         MOE_SHAPES,
         tier="l2",
+        plan_command=True,
     ),
 ]

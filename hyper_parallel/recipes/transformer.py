@@ -22,24 +22,24 @@ from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.recipes.batches import data_parallel_rows, sequence_positions
 from hyper_parallel.recipes.options import RunOptions
 from hyper_parallel.recipes.training import Workload
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 
 DENSE_CONFIG = TransformerConfig()
 
 
-SEQUENCE_SCHEMES = ("all_gather", "ring", "ulysses")
-"""How the cp ranks attend over the whole sequence: K/V all-gather (M5, M6), K/V ring (M5-R), or
-Ulysses head resharding by all-to-all (M5-U, M6-U). Same token layout, so the same numbers."""
-
-
-def apply_context_parallel(model: Transformer, views: MeshViews, scheme: str = "all_gather") -> None:
-    """Swap every attention core for sequence-parallel attention over the cp group."""
+def apply_context_parallel(
+    model: Transformer, views: MeshViews, scheme: SequenceScheme = SequenceScheme.ALL_GATHER
+) -> None:
+    """Swap every attention core for sequence-parallel attention over the cp group (``scheme``: how)."""
     from hyper_parallel.parallel.cp import context_parallel_attention
     from hyper_parallel.parallel.ulysses import ulysses_attention
 
-    if scheme not in SEQUENCE_SCHEMES:
-        raise ValueError(f"scheme must be one of {SEQUENCE_SCHEMES}, got {scheme!r}")
+    scheme = SequenceScheme(scheme)
     cp = GroupInfo.from_mesh(views[MeshDim.CP], (MeshDim.CP,))
-    attention = ulysses_attention if scheme == "ulysses" else functools.partial(context_parallel_attention, impl=scheme)
+    if scheme == SequenceScheme.ULYSSES:
+        attention = ulysses_attention
+    else:
+        attention = functools.partial(context_parallel_attention, impl=scheme.value)
     for layer in model.layers:
         layer.attention.core = functools.partial(_cp_core, attention=attention, cp=cp)
 
@@ -65,7 +65,7 @@ def transformer_workload(
     sequence_parallel: bool,
     enable_param_shard: bool | None,
     config: TransformerConfig = DENSE_CONFIG,
-    sequence_scheme: str = "all_gather",
+    sequence_scheme: SequenceScheme = SequenceScheme.ALL_GATHER,
 ) -> Workload:
     config = dataclasses.replace(config, seq_len=options.seq_len)
     torch.manual_seed(seed)
@@ -106,20 +106,31 @@ def fsdp_transformer_without_sp(dims: ParallelDims, views: MeshViews, seed: int,
     return transformer_workload(dims, views, seed, options, sequence_parallel=False, enable_param_shard=None)
 
 
-def fsdp_transformer(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
-    """M5, M6, M7 and the dense tiers: whatever of TP+SP / CP the degrees ask for, then FSDP/HSDP."""
-    return transformer_workload(dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None)
+def fsdp_transformer(
+    dims: ParallelDims,
+    views: MeshViews,
+    seed: int,
+    options: RunOptions,
+    sequence_scheme: SequenceScheme = SequenceScheme.ALL_GATHER,
+) -> Workload:
+    """M5, M6, M7 and the dense tiers: whatever of TP+SP / CP the degrees ask for, then FSDP/HSDP
+    (``sequence_scheme``: how the cp ranks attend, for M5-R, M5-U and M6-U)."""
+    return transformer_workload(
+        dims,
+        views,
+        seed,
+        options,
+        sequence_parallel=dims.tp > 1,
+        enable_param_shard=None,
+        sequence_scheme=sequence_scheme,
+    )
 
 
 def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring with overlap (parallel/ring.py)."""
-    return transformer_workload(
-        dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ring"
-    )
+    return fsdp_transformer(dims, views, seed, options, SequenceScheme.RING)
 
 
 def fsdp_transformer_ulysses(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """M5-U, M6-U: as fsdp_transformer, Ulysses attention (all-to-all to head shards and back)."""
-    return transformer_workload(
-        dims, views, seed, options, sequence_parallel=dims.tp > 1, enable_param_shard=None, sequence_scheme="ulysses"
-    )
+    return fsdp_transformer(dims, views, seed, options, SequenceScheme.ULYSSES)

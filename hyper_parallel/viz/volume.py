@@ -11,6 +11,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MultipleLocator
 
 from hyper_parallel.cost_model.communication import fsdp_collectives, wire_factor
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 from hyper_parallel.viz.style import (
     OP_COLORS,
     OP_SHORT,
@@ -216,8 +217,11 @@ def comm_volume(traces, metrics: dict[str, Any], step: int | None = None) -> Fig
     return fig
 
 
-SCHEME_COLORS = {"all_gather": OP_COLORS["all_gather"], "ring": "#8c564b", "ulysses": OP_COLORS["all_to_all"]}
-SCHEME_NAMES = {"all_gather": "K/V all-gather", "ring": "K/V ring", "ulysses": "Ulysses all-to-all"}
+SCHEME_STYLES = {  # each sequence scheme's colour and marks in sequence_schemes
+    SequenceScheme.ALL_GATHER: dict(color=OP_COLORS["all_gather"], linestyle="--", marker="s", markersize=9),
+    SequenceScheme.RING: dict(color="#8c564b", marker="o"),
+    SequenceScheme.ULYSSES: dict(color=OP_COLORS["all_to_all"], marker="o"),
+}
 
 
 def sequence_traffic(traces, step: int, rank: int = 0) -> dict[str, float]:
@@ -269,7 +273,7 @@ def sequence_schemes(
         config, dims, model = _scheme_cost(metrics["recipe"], metrics["degrees"])
         model_config, rows = config, config.global_batch // dims.dp
         measured = sequence_traffic(traces, steps[-1] if step is None else step)
-        color = SCHEME_COLORS[config.sequence_scheme]
+        color = SCHEME_STYLES[config.sequence_scheme]["color"]
         for j, (phase, hatch) in enumerate((("forward", ""), ("backward", "//"))):
             value = measured[phase] / config.n_layers
             x = i + (j - 1) * 0.27
@@ -283,7 +287,7 @@ def sequence_schemes(
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(
         [
-            f"{label}\n{SCHEME_NAMES[_scheme_cost(m['recipe'], m['degrees'])[0].sequence_scheme]}"
+            f"{label}\n{_scheme_cost(m['recipe'], m['degrees'])[0].sequence_scheme.label}"
             for label, (_, m) in runs.items()
         ],
         fontsize=8.5,
@@ -311,12 +315,7 @@ def _scaling_panel(ax, config, rows: int, cp_sizes: tuple[int, ...]) -> None:
     from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
     from hyper_parallel.mesh import ParallelDims
 
-    styles = {
-        "all_gather": dict(linestyle="--", marker="s", markersize=9),
-        "ring": dict(marker="o"),
-        "ulysses": dict(marker="o"),
-    }
-    for scheme in ("all_gather", "ring", "ulysses"):
+    for scheme in SequenceScheme:
         variant = config.replace(sequence_scheme=scheme, global_batch=rows)
         points = []
         for cp in cp_sizes:
@@ -327,9 +326,7 @@ def _scaling_panel(ax, config, rows: int, cp_sizes: tuple[int, ...]) -> None:
                 continue
             points.append((cp, sequence_bytes_per_layer(variant, dims, rows)["sent"]))
         if points:
-            ax.plot(
-                *zip(*points), color=SCHEME_COLORS[scheme], label=SCHEME_NAMES[scheme], gid=scheme, **styles[scheme]
-            )
+            ax.plot(*zip(*points), label=scheme.label, gid=scheme.value, **SCHEME_STYLES[scheme])
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(cp_sizes))
     ax.set_xticklabels([str(c) for c in cp_sizes])

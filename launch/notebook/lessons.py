@@ -17,70 +17,6 @@ from typing import Any
 
 from hyper_parallel.recipes import registry
 
-_FSDP2 = (
-    '`fully_shard(unit, mesh=views["dp_replicate", "fsdp"])`',
-    '`torch.distributed.fsdp.fully_shard(unit, mesh=mesh["fsdp"])` (a 2-D mesh `(replicate, shard)` makes it HSDP)',
-)
-_TP = (
-    '`parallelize_transformer_tp(model, views["tp"], ...)`',
-    'torch\'s own `parallelize_module(layer, tp_mesh, {"attention.wq": ColwiseParallel(), ..., '
-    '"attention.wo": RowwiseParallel()})`, called as is',
-)
-TORCH_CALLS: dict[str, list[tuple[str, str]]] = {
-    "M1": [
-        (
-            "`fully_shard(unit, mesh=..., enable_param_shard=False)`",
-            "`DistributedDataParallel(model)` / `torch.distributed._composable.replicate(model)`: whole "
-            "parameters, one gradient all-reduce",
-        )
-    ],
-    "M4": [_FSDP2],
-    "M2": [
-        _TP,
-        (
-            "`fully_shard(..., enable_param_shard=False)`",
-            "no torch FSDP2 equivalent: replicas all-reduce, TP-partial gradients are summed over tp",
-        ),
-    ],
-    "M5": [
-        (
-            "`apply_context_parallel(model, views)`",
-            "`torch.distributed.tensor.experimental.context_parallel` "
-            "(no CPU path in torch, so the workbook has its own attention)",
-        ),
-        _FSDP2,
-    ],
-    "M7": [_FSDP2],
-    "S1": [
-        (
-            '`parallelize_moe(moe, views["ep"])`',
-            "TorchTitan's `ExpertParallel()` style through `parallelize_module(experts, ep_mesh, ExpertParallel())`",
-        ),
-        (
-            '`fully_shard(experts, mesh=views["dp_replicate", "efsdp"])`',
-            "`fully_shard(experts, mesh=edp_mesh)` with TorchTitan's dual FSDP meshes",
-        ),
-    ],
-}
-TORCH_CALLS["P1"] = [
-    (
-        "`build_schedule('1f1b', stages, microbatches, lm_loss)`",
-        "`torch.distributed.pipelining.Schedule1F1B(stage, n_microbatches=m, loss_fn=lm_loss)`, called as is",
-    ),
-    (
-        "`TracedPipelineStage(stage, index, num_stages, device, ...)`",
-        "`torch.distributed.pipelining.PipelineStage` (ours records each forward and backward for the figures)",
-    ),
-    (
-        '`fully_shard(layer, mesh=views["dp_replicate", "fsdp"])`',
-        "`torch.distributed.fsdp.fully_shard(layer, mesh=dp_mesh)` per stage",
-    ),
-]
-TORCH_CALLS["M3"] = TORCH_CALLS["M2"]
-TORCH_CALLS["M6"] = [_TP, *TORCH_CALLS["M5"]]
-TORCH_CALLS["S2"] = TORCH_CALLS["S3"] = TORCH_CALLS["S1"]
-
-
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository: launch/notebook/lessons.py
 
 
@@ -118,7 +54,7 @@ def recipe_code(recipe: str):
     parts = [f"#### The code of {recipe}: what `run_recipes` runs in every worker"]
     for path, source in recipe_sources(recipe):
         parts.append(f"`{path}`\n```python\n{source.rstrip()}\n```")
-    calls = TORCH_CALLS.get(recipe, [])
+    calls = registry.get(recipe).torch_calls
     if calls:
         parts.append(
             "| our call | the torch call it makes or stands for |\n| --- | --- |\n"

@@ -19,6 +19,7 @@ from hyper_parallel.cost_model.layouts import Bandwidth, TimedCollective, check_
 from hyper_parallel.cost_model.step_time import StepEstimate, estimate_step
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.run_spec import RunSpec
 
 MESH_DIMS = (
@@ -33,8 +34,6 @@ MESH_DIMS = (
     MeshDim.EP,
     MeshDim.ETP,
 )
-RECIPE_OF_MODEL = {"small": "C", "small-moe": "C-MoE", "small-mlp": "M4"}
-"""The recipe whose worker trains a small preset on any mesh its shapes admit (for the torchrun command)."""
 
 
 @dataclass(frozen=True)
@@ -129,10 +128,10 @@ def torchrun_command(config: ModelConfig, dims: ParallelDims, gpus_per_node: int
 
 def _recipe_run(config: ModelConfig, dims: ParallelDims) -> RunSpec | None:
     """The run of the recipe whose worker trains exactly this model (an unmodified small preset) on these degrees."""
-    recipe = RECIPE_OF_MODEL.get(config.name)
+    recipe = registry.plan_recipe(config.name)
     if recipe is None or config != get_model(config.name):
         return None
     try:
-        return RunSpec.resolve(recipe, dims.degrees())
+        return RunSpec.resolve(recipe.name, dims.degrees())
     except ValueError:
         return None
