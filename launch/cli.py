@@ -31,7 +31,16 @@ from launch.processes.multinode import multinode_command, new_rdzv_id
 from launch.processes.run_dirs import RunDirError
 from launch.tables import print_table
 
-DEGREE_FLAGS = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP, MeshDim.PP)
+DEGREE_FLAGS = (
+    MeshDim.DP_REPLICATE,
+    MeshDim.DP_SHARD,
+    MeshDim.CP,
+    MeshDim.ULYSSES,
+    MeshDim.TP,
+    MeshDim.EP,
+    MeshDim.ETP,
+    MeshDim.PP,
+)
 EXIT_INVALID = 2
 
 
@@ -165,11 +174,7 @@ def cmd_list() -> int:
     rows = []
     for recipe in registry.RECIPES.values():
         dims = ParallelDims(**recipe.default)
-        active = " x ".join(
-            f"{name}={getattr(dims, name)}"
-            for name in (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
-            if getattr(dims, name) > 1
-        )
+        active = " x ".join(f"{name}={getattr(dims, name)}" for name in DEGREE_FLAGS if getattr(dims, name) > 1)
         meshes = 1 + len(recipe.alternatives)
         status = f"checked on {meshes} mesh{'es' if meshes > 1 else ''}"
         rows.append(

@@ -151,7 +151,7 @@ def resolve_degrees(recipe: registry.Recipe, given: dict[str, int | None]) -> di
     degrees = {k: v for k, v in given.items() if v is not None}
     if not degrees:
         return dict(recipe.default)
-    dense = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.PP)
+    dense = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.ULYSSES, MeshDim.TP, MeshDim.PP)
     if "world_size" not in degrees:
         if any(name in degrees for name in dense):
             world = 1

@@ -227,6 +227,9 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
     8192 B forward and receives as much backward; stage 1 the mirror image. Interleaved (P1-I): each
     rank's two stages both cross a boundary each way but stage 0 / stage 3 on one side only, so rank 0
     sends 16384 B forward and 8192 B backward. TP (P2) changes nothing: every tp rank sends its replica.
+    The V placement (P4, P5: 16 rows, 8 microbatches of 1 row per dp rank): rank 0 holds the first and the
+    last stage, each with its neighbour on rank 1, so it sends and receives 8 x 2048 B each way; stages
+    pp-1 and pp share a rank and pass their tensor in memory.
     """
     from hyper_parallel.cost_model.pipeline import boundary_bytes, p2p_bytes
 
@@ -234,7 +237,8 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
     assert result.ok, result.error
     dims = ParallelDims(**degrees)
     notes = result.metrics["notes"]
-    message = boundary_bytes(rows=8 // dims.dp // notes["microbatches"], seq_len=16, d_model=32)
+    rows = result.metrics["options"]["global_batch"] // dims.dp // notes["microbatches"]
+    message = boundary_bytes(rows=rows, seq_len=16, d_model=32)
     assert message == notes["boundary_bytes"]
     for rank, events in result.traces.items():
         traced = {
@@ -243,8 +247,9 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
         for event in events:
             if event["kind"] == "collective" and event["group"] == "pp" and event["step"] == 1:
                 traced[(event["op"], event["phase"])] += event["bytes"]
+        pp_rank = dims.coordinates(rank)[MeshDim.PP]
         expected = p2p_bytes(
-            dims.pp, dims.coordinates(rank)[MeshDim.PP], notes["microbatches"], message, notes["stages_per_rank"]
+            dims.pp, pp_rank, notes["microbatches"], message, notes["stages_per_rank"], notes["schedule"]
         )
         assert traced == expected, (rank, traced, expected)
 

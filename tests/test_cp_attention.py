@@ -242,6 +242,34 @@ def test_invalid_layouts_raise_in_workers(ranks):
             )
 
 
+@pytest.mark.distributed
+def test_ulysses_ring_2d_matches_unsplit_attention(ranks):
+    """ulysses 2 x ring 2 on 4 ranks (32 tokens): rank (ring r, ulysses u) holds slice u of ring rank r's
+    zig-zag chunks (ring 0: tokens 0-7 and 24-31, so ulysses 0 holds 0-7); its output and q/k/v gradients
+    equal float64 SDPA at those positions (causal, non-causal, GQA with 2 K/V heads). Per attention call:
+    forward one all-to-all of stacked q/k/v on ulysses (GQA: q, then stacked K/V), the ring's one send and
+    one receive of a K/V block on cp (the block after the all-to-all: 2 x the local K bytes again), the
+    output's all-to-all; backward the ring's one dK/dV block each way and the all-to-alls reversed."""
+    if len(ranks) != 4:
+        pytest.skip("the 2-D case runs on 4 ranks")
+    for rank in ranks:
+        two_d = rank["two_d"]
+        assert two_d["ulysses_ranks"] == [rank["rank"] // 2 * 2, rank["rank"] // 2 * 2 + 1]
+        assert two_d["ring_ranks"] == [rank["rank"] % 2, rank["rank"] % 2 + 2]
+        ring, slice_ = rank["rank"] // 2, rank["rank"] % 2
+        share = [*range(ring * 8, ring * 8 + 8), *range(24 - ring * 8, 32 - ring * 8)]
+        for case in two_d["cases"]:
+            assert case["positions"] == share[slice_ * 8 : slice_ * 8 + 8]
+            assert max(case["errors"].values()) <= TOLERANCE["float32"], (rank["rank"], case)
+            q, kv = case["local_q_bytes"], 2 * case["local_kv_bytes"]
+            inputs = [q + kv] if case["kv_heads"] == 4 else [q, kv]
+            ulysses_calls = [("all_to_all", "ulysses", "forward", b) for b in (*inputs, q)]
+            ulysses_calls += [("all_to_all", "ulysses", "backward", b) for b in (q, *reversed(inputs))]
+            ring_calls = [(op, "cp", phase, kv) for phase in ("forward", "backward") for op in ("send", "recv")]
+            events = [(e["op"], e["group"], e["phase"], e["bytes"]) for e in case["events"]]
+            assert sorted(events) == sorted(ulysses_calls + ring_calls), rank["rank"]
+
+
 def test_load_balanced_positions_hand_derived():
     for cp_size, expected in POSITIONS_16.items():
         held = [load_balanced_positions(16, cp_size, i).tolist() for i in range(cp_size)]

@@ -56,15 +56,18 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     (M5-R): per attention cp-1 K/V blocks sent to the next rank and received from the previous one in
     forward, cp-2 K/V blocks and cp-1 dK/dV blocks each way in backward (the ring retraced);
     Ulysses (M5-U, M6-U): per attention one all-to-all of the stacked q/k/v and one of the output in
-    forward, the same two in backward (no GQA here).
+    forward, the same two in backward (no GQA here). A ulysses dim (M5-UR) adds those two all-to-alls
+    each way on the ulysses group to the ring's sends and receives on cp.
     EP per MoE layer (all-to-all dispatch): forward counts + dispatch + combine all-to-alls, backward
     two; all-gather dispatch: forward counts and rows all-gathered, outputs reduce-scattered, backward
     one of each. ETP: one etp all-reduce per MoE layer in each direction. The experts are a unit of
     their own on efsdp (one AG forward, one AG backward, one RS when efsdp > 1).
     """
     dims = ParallelDims(**d)  # only to infer dp_shard
-    tp, cp, dp_replicate, fsdp = dims.tp, dims.cp, dims.dp_replicate, dims.dp_shard * dims.cp
+    tp, cp, dp_replicate, fsdp = dims.tp, dims.cp, dims.dp_replicate, dims.fsdp
     workload = RECIPES[recipe].workload  # what the recipe's implementation builds, as data
+    if workload.schedule in V_SCHEDULES:
+        return expected_v_pipeline_collectives(dims, RECIPES[recipe].options(dims).microbatches)
     if workload.schedule is not None:
         return expected_pipeline_collectives(workload.schedule, workload.moe, dims)
     moe = workload.moe
@@ -92,6 +95,9 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("all_reduce", "tp", "forward")] = 2 * LAYERS + 1
         expected[("all_gather", "tp", "forward")] = 1
         expected[("all_reduce", "tp", "backward")] = 2 * LAYERS + 1
+    if dims.ulysses > 1:  # M5-UR: Ulysses' all-to-alls around the ring, on their own dim
+        expected[("all_to_all", "ulysses", "forward")] = 2 * LAYERS
+        expected[("all_to_all", "ulysses", "backward")] = 2 * LAYERS
     if cp > 1 and workload.sequence_scheme == "ring":
         for op in ("send", "recv"):
             expected[(op, "cp", "forward")] = (cp - 1) * LAYERS
@@ -193,6 +199,32 @@ def expected_pipeline_collectives(
     if moe:  # per microbatch as in S1: counts + dispatch + combine forward, two backward; efsdp = 1 here
         expected[("all_to_all", "ep", "forward")] = 3 * m
         expected[("all_to_all", "ep", "backward")] = 2 * m
+    return expected
+
+
+V_SCHEDULES = ("zbv", "dualpipev")
+V_LAYERS = 8  # the zero-bubble recipes' n_layers (recipes/pipeline.py ZERO_BUBBLE_CONFIG)
+
+
+def expected_v_pipeline_collectives(dims: ParallelDims, microbatches: int) -> Counter:
+    """Hand-derived collectives of one step on rank 0 of a V-placed pipeline (P4 ZB-V, P5 DualPipeV).
+
+    Rank 0 runs stage 0 (the embedding and 8 / (2 pp) layers) and stage 2 pp - 1 (as many layers, the final
+    norm and the head); their neighbours, stages 1 and 2 pp - 2, run on rank 1. Per microbatch stage 0 sends
+    its output and receives its gradient, the last stage receives its input and sends its gradient: m of
+    each. fully_shard: the runtime unshards every unit with parameters ahead of the step's first forward
+    (its UNSHARD actions, outside forward: two roots and the layers of both stages), nothing reshards until
+    the step's end, and each unit reduce-scatters once. B and W split the backward's compute, not its
+    communication.
+    """
+    m, layers_per_stage = microbatches, V_LAYERS // (2 * dims.pp)
+    expected: Counter = Counter()
+    for op, phase in (("send", "forward"), ("recv", "backward"), ("recv", "forward"), ("send", "backward")):
+        expected[(op, "pp", phase)] = m
+    if dims.fsdp > 1:
+        units = 2 + 2 * layers_per_stage
+        expected[("all_gather", "fsdp", "other")] = units
+        expected[("reduce_scatter", "fsdp", "backward")] = units
     return expected
 
 

@@ -42,7 +42,7 @@ def test_a_cli_run_reaches_the_worker_as_one_record_resolved_once(monkeypatch, t
     module, world_size, batch, batch_file = launch.value.args
     assert resolved == ["M4"]  # the options of the one run, resolved once in the parent
     assert (module, world_size) == (WORKER_MODULE, 2)
-    degrees = {"world_size": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1, "pp": 1, "ep": 1, "etp": 1}
+    degrees = dict(world_size=2, dp_replicate=1, dp_shard=2, cp=1, ulysses=1, tp=1, pp=1, ep=1, etp=1)
     record = {
         "recipe": "M4",
         "degrees": degrees,

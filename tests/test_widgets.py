@@ -35,7 +35,7 @@ def title(widget: MeshWidget) -> str:
 def test_default_selection_is_the_recipe_default_and_valid():
     widget = MeshWidget("M7")
     assert widget.recipe == "M7"
-    assert widget.degrees == {"world_size": 4, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1, "ep": 1, "etp": 1}
+    assert widget.degrees == dict(world_size=4, dp_replicate=2, dp_shard=2, cp=1, ulysses=1, tp=1, ep=1, etp=1)
     assert widget.valid and widget.error is None and not widget.launch_button.disabled
     assert "✔ valid" in widget.status.value and widget.fix_button.layout.display == "none"
     assert "M7" in title(widget) and "dp_replicate 2" in title(widget)

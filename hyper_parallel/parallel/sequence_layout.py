@@ -50,6 +50,22 @@ def rank_positions(seq_len: int, cp_size: int, cp_index: int, zigzag: bool = Tru
     return layout(seq_len, cp_size, cp_index)
 
 
+def ulysses_ring_positions(
+    seq_len: int, ring_size: int, ring_index: int, ulysses_size: int, ulysses_index: int
+) -> torch.Tensor:
+    """2-D sequence parallelism: the positions of the rank at (ring index, ulysses index). Its ring rank's
+    zig-zag share (chunks i and 2 ring - 1 - i) is cut into ``ulysses_size`` contiguous slices in order, so
+    that an all-to-all over the ulysses ranks gathers the share back in zig-zag order for the ring."""
+    share = load_balanced_positions(seq_len, ring_size, ring_index)
+    _check_index(ulysses_size, ulysses_index)
+    if len(share) % ulysses_size:
+        raise ValueError(
+            f"seq_len={seq_len}: each ring rank's {len(share)} tokens must split over ulysses={ulysses_size}; "
+            f"use a seq_len divisible by 2*ring*ulysses = {2 * ring_size * ulysses_size}"
+        )
+    return share.chunk(ulysses_size)[ulysses_index]
+
+
 def gathered_positions(seq_len: int, cp_size: int, zigzag: bool = True) -> torch.Tensor:
     """Positions of every rank concatenated in group rank order: the order of an all-gathered sequence
     (also the sequence order Ulysses attends over after its all-to-all, and the blocks of a ring)."""

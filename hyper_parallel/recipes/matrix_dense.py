@@ -154,6 +154,25 @@ DENSE_ROWS: list[dict] = [
         must_exceed_one=("cp",),
     ),
     dict(
+        name="M5-UR",
+        title="2-D sequence parallelism: Ulysses x ring + FSDP",
+        description="The sequence split over cp x ulysses ranks (VeOmni's ulysses x cp, USP): 2*cp zig-zag "
+        "chunks over the ring, each ring rank's share in ulysses slices. Attention reshards heads over "
+        "ulysses by all-to-all (each rank then holds its ring rank's whole share for n_heads/ulysses heads) "
+        "and passes those heads' K/V around the cp ring as M5-R does; one more all-to-all turns the output "
+        "back. Needs n_heads % ulysses == 0 and seq_len % (2*cp*ulysses) == 0. Same losses as M5.",
+        matrix_row="M5-UR | dense | TP 1 | SP 0 | CP >1 (ring) x ulysses >1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | n_heads % ulysses, seq_len % 2 cp ulysses | mini transformer",
+        tier="",
+        default={"world_size": 4, "cp": 2, "ulysses": 2, "dp_shard": 1},
+        alternatives=({"world_size": 8, "cp": 2, "ulysses": 2, "dp_shard": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ring",
+        code=TRANSFORMER_CODE + CP_CODE + FSDP_CODE,
+        workload=WorkloadFacts("small", sequence_scheme=SequenceScheme.RING),
+        shapes=TRANSFORMER_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"),
+        must_exceed_one=("cp", "ulysses"),
+    ),
+    dict(
         name="M5-U",
         title="Ulysses sequence parallelism + FSDP",
         description="The sequence sharded over cp as in M5, but attention reshards by heads: one all-to-all "

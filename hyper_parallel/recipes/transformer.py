@@ -1,7 +1,7 @@
 """Recipes on the mini transformer, applied in TorchTitan's order: TP(+SP) -> EP/ETP -> CP -> fully_shard.
 
-One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U) and the dense
-tiers; the degrees decide which styles apply.
+One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U, and M5-UR: the
+ring with a ulysses dim) and the dense tiers; the degrees decide which styles apply.
 """
 
 from __future__ import annotations
@@ -30,12 +30,22 @@ DENSE_CONFIG = TransformerConfig()
 def apply_context_parallel(
     model: Transformer, views: MeshViews, scheme: SequenceScheme = SequenceScheme.ALL_GATHER
 ) -> None:
-    """Swap every attention core for sequence-parallel attention over the cp group (``scheme``: how)."""
+    """Swap every attention core for sequence-parallel attention over the cp group (``scheme``: how); with
+    a ulysses dim, heads are resharded over it by all-to-all around the ring (2-D sequence parallelism)."""
     from hyper_parallel.parallel.cp import context_parallel_attention
-    from hyper_parallel.parallel.ulysses import ulysses_attention
+    from hyper_parallel.parallel.ulysses import ulysses_attention, ulysses_ring_core
 
     scheme = SequenceScheme(scheme)
     cp = GroupInfo.from_mesh(views[MeshDim.CP], (MeshDim.CP,))
+    if views.dims.ulysses > 1:
+        if scheme != SequenceScheme.RING:
+            raise ValueError(
+                f"a ulysses dim composes with the ring (2-D sequence parallelism), not with {scheme.label}"
+            )
+        core = ulysses_ring_core(GroupInfo.from_mesh(views[MeshDim.ULYSSES], (MeshDim.ULYSSES,)), cp)
+        for layer in model.layers:
+            layer.attention.core = core
+        return
     if scheme == SequenceScheme.ULYSSES:
         attention = ulysses_attention
     else:
@@ -72,7 +82,7 @@ def transformer_workload(
     model = Transformer(config)
     reference = copy.deepcopy(model)
     parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=sequence_parallel)
-    if dims.cp > 1:
+    if dims.cp > 1 or dims.ulysses > 1:
         apply_context_parallel(model, views, sequence_scheme)
     apply_fully_shard(model, views, enable_param_shard)
     return lm_workload(model, reference, config, dims, seed, options.global_batch)
@@ -127,7 +137,8 @@ def fsdp_transformer(
 
 
 def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
-    """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring with overlap (parallel/ring.py)."""
+    """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring with overlap (parallel/ring.py);
+    M5-UR: the same ring, with heads resharded over the ulysses dim around it."""
     return fsdp_transformer(dims, views, seed, options, SequenceScheme.RING)
 
 

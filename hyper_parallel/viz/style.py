@@ -88,11 +88,12 @@ def degrees_text(degrees: dict[str, int] | Any | None) -> str:
         return ""
     if not isinstance(degrees, dict):
         degrees = degrees.degrees()
-    dense = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[:5] if degrees.get(name, 1) > 1]
+    experts = (MeshDim.EP, MeshDim.ETP)
+    dense = [f"{name} {degrees[name]}" for name in DEGREE_ORDER if name not in experts and degrees.get(name, 1) > 1]
     text = f"world {degrees.get('world_size', '?')}"
     if dense:
         text += " = " + " × ".join(dense)
-    sparse = [f"{name} {degrees[name]}" for name in DEGREE_ORDER[5:] if degrees.get(name, 1) > 1]
+    sparse = [f"{name} {degrees[name]}" for name in experts if degrees.get(name, 1) > 1]
     if sparse:
         text += " (experts: " + ", ".join(sparse) + ")"
     return text

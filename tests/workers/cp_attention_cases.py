@@ -31,7 +31,7 @@ from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm
 from hyper_parallel.parallel import ulysses
 from hyper_parallel.parallel.cp import attention_core, context_parallel_attention
 from hyper_parallel.parallel.ring import ring_attention
-from hyper_parallel.parallel.sequence_layout import cp_index, shard_sequence, unshard_sequence
+from hyper_parallel.parallel.sequence_layout import cp_index, shard_sequence, ulysses_ring_positions, unshard_sequence
 from hyper_parallel.recipes.activation_memory import SavedActivations
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
@@ -65,6 +65,9 @@ CASES = [  # impl, causal, dtype, kv_heads, seq_len
     ("ulysses", True, torch.float64, HEADS, SEQ_LEN),
     ("ulysses", True, torch.float32, HEADS // 2, SEQ_LEN),  # GQA: skipped where cp does not divide 2 K/V heads
 ]
+
+
+TWO_D_CASES = [(True, HEADS), (False, HEADS), (True, HEADS // 2)]  # causal, kv_heads (GQA: 2 K/V heads)
 
 
 def attention(impl: str):
@@ -206,6 +209,43 @@ def invalid_inputs(cp: GroupInfo) -> dict:
     return messages
 
 
+def two_d_case(ulysses_group: GroupInfo, ring: GroupInfo, causal: bool, kv_heads: int, seed: int) -> dict:
+    """2-D sequence parallelism (ulysses x ring): each rank's output and q/k/v gradients against float64 SDPA
+    at the positions it holds (ulysses_ring_positions), and the attention call's collectives."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, grad_out = (
+        torch.randn(BATCH, h, SEQ_LEN, HEAD_DIM, generator=gen, dtype=torch.float64)
+        for h in (HEADS, kv_heads, kv_heads, HEADS)
+    )
+    ref_in = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    F.scaled_dot_product_attention(*ref_in, is_causal=causal, enable_gqa=kv_heads != HEADS).backward(grad_out)
+    ref_out = F.scaled_dot_product_attention(
+        *(t.detach() for t in ref_in), is_causal=causal, enable_gqa=kv_heads != HEADS
+    )
+    positions = ulysses_ring_positions(SEQ_LEN, ring.size, ring.index, ulysses_group.size, ulysses_group.index)
+    local = [t[:, :, positions].float().requires_grad_(True) for t in (q, k, v)]
+    with trace.record() as rec:
+        with trace.labels(phase="forward", module="attention"):
+            out = ulysses.ulysses_ring_attention(*local, ulysses_group, ring, positions, causal=causal)
+        with trace.labels(phase="backward", module="attention"):
+            out.backward(grad_out[:, :, positions].float())
+    mine = (out, *(t.grad for t in local))
+    theirs = (ref_out, *(t.grad for t in ref_in))
+    return {
+        "causal": causal,
+        "kv_heads": kv_heads,
+        "positions": positions.tolist(),
+        "errors": {
+            name: _max_diff(a, b[:, :, positions]) for name, a, b in zip(("out", "dq", "dk", "dv"), mine, theirs)
+        },
+        "local_kv_bytes": BATCH * kv_heads * len(positions) * HEAD_DIM * 4,
+        "local_q_bytes": BATCH * HEADS * len(positions) * HEAD_DIM * 4,
+        "events": [
+            {key: e[key] for key in ("op", "group", "phase", "bytes")} for e in rec.events if e["kind"] == "collective"
+        ],
+    }
+
+
 def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -232,6 +272,14 @@ def main() -> None:
         if cp.size > 1:
             entry["invalid"] = invalid_inputs(cp)
         result["layouts"][name] = entry
+    if world == 4:  # 2-D: ulysses 2 inside cp 2 (ulysses groups {0, 1}, {2, 3}; rings {0, 2}, {1, 3})
+        views = build_mesh(ParallelDims(world_size=4, cp=2, ulysses=2), "cpu")
+        groups = [GroupInfo.from_mesh(views.dense, (dim,)) for dim in (MeshDim.ULYSSES, MeshDim.CP)]
+        result["two_d"] = {
+            "ulysses_ranks": list(groups[0].ranks),
+            "ring_ranks": list(groups[1].ranks),
+            "cases": [two_d_case(*groups, causal, kv, seed) for seed, (causal, kv) in enumerate(TWO_D_CASES)],
+        }
     result["seconds"] = time.perf_counter() - started
     Path(os.environ["HYPER_PARALLEL_RUN_DIR"], f"cp_rank{rank}.json").write_text(json.dumps(result, indent=1))
     dist.barrier()

@@ -9,6 +9,7 @@ preview shows the last valid selection. Nothing here starts a worker: ``MeshWidg
 from __future__ import annotations
 
 import html
+import math
 import os
 
 import ipywidgets as widgets
@@ -20,7 +21,7 @@ from hyper_parallel.recipes.options import microbatch_choices
 from hyper_parallel.viz.style import png_bytes
 from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command, degrees_text
 
-DEGREES = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
+DEGREES = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.ULYSSES, MeshDim.TP, MeshDim.EP, MeshDim.ETP)
 PICKER_DEGREES = (MeshDim.PP, *DEGREES)
 """The picker's selectors: pp first (outermost); recipes that do not pipeline only offer pp=1."""
 HELP = {
@@ -28,6 +29,7 @@ HELP = {
     MeshDim.DP_REPLICATE: "replica groups: gradients all-reduced across them (HSDP's outer dim)",
     MeshDim.DP_SHARD: "ranks that shard parameters (FSDP)",
     MeshDim.CP: "context parallel: the sequence is split over these ranks",
+    MeshDim.ULYSSES: "Ulysses: each cp rank's share of the sequence split again, heads resharded by all-to-all",
     MeshDim.TP: "tensor parallel: weights are split over these ranks (innermost, contiguous)",
     MeshDim.EP: "expert parallel: experts spread over these ranks (borrowed, not a factor of world_size)",
     MeshDim.ETP: "expert tensor parallel: each expert's hidden dim split (1 or tp)",
@@ -39,7 +41,8 @@ def valid_meshes(recipe: str, world_size: int) -> list[ParallelDims]:
     """Every mesh of ``world_size`` ranks that ``recipe`` accepts (its constraints and shapes included)."""
     spec = registry.get(recipe)
     meshes = []
-    for dims in valid_choices(world_size, pipeline=MeshDim.PP in spec.must_exceed_one):
+    names = DEGREES if MeshDim.ULYSSES in spec.must_exceed_one else tuple(n for n in DEGREES if n != MeshDim.ULYSSES)
+    for dims in valid_choices(world_size, names=names, pipeline=MeshDim.PP in spec.must_exceed_one):
         try:
             meshes.append(spec.validate(**dims.degrees()))
         except ValueError:
@@ -240,7 +243,9 @@ class DegreePicker(widgets.VBox):
             self.world_selector.value = world
             values = {name: wanted.get(name, 1) for name in PICKER_DEGREES}
             if values[MeshDim.DP_SHARD] in (None, -1):  # "infer", as ParallelDims does
-                others = values[MeshDim.DP_REPLICATE] * values[MeshDim.CP] * values[MeshDim.TP] * values[MeshDim.PP]
+                others = math.prod(
+                    values[n] for n in (MeshDim.DP_REPLICATE, MeshDim.CP, MeshDim.ULYSSES, MeshDim.TP, MeshDim.PP)
+                )
                 values[MeshDim.DP_SHARD] = world // others if others and world % others == 0 else 1
             offered = self._offered(world)
             for name in PICKER_DEGREES:
