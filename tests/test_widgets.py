@@ -65,6 +65,24 @@ def test_selectors_offer_only_values_of_valid_meshes_for_the_world_size_and_reci
     assert set(m4.world_selector.options) == set(range(2, 9))
 
 
+@pytest.mark.parametrize(
+    "recipe, world, offered",
+    [
+        ("M5-R", 4, {"cp": {2, 4}, "ulysses": {1}}),  # a ring needs 2 ranks; 16 tokens cut into 2 x 4 chunks
+        ("M5-UR", 4, {"cp": {2}, "ulysses": {2}}),
+        ("M5-UR", 8, {"cp": {2, 4}, "ulysses": {2, 4}}),  # 4 heads split over ulysses 4; 16 tokens over 2*2*4
+        ("P5", 8, {"pp": {2, 4}}),  # 8 layers in 2 pp stages: pp 2 or 4 (an odd pp does not split them)
+    ],
+)
+def test_sequence_and_schedule_selectors_offer_only_valid_values(recipe, world, offered):
+    """The selectors offer the values of valid meshes only (by hand, the rules of tests/test_bad_input.py):
+    no ring of one rank, a ulysses degree only where the recipe has one and it divides heads and tokens."""
+    widget = MeshWidget(recipe, world_size=world, preview=False, dp_shard=-1, **{k: min(v) for k, v in offered.items()})
+    assert widget.valid, widget.error
+    for name, values in offered.items():
+        assert {value for _, value in widget.selectors[name].options} == values, name
+
+
 def test_invalid_degree_explains_the_rule_and_disables_launch_then_a_valid_one_re_enables_it():
     widget = MeshWidget("M2", world_size=4, dp_shard=2, tp=2)
     before_title, before_axes, before_png = title(widget), len(widget.preview_figure.axes), widget.preview.value

@@ -82,7 +82,8 @@ class Recipe:
         for name in self.must_exceed_one:
             if getattr(dims, name) <= 1:
                 raise ValueError(
-                    f"recipe {self.name} ({self.title}) needs {name} > 1, got {name}={getattr(dims, name)}"
+                    f"recipe {self.name} ({self.title}) needs {name} > 1, got {name}={getattr(dims, name)}: "
+                    f"set --{name.replace('_', '-')} ({name}=) to 2 or more"
                 )
         if self.at_least_one_of and all(getattr(dims, n) == 1 for n in self.at_least_one_of):
             raise ValueError(
