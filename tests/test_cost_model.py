@@ -227,9 +227,9 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
     8192 B forward and receives as much backward; stage 1 the mirror image. Interleaved (P1-I): each
     rank's two stages both cross a boundary each way but stage 0 / stage 3 on one side only, so rank 0
     sends 16384 B forward and 8192 B backward. TP (P2) changes nothing: every tp rank sends its replica.
-    The V placement (P4, P5: 16 rows, 8 microbatches of 1 row per dp rank): rank 0 holds the first and the
-    last stage, each with its neighbour on rank 1, so it sends and receives 8 x 2048 B each way; stages
-    pp-1 and pp share a rank and pass their tensor in memory.
+    The V placement (P4, P5 on pp 2: 8 rows per dp rank, 4 microbatches of 2 rows, 4096 B): rank 0 holds the
+    first and the last stage, each with its neighbour on rank 1, so it sends and receives 4 x 4096 B each
+    way; stages pp-1 and pp share a rank and pass their tensor in memory.
     """
     from hyper_parallel.cost_model.pipeline import boundary_bytes, p2p_bytes
 
