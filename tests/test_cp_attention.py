@@ -436,3 +436,13 @@ def test_block_backward_from_the_final_lse_equals_autograd(kv_heads):
         dv[:, :, keys] += grads[2]
     for mine, theirs in ((dq, q.grad), (dk, k.grad), (dv, v.grad)):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+
+
+def test_ring_work_replayed_in_one_process_equals_the_hand_count():
+    """ring.work_per_rank (the ring's block kernels of every rank replayed under FlopCounterMode, one head,
+    head_dim 8): 14 x 8 FLOPs per unit of (query chunk x key chunk) area, as the distributed test counts.
+    Zig-zag, 32 tokens on cp = 4 (s = 8): (2 cp + 1) s^2 / 4 = 144 on every rank; contiguous (i + 1) s^2."""
+    from hyper_parallel.parallel.ring import work_per_rank
+
+    assert work_per_rank(32, 4) == [14 * 8 * 144] * 4
+    assert work_per_rank(32, 4, zigzag=False) == [14 * 8 * (i + 1) * 64 for i in range(4)]

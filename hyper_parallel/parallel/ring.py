@@ -224,3 +224,36 @@ def ring_attention(
     layout, index = checked_positions(positions, s_local, cp, zigzag)
     plan = RingPlan(cp, index, layout.view(cp.size, s_local), 2 if zigzag else 1, causal, scale, dtype)
     return RingAttention.apply(q, k, v, plan)
+
+
+def work_per_rank(seq_len: int, cp_size: int, zigzag: bool = True, head_dim: int = 8) -> list[int]:
+    """Matmul FLOPs each cp rank runs in one causal ring attention (forward and backward, one head, one
+    row), measured by torch's ``FlopCounterMode`` over the ring's own block kernels on random data: every
+    rank's steps replayed in this process, without communication (what a rank computes does not depend
+    on what the others send, only on the positions)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hyper_parallel.parallel.sequence_layout import gathered_positions
+
+    group = GroupInfo("cp", tuple(range(cp_size)), None)
+    s_local = seq_len // cp_size
+    positions = gathered_positions(seq_len, cp_size, zigzag).view(cp_size, s_local)
+    q, kv, dout = (
+        torch.randn(1, 1, s_local, head_dim),
+        torch.randn(2, 1, 1, s_local, head_dim),
+        torch.randn(1, 1, s_local, head_dim),
+    )
+    work = []
+    for index in range(cp_size):
+        plan = RingPlan(group, index, positions, 2 if zigzag else 1, True, head_dim**-0.5, torch.float32)
+        out, lse = torch.zeros_like(q), torch.full(q.shape[:3], float("-inf"))
+        with FlopCounterMode(display=False) as flops:
+            for step in range(cp_size):
+                _forward_block(q, kv, plan.block_at(step), plan, out, lse)
+            delta = (dout * out).sum(dim=-1)
+            for step in range(cp_size):
+                _backward_block(
+                    q, kv, dout, delta, lse, plan.block_at(step), plan, torch.zeros_like(q), torch.zeros_like(kv)
+                )
+        work.append(flops.get_total_flops())
+    return work
