@@ -14,6 +14,7 @@ from conftest import result_of
 from hyper_parallel import ParallelDims, viz
 from hyper_parallel.cost_model.pipeline import alive_microbatches, bubble_fraction, p2p_bytes
 from hyper_parallel.recipes import RECIPES
+from launch.notebook.tables import gathered_per_step
 
 
 def test_bubble_fraction_by_hand():
@@ -23,6 +24,11 @@ def test_bubble_fraction_by_hand():
     assert bubble_fraction("1f1b", 2, 4) == pytest.approx(1 / 5)
     assert bubble_fraction("gpipe", 4, 4) == pytest.approx(3 / 7)
     assert bubble_fraction("interleaved_1f1b", 2, 4, stages_per_rank=2) == pytest.approx(1 / 9)
+    # zero bubble, two stages per rank in a V: b/(m+b) idle slots, b = (p-1)/6 (ZB-V) or (p-1)/3 (DualPipeV);
+    # p=2, m=4 -> (1/6)/(25/6) = 1/25 = 4% and (1/3)/(13/3) = 1/13 = 8%, the "few percent" of notebook 09
+    assert bubble_fraction("zbv", 2, 4, stages_per_rank=2) == pytest.approx(1 / 25)
+    assert bubble_fraction("dualpipev", 2, 4, stages_per_rank=2) == pytest.approx(1 / 13)
+    assert bubble_fraction("dualpipev", 4, 8, stages_per_rank=2) == pytest.approx(1 / 9)
     with pytest.raises(ValueError, match="only interleaved_1f1b runs several stages per rank"):
         bubble_fraction("1f1b", 2, 4, stages_per_rank=2)
     with pytest.raises(ValueError, match="unknown schedule 'zb'"):
@@ -222,7 +228,7 @@ ROOT_BYTES = {0: 8192, 1: 128 + 8192}  # what a stage's root holds: the embeddin
 @pytest.mark.distributed
 def test_resharding_after_forward_under_pp_gathers_per_microbatch_for_the_same_peak(recipe_results):
     """P1 (1F1B, pp 2 x dp_shard 2, 4 microbatches) with every layer resharded after forward
-    (``reshard_after_forward=True``): rank 0 issues 11 all-gathers per step, 5 in forward and 6 in
+    (``reshard_after_forward=True``; notebook 09's ``gathered_per_step`` reads the same): rank 0 issues 11 all-gathers per step, 5 in forward and 6 in
     backward (tests/test_recipes.py derives them from the order), where the default issues 3 (one per
     unit); both equal the reference. Measured memory after each action: a layer is freed after each
     forward, but torch's schedule keeps it after backward, so stage 0 (F0 F1 B0 F2 B1 F3 B2 B3) holds its
@@ -247,3 +253,7 @@ def test_resharding_after_forward_under_pp_gathers_per_microbatch_for_the_same_p
         held = [STAGE_BYTES[stage] if e["action"] == "backward" else ROOT_BYTES[stage] for e in actions]
         assert [e["gathered_bytes"] for e in actions] == held, rank
         assert max(held) == max(e["gathered_bytes"] for e in default.traces[rank] if e.get("kind") == "pipeline")
+    assert [gathered_per_step(result) for result in (default, resharded)] == [
+        {"all_gathers": 3, "after_first_action": STAGE_BYTES[0], "peak": STAGE_BYTES[0]},
+        {"all_gathers": 11, "after_first_action": ROOT_BYTES[0], "peak": STAGE_BYTES[0]},
+    ]
