@@ -174,6 +174,21 @@ def test_sequence_schemes_figure_shows_traced_bytes_equal_to_the_model(recipe_re
     assert sent == [49152, 65536, 24576]
 
 
+@pytest.mark.distributed
+def test_two_d_sequence_bytes_of_the_cost_model_equal_the_traces(recipe_results):
+    """M5-UR (cp 2 x ulysses 2): rank 0's traced bytes per (op, group, phase) on ulysses and cp equal the cost
+    model's, row by row (notebook 04's table, launch.notebook.tables.traced_and_model_bytes): the all-to-alls
+    on ulysses in forward and backward, the ring's send/recv on cp."""
+    from launch.notebook.tables import traced_and_model_bytes
+
+    result = result_of("M5-UR", RECIPES["M5-UR"].default, recipe_results)
+    assert result.ok, result.error
+    rows = traced_and_model_bytes(result, groups=("ulysses", "cp"))
+    assert {(op, group) for op, group, *_ in rows} == {("all_to_all", "ulysses"), ("send", "cp"), ("recv", "cp")}
+    assert [traced for *_, traced, _ in rows] == [model for *_, model in rows]
+    assert all(model > 0 for *_, model in rows)
+
+
 # ------------------------------------------------------------------ no workers
 
 
