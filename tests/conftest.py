@@ -79,7 +79,8 @@ def recipe_results(tmp_path_factory) -> dict[tuple, launch.RunResult]:
     results = {}
     for world, keys in sorted(by_world.items()):
         out = tmp_path_factory.mktemp(f"world{world}")
-        for key, result in zip(keys, launch.run_many([unique[k] for k in keys], out=out, timeout=1200)):
+        # one launch runs 30+ recipes at 4 ranks: 20 minutes were not enough at load 900 on 2 cores
+        for key, result in zip(keys, launch.run_many([unique[k] for k in keys], out=out, timeout=3600)):
             results[key] = result
     return results
 
