@@ -72,27 +72,34 @@ def release(buffer: torch.Tensor) -> None:
 
 
 class PendingCollective:
-    """A collective issued with ``async_op``: ``wait()`` blocks until it completed and records its trace
-    event (issue to wait's return). On NCCL the work runs on its own stream and ``wait()`` orders the
-    current stream after it; on gloo it runs on gloo's thread. A collective finished locally after its
-    communication (gloo's reduce-scatter, ``gloo_sum``) runs that part in ``wait()``, before the event ends."""
+    """A collective issued with ``async_op`` (or a batch of point-to-point ops): ``wait()`` blocks until
+    it completed and records its trace events (issue to wait's return). On NCCL the work runs on its own
+    stream and ``wait()`` orders the current stream after it; on gloo it runs on gloo's threads.
 
-    def __init__(self, work, completed, finish=None) -> None:
-        self._work, self._completed, self._finish = work, completed, finish
+    ``works``: the works to wait for (a batch of P2P ops: one per op on gloo, one for the batch on NCCL);
+    ``completed``: the trace callbacks (``trace.issued``) to call once all of them are done; ``finish``: the
+    local part of a collective finished after its communication (gloo's reduce-scatter, ``gloo_sum``), run in
+    ``wait()`` before its event ends."""
+
+    def __init__(self, works: list, completed: list, finish=None) -> None:
+        self._works = list(works)
+        self._completed = [callback for callback in completed if callback is not None]  # None: nothing records
+        self._finish = finish
 
     def wait(self) -> None:
-        if self._work is None:
+        if not self._works:
             return
         recorder = trace.current()
         t_wait = recorder.now() if recorder is not None else 0.0
-        done_before_wait = bool(self._work.is_completed())
+        done_before_wait = all(bool(work.is_completed()) for work in self._works)
         with trace.outside_compute():
-            self._work.wait()
+            for work in self._works:
+                work.wait()
             if self._finish is not None:
                 self._finish()
-        if self._completed is not None:
-            self._completed(t_wait, done_before_wait)
-        self._work = None
+        for completed in self._completed:
+            completed(t_wait, done_before_wait)
+        self._works = []
 
 
 def _chunk_field(chunk: int | None) -> dict[str, int]:
@@ -122,7 +129,7 @@ def _issue(
     completed = trace.issued(op, info.name, info.ranks, nbytes, dtype, module, **fields)
     with trace.outside_compute():
         work = call(True)
-    return PendingCollective(work, completed, finish)
+    return PendingCollective([work], [completed], finish)
 
 
 def all_gather_into_tensor(
@@ -137,7 +144,7 @@ def all_gather_into_tensor(
     which piece of a pipelined collective this is (``parallel.async_tp``), recorded in its trace event."""
     if info.size == 1:
         output.copy_(shard.reshape(output.shape))
-        return PendingCollective(None, None) if async_op else None
+        return PendingCollective([], []) if async_op else None
     return _issue(
         "all_gather",
         info,
@@ -164,7 +171,7 @@ def reduce_scatter_tensor(
     ring bound on the wire instead of gloo's all-reduce, the same bits."""
     if info.size == 1:
         output.copy_(full.reshape(output.shape))
-        return PendingCollective(None, None) if async_op else None
+        return PendingCollective([], []) if async_op else None
     if uses_gloo(full, info.group):
         direct = DirectReduceScatter(output, full, info.size, info.index, info.group)
         return _issue(
@@ -197,7 +204,7 @@ def all_reduce(
 ) -> torch.Tensor | PendingCollective:
     """In-place sum over the group; with ``async_op`` the pending collective instead of the tensor."""
     if info.size == 1:
-        return PendingCollective(None, None) if async_op else tensor
+        return PendingCollective([], []) if async_op else tensor
     pending = _issue(
         "all_reduce",
         info,
@@ -227,6 +234,37 @@ def all_to_all_single(
             output, tensor, output_split_sizes=output_splits, input_split_sizes=input_splits, group=info.group
         )
     return output
+
+
+def ring_exchange(
+    send: torch.Tensor, recv: torch.Tensor, info: GroupInfo, direction: int, module: str | None = None, tag: int = 0
+) -> PendingCollective:
+    """One step of a ring, asynchronous: ``send`` to the group's rank ``index + direction`` and ``recv``
+    from rank ``index - direction`` (indices mod the group size), posted together as one batch of P2P
+    ops (``batch_isend_irecv``: NCCL runs it as one group, gloo as an isend and an irecv). Returns at
+    once; ``wait()`` blocks until both are done and records a ``send`` and a ``recv`` event on the group
+    (bytes: what this rank sends / receives; ``peer``: the other rank; issue to wait's return).
+
+    Every rank of the group must call it with the same ``direction`` and ``tag`` (the tag keeps two
+    exchanges in flight to the same peer apart on gloo; NCCL matches them in the order posted)."""
+    if info.size == 1:
+        raise ValueError(f"a ring needs at least 2 ranks; group {info.name} has 1 (exchange with yourself: copy)")
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 (to the next rank) or -1 (to the previous), got {direction!r}")
+    index = info.index
+    to, source = info.ranks[(index + direction) % info.size], info.ranks[(index - direction) % info.size]
+    me = info.ranks[index]
+    completed = [
+        trace.issued(op, info.name, sorted({me, peer}), _nbytes(tensor), tensor.dtype, module, peer=peer)
+        for op, peer, tensor in (("send", to, send), ("recv", source, recv))
+    ]
+    ops = [
+        dist.P2POp(dist.isend, send, to, group=info.group, tag=tag),
+        dist.P2POp(dist.irecv, recv, source, group=info.group, tag=tag),
+    ]
+    with trace.outside_compute():
+        works = dist.batch_isend_irecv(ops)
+    return PendingCollective(works, completed)
 
 
 def broadcast(tensor: torch.Tensor, info: GroupInfo, src_index: int = 0, module: str | None = None) -> torch.Tensor:

@@ -2,18 +2,22 @@
 
 The algebra (docs/design.md §2, after TorchTitan's ParallelDims):
 
-    dp_replicate * dp_shard * cp * tp * pp == world_size      (EP is not a factor: it borrows ranks)
+    dp_replicate * dp_shard * cp * ulysses * tp * pp == world_size      (EP is not a factor: it borrows ranks)
 
 Every view of the ranks is an unflattening of one 1-D world mesh, so DTensors placed on different
 views share a root mesh and compose (``DeviceMesh._concatenate``). TP is always the innermost
 (contiguous) dim.
 
     dense   (dp_replicate, dp_shard, cp, tp)      every dim present, size 1 allowed
-    (with pp > 1 every view gets ``pp`` as its outermost dim: one stage = a contiguous block of ranks)
-    fsdp    (dp_replicate, fsdp, tp)              fsdp   = dp_shard * cp   parameter sharding
+    (with pp > 1 every view gets ``pp`` as its outermost dim: one stage = a contiguous block of ranks;
+    with ulysses > 1 the dense and batch views get ``ulysses`` between cp and tp, as VeOmni's mesh)
+    fsdp    (dp_replicate, fsdp, tp)              fsdp   = dp_shard * cp * ulysses   parameter sharding
     batch   (dp, cp, tp)                          dp     = dp_replicate * dp_shard   data loading
-    loss    (dp_cp, tp)                           dp_cp  = dp_replicate * dp_shard * cp
+    loss    (dp_cp, tp)                           dp_cp  = dp_replicate * dp_shard * cp * ulysses
     sparse  (dp_replicate, efsdp, ep[, etp])      efsdp  = dp_shard * cp * tp // (ep * etp)
+
+The sequence is split over cp * ulysses ranks: cp exchanges K/V (all-gather or a ring) and ulysses
+reshards heads by all-to-all (2-D sequence parallelism, VeOmni's ``ulysses`` x ``cp``, USP).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hyper_parallel.mesh_dims import DEGREE_KEYS, DEGREE_NAMES, STAGE_DEGREES, MeshDim, degrees_label
+from hyper_parallel.mesh_dims import DEGREE_KEYS, DEGREE_NAMES, STAGE_DEGREES, WORLD_FACTORS, MeshDim, degrees_label
 
 
 @functools.lru_cache(maxsize=1024)
@@ -46,8 +50,9 @@ def _nearest_multiple(value: int, base: int) -> int:
 
 
 def dp_shard_left(world_size: int, degrees: Mapping[str, int]) -> int | None:
-    """What ``dp_shard=-1`` infers: ``world_size // (dp_replicate * cp * tp * pp)``, None when that does not divide."""
-    others = math.prod(degrees.get(name, 1) for name in (MeshDim.DP_REPLICATE, MeshDim.CP, MeshDim.TP, MeshDim.PP))
+    """What ``dp_shard=-1`` infers: ``world_size // (dp_replicate * cp * ulysses * tp * pp)``, None when that
+    does not divide."""
+    others = math.prod(degrees.get(name, 1) for name in WORLD_FACTORS if name != MeshDim.DP_SHARD)
     return world_size // others if others > 0 and world_size % others == 0 else None
 
 
@@ -55,7 +60,7 @@ def dp_shard_left(world_size: int, degrees: Mapping[str, int]) -> int | None:
 class ParallelDims:
     """Parallel degrees of one run; constructing an invalid combination raises ``ValueError``.
 
-    ``dp_shard=-1`` means "whatever is left": ``world_size // (dp_replicate * cp * tp * pp)``.
+    ``dp_shard=-1`` means "whatever is left": ``world_size // (dp_replicate * cp * ulysses * tp * pp)``.
     """
 
     world_size: int
@@ -66,6 +71,7 @@ class ParallelDims:
     pp: int = 1
     ep: int = 1
     etp: int = 1
+    ulysses: int = 1  # last, so positional arguments keep their meaning
 
     def __post_init__(self) -> None:
         for name in DEGREE_KEYS:
@@ -77,23 +83,28 @@ class ParallelDims:
             if value < 1 and not (name == MeshDim.DP_SHARD and value == -1):
                 hint = " (or -1 to infer it)" if name == MeshDim.DP_SHARD else ""
                 raise ValueError(f"{name} must be >= 1{hint}, got {name}={value}")
-        others = self.dp_replicate * self.cp * self.tp * self.pp
+        others = self.dp_replicate * self.cp * self.ulysses * self.tp * self.pp
         if self.dp_shard == -1:
             if dp_shard_left(self.world_size, self.degrees()) is None:
                 raise ValueError(
                     f"cannot infer dp_shard: world_size={self.world_size} is not divisible by "
-                    f"dp_replicate*cp*tp*pp = {self.dp_replicate}*{self.cp}*{self.tp}*{self.pp} = {others}; "
+                    f"{self._factors(without=MeshDim.DP_SHARD)} = {others}; "
                     f"nearest valid world_size: {_nearest_multiple(self.world_size, others)}"
                 )
             object.__setattr__(self, "dp_shard", self.world_size // others)
         product = others * self.dp_shard
         if product != self.world_size:
             raise ValueError(
-                f"world-size equation violated: dp_replicate*dp_shard*cp*tp*pp = "
-                f"{self.dp_replicate}*{self.dp_shard}*{self.cp}*{self.tp}*{self.pp} = {product} "
+                f"world-size equation violated: {self._factors()} = {product} "
                 f"!= world_size={self.world_size}; {self._world_size_hint(others)}"
             )
         self._check_expert_degrees()
+
+    def _factors(self, without: str = "") -> str:
+        """'dp_replicate*dp_shard*cp*tp*pp = 1*2*2*2*1' (with ulysses only where it is > 1)."""
+        names = [MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.ULYSSES, MeshDim.TP, MeshDim.PP]
+        names = [n for n in names if n != without and (n != MeshDim.ULYSSES or self.ulysses > 1)]
+        return "*".join(names) + " = " + "*".join(str(getattr(self, n)) for n in names)
 
     def _world_size_hint(self, others: int) -> str:
         if self.world_size % others == 0:
@@ -112,6 +123,12 @@ class ParallelDims:
             )
         if ep == 1:
             return
+        if self.ulysses > 1:
+            raise ValueError(
+                f"ep={ep} with ulysses={self.ulysses}: the expert recipes borrow ranks from dp_shard*cp(*tp) "
+                "and do not split the sequence over a ulysses dim; set ulysses=1 (Ulysses on the cp ranks, "
+                "as M5-U, keeps ep) or ep=1"
+            )
         if etp not in (1, tp):
             raise ValueError(f"with ep={ep}, etp must be 1 or equal to tp={tp}; got etp={etp}")
         if etp == tp:
@@ -155,8 +172,8 @@ class ParallelDims:
     # ----- derived degrees -----
     @property
     def fsdp(self) -> int:
-        """Size of the parameter-sharding dim: CP ranks shard parameters too (TorchTitan)."""
-        return self.dp_shard * self.cp
+        """Size of the parameter-sharding dim: CP and Ulysses ranks shard parameters too (TorchTitan, VeOmni)."""
+        return self.dp_shard * self.cp * self.ulysses
 
     @property
     def dp(self) -> int:
@@ -166,7 +183,7 @@ class ParallelDims:
     @property
     def dp_cp(self) -> int:
         """Ranks over which the loss (and every gradient) is averaged."""
-        return self.dp_replicate * self.dp_shard * self.cp
+        return self.dp_replicate * self.dp_shard * self.cp * self.ulysses
 
     @property
     def efsdp(self) -> int:
@@ -189,16 +206,15 @@ class ParallelDims:
         # pp is the outermost dim of every view (TorchTitan): each pipeline stage is a contiguous block of
         # world_size/pp ranks holding one whole (dp_replicate, dp_shard, cp, tp) mesh of its own
         pp = ((MeshDim.PP, self.pp),) if self.pp > 1 else ()
+        # Ulysses inside cp, next to tp: its all-to-all wants the fastest links, a ring only neighbours
+        sequence = ((MeshDim.CP, self.cp),) + (((MeshDim.ULYSSES, self.ulysses),) if self.ulysses > 1 else ())
         views = {
             "dense": pp
-            + (
-                (MeshDim.DP_REPLICATE, self.dp_replicate),
-                (MeshDim.DP_SHARD, self.dp_shard),
-                (MeshDim.CP, self.cp),
-                (MeshDim.TP, self.tp),
-            ),
+            + ((MeshDim.DP_REPLICATE, self.dp_replicate), (MeshDim.DP_SHARD, self.dp_shard))
+            + sequence
+            + ((MeshDim.TP, self.tp),),
             "fsdp": pp + ((MeshDim.DP_REPLICATE, self.dp_replicate), (MeshDim.FSDP, self.fsdp), (MeshDim.TP, self.tp)),
-            "batch": pp + ((MeshDim.DP, self.dp), (MeshDim.CP, self.cp), (MeshDim.TP, self.tp)),
+            "batch": pp + ((MeshDim.DP, self.dp),) + sequence + ((MeshDim.TP, self.tp),),
             "loss": pp + ((MeshDim.DP_CP, self.dp_cp), (MeshDim.TP, self.tp)),
         }
         if self.ep > 1:
@@ -271,6 +287,7 @@ class ParallelDims:
         sequence_parallel: bool = False,
         num_experts: int | None = None,
         num_heads: int | None = None,
+        num_kv_heads: int | None = None,
         hidden_sizes: Iterable[int] = (),
         expert_hidden_sizes: Iterable[int] = (),
         ulysses: bool = False,
@@ -292,22 +309,14 @@ class ParallelDims:
         rank's rows split evenly into ``microbatches``, at least one per stage (a schedule with fewer
         microbatches than stages leaves whole stages idle: 1F1B refuses it).
 
-        ``ulysses``: the cp ranks run Ulysses attention (an all-to-all hands each cp rank whole heads),
-        so the heads of a tp rank must also split over cp: ``num_heads % (tp * cp) == 0``.
+        ``ulysses`` (a scheme, not the degree): the cp ranks run Ulysses attention (M5-U: an all-to-all hands
+        each cp rank whole heads), so the heads of a tp rank must also split over cp: ``num_heads % (tp * cp)
+        == 0``. The ``ulysses`` degree (2-D sequence parallelism) has its own rules: the query and K/V heads
+        of a tp rank split over it, and the sequence into 2 * cp chunks whose every share splits over
+        ulysses and tp.
         """
         if seq_len is not None:
-            if self.cp > 1 and seq_len % (self.tp * 2 * self.cp):
-                divisor = self.tp * 2 * self.cp
-                raise ValueError(
-                    f"seq_len={seq_len} must be divisible by tp*2*cp = {self.tp}*2*{self.cp} = {divisor} "
-                    f"(CP splits the sequence into 2*cp load-balanced chunks, SP splits each by tp); "
-                    f"nearest valid seq_len: {_nearest_multiple(seq_len, divisor)}"
-                )
-            if self.cp == 1 and sequence_parallel and seq_len % self.tp:
-                raise ValueError(
-                    f"seq_len={seq_len} must be divisible by tp={self.tp} with sequence parallelism; "
-                    f"nearest valid seq_len: {_nearest_multiple(seq_len, self.tp)}"
-                )
+            self._check_sequence(seq_len, sequence_parallel)
         if global_batch is not None and global_batch % self.dp:
             raise ValueError(
                 f"global_batch={global_batch} must be divisible by dp = dp_replicate*dp_shard = {self.dp} "
@@ -331,6 +340,8 @@ class ParallelDims:
                 f"Ulysses (its all-to-all gives each cp rank num_heads/(tp*cp) whole heads); valid cp for "
                 f"tp={self.tp}: {valid_cp}, or use K/V all-gather / ring CP"
             )
+        if self.ulysses > 1 and num_heads is not None:
+            self._check_ulysses_heads(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
         self._check_divisible(hidden_sizes, self.tp, MeshDim.TP)
         self._check_divisible(expert_hidden_sizes, self.etp, MeshDim.ETP)
         if async_tp:
@@ -373,6 +384,39 @@ class ParallelDims:
                     f"(global_batch/dp * seq_len/cp), and torch._scaled_mm needs a multiple of 16; change "
                     "--global-batch or --seq-len"
                 )
+
+    def _check_sequence(self, seq_len: int, sequence_parallel: bool) -> None:
+        if self.ulysses > 1 and seq_len % (2 * self.cp * self.ulysses * self.tp):
+            divisor = 2 * self.cp * self.ulysses * self.tp
+            raise ValueError(
+                f"seq_len={seq_len} must be divisible by 2*cp*ulysses*tp = 2*{self.cp}*{self.ulysses}*{self.tp} = "
+                f"{divisor} (the ring cuts the sequence into 2*cp load-balanced chunks, each rank's share splits "
+                f"over ulysses, and SP splits it by tp); nearest valid seq_len: {_nearest_multiple(seq_len, divisor)}"
+            )
+        if self.cp > 1 and seq_len % (self.tp * 2 * self.cp):
+            divisor = self.tp * 2 * self.cp
+            raise ValueError(
+                f"seq_len={seq_len} must be divisible by tp*2*cp = {self.tp}*2*{self.cp} = {divisor} "
+                f"(CP splits the sequence into 2*cp load-balanced chunks, SP splits each by tp); "
+                f"nearest valid seq_len: {_nearest_multiple(seq_len, divisor)}"
+            )
+        if self.cp == 1 and self.ulysses == 1 and sequence_parallel and seq_len % self.tp:
+            raise ValueError(
+                f"seq_len={seq_len} must be divisible by tp={self.tp} with sequence parallelism; "
+                f"nearest valid seq_len: {_nearest_multiple(seq_len, self.tp)}"
+            )
+
+    def _check_ulysses_heads(self, num_heads: int, num_kv_heads: int) -> None:
+        """Each ulysses rank gets whole query heads and whole K/V heads of its tp rank (a tp rank holds
+        num_kv_heads / tp of them, or one replicated when there are fewer than tp)."""
+        heads, kv_heads = num_heads // self.tp, max(num_kv_heads // self.tp, 1)
+        if heads % self.ulysses or kv_heads % self.ulysses:
+            valid = [d for d in _divisors(math.gcd(heads, kv_heads))]
+            raise ValueError(
+                f"ulysses={self.ulysses} must divide the heads of each tp rank: num_heads/tp = {num_heads}/{self.tp} "
+                f"= {heads} and num_kv_heads/tp = {kv_heads} (its all-to-all gives each ulysses rank whole query "
+                f"and key/value heads); valid ulysses for tp={self.tp}: {valid}"
+            )
 
     def _check_pipeline(
         self, n_layers: int | None, microbatches: int | None, stages_per_rank: int, global_batch: int | None
@@ -419,15 +463,20 @@ class ParallelDims:
         return "\n".join(lines)
 
 
+CHOICE_DEGREES = tuple(name for name in STAGE_DEGREES if name != MeshDim.ULYSSES)
+"""What ``valid_choices`` varies unless told otherwise: a stage's degrees, 1-D sequence layouts only."""
+
+
 def valid_choices(
     world_size: int,
     fixed: dict[str, int] | None = None,
-    names: Sequence[str] = STAGE_DEGREES,
+    names: Sequence[str] = CHOICE_DEGREES,
     pipeline: bool = False,
 ) -> list[ParallelDims]:
     """Every valid ParallelDims for ``world_size`` that agrees with ``fixed``; for widgets and plans.
 
-    pp=1 only, unless ``pipeline``: then every pp dividing world_size too (pp is then fixable)."""
+    pp=1 only, unless ``pipeline``: then every pp dividing world_size too (pp is then fixable); ulysses=1
+    only, unless ``names`` holds it (a 2-D sequence layout)."""
     fixed = dict(fixed or {})
     names = (*names, MeshDim.PP) if pipeline else tuple(names)
     unknown = set(fixed) - set(names)
@@ -444,22 +493,26 @@ def _choices_at_pp(world_size: int, pp: int, fixed: dict[str, int], names: Seque
     stage = world_size // pp  # ranks of one pipeline stage: the other degrees split these
     for dp_replicate in _divisors(stage):
         for cp in _divisors(stage // dp_replicate):
-            for tp in _divisors(stage // (dp_replicate * cp)):
-                for ep in _divisors(stage):
-                    for etp in sorted({1, tp}):
-                        degrees = dict(
-                            dp_replicate=dp_replicate,
-                            cp=cp,
-                            tp=tp,
-                            ep=ep,
-                            etp=etp,
-                            pp=pp,
-                            dp_shard=stage // (dp_replicate * cp * tp),
-                        )
-                        if any(degrees[k] != v for k, v in fixed.items() if k in names):
-                            continue
-                        try:
-                            result.append(ParallelDims(world_size=world_size, **degrees))
-                        except ValueError:
-                            continue
+            for ulysses in _divisors(stage // (dp_replicate * cp)) if MeshDim.ULYSSES in names else (1,):
+                rest = stage // (dp_replicate * cp * ulysses)
+                for tp in _divisors(rest):
+                    shares = dict(dp_replicate=dp_replicate, cp=cp, ulysses=ulysses, tp=tp, dp_shard=rest // tp)
+                    result += _expert_choices(world_size, pp, shares, fixed, names)
+    return result
+
+
+def _expert_choices(
+    world_size: int, pp: int, shares: dict[str, int], fixed: dict[str, int], names: Sequence[str]
+) -> list[ParallelDims]:
+    """The valid (ep, etp) completions of one split of a stage's ranks (``shares``)."""
+    result = []
+    for ep in _divisors(world_size // pp):
+        for etp in sorted({1, shares["tp"]}):
+            degrees = dict(shares, ep=ep, etp=etp, pp=pp)
+            if any(degrees[k] != v for k, v in fixed.items() if k in names):
+                continue
+            try:
+                result.append(ParallelDims(world_size=world_size, **degrees))
+            except ValueError:
+                continue
     return result

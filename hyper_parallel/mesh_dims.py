@@ -17,15 +17,16 @@ class MeshDim:
 
     DP_REPLICATE = "dp_replicate"  # HSDP replicas: gradients all-reduced across them
     DP_SHARD = "dp_shard"  # data-parallel ranks that shard parameters
-    CP = "cp"  # context parallel: the sequence split across ranks
+    CP = "cp"  # context parallel: the sequence split across ranks (K/V exchanged: all-gather or ring)
+    ULYSSES = "ulysses"  # the sequence split again, heads resharded by all-to-all for attention (VeOmni's name)
     TP = "tp"  # tensor parallel, always the innermost dim
     PP = "pp"  # pipeline stages, always the outermost dim
     EP = "ep"  # expert parallel: experts split across ranks borrowed from dp_shard * cp (* tp)
     ETP = "etp"  # expert tensor parallel: 1 or tp
 
-    FSDP = "fsdp"  # dp_shard * cp: where parameters are sharded
+    FSDP = "fsdp"  # dp_shard * cp * ulysses: where parameters are sharded
     DP = "dp"  # dp_replicate * dp_shard: where data is split
-    DP_CP = "dp_cp"  # dp * cp: where the loss is averaged
+    DP_CP = "dp_cp"  # dp * cp * ulysses: where the loss is averaged
     EFSDP = "efsdp"  # dp_shard * cp * tp / (ep * etp): where experts are sharded
 
     WORLD = "world"  # the 1-D root mesh every view is unflattened from
@@ -35,6 +36,7 @@ DEGREE_NAMES = (
     MeshDim.DP_REPLICATE,
     MeshDim.DP_SHARD,
     MeshDim.CP,
+    MeshDim.ULYSSES,
     MeshDim.TP,
     MeshDim.PP,
     MeshDim.EP,

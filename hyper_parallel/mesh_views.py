@@ -68,6 +68,7 @@ class MeshViews:
         for dim in (
             MeshDim.TP,
             MeshDim.CP,
+            MeshDim.ULYSSES,
             MeshDim.EP,
             MeshDim.ETP,
             MeshDim.FSDP,

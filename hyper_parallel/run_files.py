@@ -114,7 +114,7 @@ def load_json(path: str | Path) -> dict[str, Any]:
 
 def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -> Path:
     """Write a Chrome trace (opens in Perfetto / chrome://tracing): one process per rank, one track per group,
-    one for compute and one for placement changes."""
+    one for compute, one for the pipeline's actions, one for the ring's steps and one for placement changes."""
     events = []
     for rank, rank_events in sorted(traces.items()):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
@@ -132,7 +132,7 @@ def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -
                         "args": {k: event[k] for k in ("bytes", "dtype", "ranks", "module", "step", "phase")},
                     }
                 )
-            elif event["kind"] in ("compute", "pipeline"):
+            elif event["kind"] in ("compute", "pipeline", "ring"):
                 events.append(
                     {
                         "ph": "X",
@@ -162,7 +162,10 @@ def to_chrome_trace(traces: dict[int, list[dict[str, Any]]], path: str | Path) -
 
 
 def _span_name(event: dict[str, Any]) -> str:
-    """A compute span's unit, or a pipeline event's action (forward/backward of a microbatch on a stage)."""
+    """A compute span's unit, a ring step's block, or a pipeline event's action (forward/backward of a
+    microbatch on a stage)."""
     if event["kind"] == "compute":
         return f"compute {event['module'] or 'model'}"
+    if event["kind"] == "ring":
+        return f"ring step {event['ring_step']}: block {event['block']} ({event['pairs']} pairs)"
     return " ".join(f"{key} {event[key]}" for key in ("action", "microbatch", "stage") if key in event) or "pipeline"

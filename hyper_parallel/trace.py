@@ -99,19 +99,22 @@ def set_step(step: int) -> None:
 
 
 @contextlib.contextmanager
-def span(kind: str, **fields: Any) -> Iterator[None]:
+def span(kind: str, **fields: Any) -> Iterator[dict[str, Any]]:
     """One timed event of ``kind`` around the block, e.g. a pipeline stage's forward of a microbatch.
 
-    Recorded when the block ends without an exception; ``fields`` are written as given, then the step
-    and the block's start and end."""
+    Recorded when the block ends without an exception; ``fields`` are written as given, then those the
+    block put in the dict it is given (what is known only at its end), the step and the block's start
+    and end."""
     recorder = _current.get()
     start = time.time()
-    yield
+    late: dict[str, Any] = {}
+    yield late
     if recorder is not None:
         recorder.events.append(
             {
                 "kind": kind,
                 **fields,
+                **late,
                 "step": recorder.step,
                 "t_start": start - recorder.epoch,
                 "t_end": time.time() - recorder.epoch,
@@ -177,12 +180,14 @@ def collective(
 def issued(
     op: str, group: str, ranks: list[int], nbytes: int, dtype: torch.dtype, module: str | None = None, **fields
 ) -> Callable[[float, bool], None] | None:
-    """For a collective issued asynchronously now: take its labels and issue time; the returned function,
-    called once it has been waited for with (wait-call time, completed before the wait?), records it.
+    """For a collective (or a send / receive) issued asynchronously now: take its labels and issue time;
+    the returned function, called once it has been waited for with (wait-call time, completed before the
+    wait?), records it.
 
     ``t_start`` is the issue, ``t_end`` the moment ``wait()`` returned (gloo's work objects tell no
     completion time of their own), ``t_wait`` when the wait was called: a collective that had
-    completed by then (``done_before_wait``) was hidden behind compute entirely. ``fields`` are added.
+    completed by then (``done_before_wait``) was hidden behind compute entirely. ``fields`` (a send's
+    ``peer``, a pipelined collective's ``chunk``) are added to the event.
     """
     recorder = _current.get()
     if recorder is None:

@@ -159,18 +159,23 @@ def resolve_run(
     steps: int | None = None,
     seed: int = 0,
     overlap: bool | None = None,
+    reshard_after_forward: bool | None = None,
     out: str | Path | None = None,
     **given: int | None,
 ) -> RunSpec:
     """One run as the record every launch path passes to the worker (``given``: degrees and options by
     name; the options resolved here, once), or ``ValueError`` (unknown recipe, invalid mesh, an option
-    that does not fit the mesh, a bad steps / seed / overlap / out)."""
+    that does not fit the mesh, a bad steps / seed / overlap / reshard_after_forward / out)."""
     options = {name: given.pop(name) for name in OPTION_NAMES if name in given}
     row = registry.get(inputs.recipe_name(recipe))
     if overlap not in (None, True, False):
         raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
     if row.shapes.get("float8_dims"):
         inputs.float8_kernel(inputs.SCALED_MM_PROBE)
+    if reshard_after_forward not in (None, True, False):
+        raise ValueError(
+            f"reshard_after_forward must be True, False or None (the recipe decides), got {reshard_after_forward!r}"
+        )
     return RunSpec.resolve(
         row.name,
         row.resolve_degrees(given),
@@ -178,6 +183,7 @@ def resolve_run(
         steps=None if steps is None else inputs.steps(steps),
         seed=inputs.seed(seed),
         overlap=overlap,
+        reshard_after_forward=reshard_after_forward,
         out=inputs.out_dir(out),
     )
 
@@ -197,6 +203,7 @@ def run(
     out: str | Path | None = None,
     seed: int = 0,
     overlap: bool | None = None,
+    reshard_after_forward: bool | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_progress: Callable[[dict], None] | None = None,
     pool: bool = True,
@@ -213,9 +220,14 @@ def run(
 
     ``overlap=False`` issues every fully_shard collective synchronously (no prefetch, no reduce-scatter
     in flight): the same numbers, a timeline without overlap; None follows ``HYPER_PARALLEL_OVERLAP``
-    (on unless it is 0). Raises ``ValueError`` before any worker starts when anything is invalid.
+    (on unless it is 0). ``reshard_after_forward=True`` makes every fully_shard unit below another
+    reshard after forward (fewer bytes held gathered, more all-gathers: under PP, where the recipes keep
+    units gathered, one per microbatch), ``False`` none; None leaves the recipe's choice. Raises
+    ``ValueError`` before any worker starts when anything is invalid.
     """
-    spec = resolve_run(recipe, steps=steps, seed=seed, overlap=overlap, out=out, **given)
+    spec = resolve_run(
+        recipe, steps=steps, seed=seed, overlap=overlap, reshard_after_forward=reshard_after_forward, out=out, **given
+    )
     return run_spec(spec, timeout=timeout, on_line=on_line, on_progress=on_progress, pool=pool)
 
 

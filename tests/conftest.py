@@ -38,12 +38,14 @@ cp=3 (16 tokens do not cut into 6 chunks) and S1's experts on ep=8 (4 experts do
 EXTRA_RUNS = (
     ("S1", {"world_size": 8, "dp_shard": 8, "ep": 2}),
     *((name, {**RECIPES[name].default, "overlap": False}) for name in OVERLAP_OFF),
+    ("P1", {**RECIPES["P1"].default, "reshard_after_forward": True}),
     *OPTION_RUNS,
 )
 """Runs outside the matrix, in the same launches: S1 on 8 shards pads the router weight ([4, 32] over
 8 ranks: 1 row each, 4 of them padding), so FSDP padding is checked against a real run too; the
 recipes of ``OVERLAP_OFF`` on their default mesh with every collective synchronous, which
-tests/test_overlap.py holds to the same numbers as the default (overlapping) runs; and ``OPTION_RUNS``."""
+tests/test_overlap.py holds to the same numbers as the default (overlapping) runs; P1 with every layer
+resharded after forward (tests/test_pipeline.py: the all-gathers per microbatch it costs); and ``OPTION_RUNS``."""
 
 
 def matrix() -> list[tuple[str, int, dict]]:
@@ -56,13 +58,13 @@ def matrix() -> list[tuple[str, int, dict]]:
 
 
 def run_key(recipe: str, degrees: dict) -> tuple:
-    """Runs that are the same computation (same workload, same normalised degrees, same overlap, same
-    options given) are run once."""
+    """Runs that are the same computation (same workload, same normalised degrees, same fully_shard
+    settings (overlap, reshard_after_forward), same options given) are run once."""
     spec = RECIPES[recipe]
     degrees = dict(degrees)
-    overlap = degrees.pop("overlap", None)
+    settings = degrees.pop("overlap", None), degrees.pop("reshard_after_forward", None)
     options = tuple(sorted((name, degrees.pop(name)) for name in OPTION_NAMES if name in degrees))
-    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items())), overlap, options
+    return spec.implementation, tuple(sorted(ParallelDims(**degrees).degrees().items())), settings, options
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +79,8 @@ def recipe_results(tmp_path_factory) -> dict[tuple, launch.RunResult]:
     results = {}
     for world, keys in sorted(by_world.items()):
         out = tmp_path_factory.mktemp(f"world{world}")
-        for key, result in zip(keys, launch.run_many([unique[k] for k in keys], out=out, timeout=1200)):
+        # one launch runs 30+ recipes at 4 ranks: 20 minutes were not enough at load 900 on 2 cores
+        for key, result in zip(keys, launch.run_many([unique[k] for k in keys], out=out, timeout=3600)):
             results[key] = result
     return results
 

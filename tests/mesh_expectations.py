@@ -22,7 +22,7 @@ ALL_DIMS = (
     MeshDim.EP,
     MeshDim.ETP,
 )
-DEGREES = (MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.PP, MeshDim.EP, MeshDim.ETP)
+DEGREES = ("dp_replicate", "dp_shard", "cp", "ulysses", "tp", "pp", "ep", "etp")  # the degrees, by name
 
 
 def norm(groups):

@@ -59,6 +59,40 @@ def test_the_cli_exits_2_with_the_rule(argv, rule, capsys):
     assert re.search(rule, err), err
 
 
+SEQUENCE_AND_PIPELINE_CASES = [  # (argv, the rule, the fix the message names)
+    (["run", "M5-R", "--cp", "1"], r"M5-R .* needs cp > 1, got cp=1", r"set --cp \(cp=\) to 2 or more"),
+    (["run", "M5-R", "--cp", "2", "--seq-len", "6"], r"seq_len=6 must be divisible by tp\*2\*cp = 1\*2\*2 = 4",
+     r"set --seq-len \(launch.run's seq_len=\) to one of \[4, 8\]"),
+    (["run", "M5-UR", "--cp", "2", "--ulysses", "8"], r"ulysses=8 must divide the heads of each tp rank",
+     r"valid ulysses for tp=1: \[1, 2, 4\]"),
+    (["run", "M5-UR", "--cp", "2", "--ulysses", "2", "--seq-len", "12"],
+     r"seq_len=12 must be divisible by 2\*cp\*ulysses\*tp = 2\*2\*2\*1 = 8", r"nearest valid seq_len: 16"),
+    (["run", "M5", "--cp", "2", "--ulysses", "2"], r"M5 .* does not split the sequence over a ulysses dim",
+     r"recipes: M5-UR"),
+    (["run", "P5", "--pp", "4", "--dp-shard", "2", "--microbatches", "4"],
+     r"microbatches=4 must be >= the number of stages pp\*stages_per_rank = 8", r"to one of \[8\]"),
+    (["run", "P5", "--pp", "4", "--dp-shard", "2", "--global-batch", "8"],
+     r"4 rows \(global_batch=8 / dp=2\) cannot fill the 8 pipeline stages", r"--global-batch .* to one of \[16\]"),
+    (["run", "P5", "--pp", "3"], r"n_layers=8 must be divisible by pp\*stages_per_rank = 3\*2 = 6",
+     r"valid pp for 8 layers: \[2, 4\]"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, rule, fix", SEQUENCE_AND_PIPELINE_CASES, ids=[" ".join(a) for a, _, _ in SEQUENCE_AND_PIPELINE_CASES]
+)
+def test_sequence_and_pipeline_rules_exit_2_before_any_worker(argv, rule, fix, capsys):
+    """A ring of one rank, a sequence that does not cut into 2*cp zig-zag chunks, a ulysses degree that does
+    not divide the heads or the sequence, a ulysses dim on a recipe without one, a schedule with more stages
+    than microbatches or rows, and DualPipeV (P5) on an odd pp (8 layers do not split into 2 pp stages;
+    torch's DualPipeV itself runs on odd pp): each exits 2 naming the rule and the fix (no worker starts:
+    ``nothing_starts``)."""
+    assert cli.main(argv) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert re.search(rule, err) and re.search(fix, err), err
+
+
 def test_a_degree_flag_given_twice_is_refused(capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main(["run", "M4", "--dp-shard", "2", "--dp-shard", "4"])

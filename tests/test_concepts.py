@@ -105,7 +105,7 @@ def test_ideal_timeline_draws_every_slot():
 
 def test_cp_chunks_are_the_layout_the_cp_attention_uses():
     """The schematic's chunks are the positions the run's CP attention gives each cp rank."""
-    from hyper_parallel.parallel.cp import load_balanced_positions
+    from hyper_parallel.parallel.sequence_layout import load_balanced_positions
 
     for cp in (1, 2, 4):
         size = 16 // (2 * cp)

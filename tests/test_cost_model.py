@@ -168,17 +168,33 @@ def test_sequence_schemes_figure_shows_traced_bytes_equal_to_the_model(recipe_re
     runs = {
         r: (result_of(r, CP4, recipe_results).traces, result_of(r, CP4, recipe_results).metrics) for r in SCHEME_RUNS
     }
-    by_hand = {"A-CP": 32768, "M5-R": 24576, "M5-U": 16384}  # per layer, forward = backward
+    by_hand = {"A-CP": (32768, 32768), "M5-R": (24576, 40960), "M5-U": (16384, 16384)}  # per layer (forward, backward)
     for recipe, (traces, _) in runs.items():
-        assert sequence_traffic(traces, 1) == {"forward": 2 * by_hand[recipe], "backward": 2 * by_hand[recipe]}
+        forward, backward = by_hand[recipe]
+        assert sequence_traffic(traces, 1) == {"forward": 2 * forward, "backward": 2 * backward}
     fig = sequence_schemes(runs, step=1)
     ax = next(a for a in fig.axes if a.get_label() == "per_layer")
     bars = [p.get_height() for p in ax.patches if p.get_gid() == "measured"]
     ticks = [line.get_ydata()[0] for line in ax.get_lines() if line.get_gid() == "model"]
-    expected = [by_hand[r] for r in SCHEME_RUNS for _ in ("forward", "backward")]
+    expected = [b for r in SCHEME_RUNS for b in by_hand[r]]
     assert bars == expected and ticks == expected
     sent = [p.get_height() for p in ax.patches if p.get_gid() == "sent"]
-    assert sent == [49152, 49152, 24576]
+    assert sent == [49152, 65536, 24576]
+
+
+@pytest.mark.distributed
+def test_two_d_sequence_bytes_of_the_cost_model_equal_the_traces(recipe_results):
+    """M5-UR (cp 2 x ulysses 2): rank 0's traced bytes per (op, group, phase) on ulysses and cp equal the cost
+    model's, row by row (notebook 04's table, launch.notebook.tables.traced_and_model_bytes): the all-to-alls
+    on ulysses in forward and backward, the ring's send/recv on cp."""
+    from launch.notebook.tables import traced_and_model_bytes
+
+    result = result_of("M5-UR", RECIPES["M5-UR"].default, recipe_results)
+    assert result.ok, result.error
+    rows = traced_and_model_bytes(result, groups=("ulysses", "cp"))
+    assert {(op, group) for op, group, *_ in rows} == {("all_to_all", "ulysses"), ("send", "cp"), ("recv", "cp")}
+    assert [traced for *_, traced, _ in rows] == [model for *_, model in rows]
+    assert all(model > 0 for *_, model in rows)
 
 
 # ------------------------------------------------------------------ no workers
@@ -190,7 +206,8 @@ def test_sequence_scheme_bytes_per_layer_by_hand():
     4 KiB at cp 4.
     all_gather: forward AG of K and V of the whole sequence, 2 K cp; backward RS the same; sent
                 (cp-1)/cp of each: 4 K (cp-1).
-    ring:       cp-1 shifts of 2 K in each phase, each sent whole: 2 K (cp-1) per phase, 4 K (cp-1) sent.
+    ring:       forward cp-1 K/V blocks of 2 K sent whole; backward cp-2 K/V blocks and cp-1 dK/dV blocks
+                (float32: 2 K too): 2 K (cp-1) forward, 2 K (2 cp - 3) backward, all of it sent.
     ulysses:    q/k/v (3 K) and the output (K) all-to-all'd in each phase: 4 K per phase, 8 K (cp-1)/cp sent.
     """
     from hyper_parallel.cost_model.communication import sequence_bytes_per_layer
@@ -200,7 +217,7 @@ def test_sequence_scheme_bytes_per_layer_by_hand():
         ("all_gather", 2): (32768, 32768, 32768),
         ("all_gather", 4): (32768, 32768, 49152),
         ("ring", 2): (16384, 16384, 32768),
-        ("ring", 4): (24576, 24576, 49152),
+        ("ring", 4): (24576, 40960, 65536),
         ("ulysses", 2): (32768, 32768, 32768),
         ("ulysses", 4): (16384, 16384, 24576),
     }
@@ -233,6 +250,9 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
     8192 B forward and receives as much backward; stage 1 the mirror image. Interleaved (P1-I): each
     rank's two stages both cross a boundary each way but stage 0 / stage 3 on one side only, so rank 0
     sends 16384 B forward and 8192 B backward. TP (P2) changes nothing: every tp rank sends its replica.
+    The V placement (P4, P5 on pp 2: 8 rows per dp rank, 4 microbatches of 2 rows, 4096 B): rank 0 holds the
+    first and the last stage, each with its neighbour on rank 1, so it sends and receives 4 x 4096 B each
+    way; stages pp-1 and pp share a rank and pass their tensor in memory.
     """
     from hyper_parallel.cost_model.pipeline import boundary_bytes, p2p_bytes
 
@@ -240,7 +260,8 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
     assert result.ok, result.error
     dims = ParallelDims(**degrees)
     notes = result.metrics["notes"]
-    message = boundary_bytes(rows=8 // dims.dp // notes["microbatches"], seq_len=16, d_model=32)
+    rows = result.metrics["options"]["global_batch"] // dims.dp // notes["microbatches"]
+    message = boundary_bytes(rows=rows, seq_len=16, d_model=32)
     assert message == notes["boundary_bytes"]
     for rank, events in result.traces.items():
         traced = {
@@ -249,8 +270,9 @@ def test_p2p_bytes_of_the_cost_model_equal_the_traces(recipe, degrees, recipe_re
         for event in events:
             if event["kind"] == "collective" and event["group"] == "pp" and event["step"] == 1:
                 traced[(event["op"], event["phase"])] += event["bytes"]
+        pp_rank = dims.coordinates(rank)[MeshDim.PP]
         expected = p2p_bytes(
-            dims.pp, dims.coordinates(rank)[MeshDim.PP], notes["microbatches"], message, notes["stages_per_rank"]
+            dims.pp, pp_rank, notes["microbatches"], message, notes["stages_per_rank"], notes["schedule"]
         )
         assert traced == expected, (rank, traced, expected)
 

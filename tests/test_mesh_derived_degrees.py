@@ -12,8 +12,8 @@ from hyper_parallel.mesh import ParallelDims
 
 # --------------------------------------------------------------------------------------------
 # valid combinations and their derived degrees (computed by hand from the rules of docs/design.md §2)
-#    fsdp = dp_shard*cp, dp = dp_replicate*dp_shard, dp_cp = dp_replicate*dp_shard*cp,
-#    efsdp = dp_shard*cp*tp // (ep*etp); dp_shard=-1 -> world_size // (dp_replicate*cp*tp*pp)
+#    fsdp = dp_shard*cp*ulysses, dp = dp_replicate*dp_shard, dp_cp = dp_replicate*dp_shard*cp*ulysses,
+#    efsdp = dp_shard*cp*tp // (ep*etp); dp_shard=-1 -> world_size // (dp_replicate*cp*ulysses*tp*pp)
 # --------------------------------------------------------------------------------------------
 
 VALID = [
@@ -40,6 +40,10 @@ VALID = [
     ),
     pytest.param(dict(world_size=64, dp_replicate=2, cp=2, tp=4, ep=16), (4, 8, 8, 16, 2), id="64-ep16-etp1"),
     pytest.param(dict(world_size=64, dp_replicate=2, cp=2, tp=4, ep=8), (4, 8, 8, 16, 4), id="64-ep8-etp1"),
+    # a ulysses dim shards parameters and averages the loss like cp: fsdp = dp_shard*cp*ulysses, dp_cp =
+    # dp*cp*ulysses (efsdp keeps its formula: experts never run with a ulysses dim)
+    pytest.param(dict(world_size=4, cp=2, ulysses=2), (1, 4, 1, 4, 2), id="cp2-ulysses2"),
+    pytest.param(dict(world_size=16, dp_replicate=2, cp=2, ulysses=2), (2, 8, 4, 16, 4), id="hsdp-cp2-ulysses2"),
 ]
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 from conftest import result_of
 
-from hyper_parallel import viz
+from hyper_parallel import ParallelDims, viz
 from hyper_parallel.cost_model.pipeline import alive_microbatches, bubble_fraction, p2p_bytes
 from hyper_parallel.recipes import RECIPES
+from launch.notebook.tables import gathered_per_step
 
 
 def test_bubble_fraction_by_hand():
@@ -23,6 +24,11 @@ def test_bubble_fraction_by_hand():
     assert bubble_fraction("1f1b", 2, 4) == pytest.approx(1 / 5)
     assert bubble_fraction("gpipe", 4, 4) == pytest.approx(3 / 7)
     assert bubble_fraction("interleaved_1f1b", 2, 4, stages_per_rank=2) == pytest.approx(1 / 9)
+    # zero bubble, two stages per rank in a V: b/(m+b) idle slots, b = (p-1)/6 (ZB-V) or (p-1)/3 (DualPipeV);
+    # p=2, m=4 -> (1/6)/(25/6) = 1/25 = 4% and (1/3)/(13/3) = 1/13 = 8%, the "few percent" of notebook 09
+    assert bubble_fraction("zbv", 2, 4, stages_per_rank=2) == pytest.approx(1 / 25)
+    assert bubble_fraction("dualpipev", 2, 4, stages_per_rank=2) == pytest.approx(1 / 13)
+    assert bubble_fraction("dualpipev", 4, 8, stages_per_rank=2) == pytest.approx(1 / 9)
     with pytest.raises(ValueError, match="only interleaved_1f1b runs several stages per rank"):
         bubble_fraction("1f1b", 2, 4, stages_per_rank=2)
     with pytest.raises(ValueError, match="unknown schedule 'zb'"):
@@ -191,3 +197,63 @@ def test_fsdp_reduces_once_per_step_not_per_microbatch(recipe_results):
             if event.get("kind") == "collective" and event["op"] == "reduce_scatter":
                 per_step[event["step"]] = per_step.get(event["step"], 0) + 1
         assert per_step and set(per_step.values()) == {3}, (rank, per_step)
+
+
+LAYER_BYTES = 4 * (4 * 32 * 32 + 2 * 32 * 64 + 2 * 32)
+"""One layer's parameters, float32: wq, wk, wv, wo (d x d, d = 32), w1 and w2 (d x hidden, hidden = 64), two
+norms (d): 33,024 B. The embedding and the head are vocab x d = 64 x 32: 8,192 B each; the final norm 128 B."""
+STAGE_BYTES = {0: 8192 + 2 * LAYER_BYTES, 1: 2 * LAYER_BYTES + 128 + 8192}  # P1's stages: 74,240 and 74,368 B
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("recipe", ["P1", "P1-G"])
+def test_every_unit_stays_gathered_from_its_first_forward(recipe, recipe_results):
+    """No unit reshards after forward under PP (torchtitan's default): from the end of a stage's first
+    forward to the end of its last backward, every action leaves all of the stage's parameters gathered,
+    measured after each action (the trace's ``gathered_bytes``), against their sizes by hand. The peak is
+    what torch's schedule keeps anyway once backward starts (no reshard after backward until the step ends),
+    so resharding after forward would save memory only during the warm-up."""
+    degrees = RECIPES[recipe].default
+    result = result_of(recipe, degrees, recipe_results)
+    assert result.ok, result.error
+    for rank, events in result.traces.items():
+        stage = rank // (degrees["world_size"] // degrees["pp"])
+        held = [e["gathered_bytes"] for e in events if e.get("kind") == "pipeline" and e["step"] == 1]
+        assert held == [STAGE_BYTES[stage]] * 8, (rank, held)
+
+
+ROOT_BYTES = {0: 8192, 1: 128 + 8192}  # what a stage's root holds: the embedding; the final norm and the head
+
+
+@pytest.mark.distributed
+def test_resharding_after_forward_under_pp_gathers_per_microbatch_for_the_same_peak(recipe_results):
+    """P1 (1F1B, pp 2 x dp_shard 2, 4 microbatches) with every layer resharded after forward
+    (``reshard_after_forward=True``; notebook 09's ``gathered_per_step`` reads the same): rank 0 issues 11 all-gathers per step, 5 in forward and 6 in
+    backward (tests/test_recipes.py derives them from the order), where the default issues 3 (one per
+    unit); both equal the reference. Measured memory after each action: a layer is freed after each
+    forward, but torch's schedule keeps it after backward, so stage 0 (F0 F1 B0 F2 B1 F3 B2 B3) holds its
+    root alone (8,192 B) after every forward and the whole stage (74,240 B) after every backward, and
+    stage 1 (F0 B0 F1 B1 ...) alternates 8,320 and 74,368 B: the same peak as the default."""
+    from test_recipes import expected_pipeline_collectives, step_collectives
+
+    degrees = RECIPES["P1"].default
+    default = result_of("P1", degrees, recipe_results)
+    resharded = result_of("P1", {**degrees, "reshard_after_forward": True}, recipe_results)
+    assert default.ok and resharded.ok, (default.error, resharded.error)
+    dims = ParallelDims(**degrees)
+    gathers = {
+        name: sum(n for (op, _, _), n in step_collectives(result).items() if op == "all_gather")
+        for name, result in (("default", default), ("resharded", resharded))
+    }
+    assert gathers == {"default": 3, "resharded": 11}
+    assert step_collectives(resharded) == expected_pipeline_collectives("1f1b", False, dims, reshard_after_forward=True)
+    for rank, events in resharded.traces.items():
+        stage = rank // (degrees["world_size"] // degrees["pp"])
+        actions = [e for e in events if e.get("kind") == "pipeline" and e["step"] == 1]
+        held = [STAGE_BYTES[stage] if e["action"] == "backward" else ROOT_BYTES[stage] for e in actions]
+        assert [e["gathered_bytes"] for e in actions] == held, rank
+        assert max(held) == max(e["gathered_bytes"] for e in default.traces[rank] if e.get("kind") == "pipeline")
+    assert [gathered_per_step(result) for result in (default, resharded)] == [
+        {"all_gathers": 3, "after_first_action": STAGE_BYTES[0], "peak": STAGE_BYTES[0]},
+        {"all_gathers": 11, "after_first_action": ROOT_BYTES[0], "peak": STAGE_BYTES[0]},
+    ]

@@ -53,9 +53,11 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     sequence shard) or all-gathers its input (etp=tp: the output is cut back to the shard without
     communication; in backward that cut becomes an all-gather and the input gather a local cut).
     CP: one K/V all-gather per attention in forward, one reduce-scatter in backward (M5, M6); ring
-    (M5-R): cp-1 all-to-all shifts of the K/V block per attention in forward and again in backward;
+    (M5-R): per attention cp-1 K/V blocks sent to the next rank and received from the previous one in
+    forward, cp-2 K/V blocks and cp-1 dK/dV blocks each way in backward (the ring retraced);
     Ulysses (M5-U, M6-U): per attention one all-to-all of the stacked q/k/v and one of the output in
-    forward, the same two in backward (no GQA here).
+    forward, the same two in backward (no GQA here). A ulysses dim (M5-UR) adds those two all-to-alls
+    each way on the ulysses group to the ring's sends and receives on cp.
     Async TP (M3-A, M6-A): each dense block's gather and scatter, forward and backward, becomes tp chunks
     (one collective each); the embedding's, the head's and the logits' stay whole. Float8 TP (M3-F8): M3's
     collectives, the block inputs (forward) and rowwise output gradients (backward) gathered in float8; the
@@ -66,8 +68,10 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     their own on efsdp (one AG forward, one AG backward, one RS when efsdp > 1).
     """
     dims = ParallelDims(**d)  # only to infer dp_shard
-    tp, cp, dp_replicate, fsdp = dims.tp, dims.cp, dims.dp_replicate, dims.dp_shard * dims.cp
+    tp, cp, dp_replicate, fsdp = dims.tp, dims.cp, dims.dp_replicate, dims.fsdp
     workload = RECIPES[recipe].workload  # what the recipe's implementation builds, as data
+    if workload.schedule in V_SCHEDULES:
+        return expected_v_pipeline_collectives(dims, RECIPES[recipe].options(dims).microbatches)
     if workload.schedule is not None:
         return expected_pipeline_collectives(workload.schedule, workload.moe, dims)
     moe = workload.moe
@@ -96,9 +100,13 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("all_reduce", "tp", "forward")] = 2 * LAYERS + 1
         expected[("all_gather", "tp", "forward")] = 1
         expected[("all_reduce", "tp", "backward")] = 2 * LAYERS + 1
+    if dims.ulysses > 1:  # M5-UR: Ulysses' all-to-alls around the ring, on their own dim
+        expected[("all_to_all", "ulysses", "forward")] = 2 * LAYERS
+        expected[("all_to_all", "ulysses", "backward")] = 2 * LAYERS
     if cp > 1 and workload.sequence_scheme == "ring":
-        expected[("all_to_all", "cp", "forward")] = (cp - 1) * LAYERS
-        expected[("all_to_all", "cp", "backward")] = (cp - 1) * LAYERS
+        for op in ("send", "recv"):
+            expected[(op, "cp", "forward")] = (cp - 1) * LAYERS
+            expected[(op, "cp", "backward")] = (2 * cp - 3) * LAYERS
     elif cp > 1 and workload.sequence_scheme == "ulysses":
         expected[("all_to_all", "cp", "forward")] = 2 * LAYERS
         expected[("all_to_all", "cp", "backward")] = 2 * LAYERS
@@ -130,7 +138,9 @@ MICROBATCHES = 4  # hyper_parallel.recipes.pipeline.MICROBATCHES
 PP_LAYERS = 4  # PIPELINE_CONFIG.n_layers
 
 
-def expected_pipeline_collectives(schedule: str, moe: bool, dims: ParallelDims) -> Counter:
+def expected_pipeline_collectives(
+    schedule: str, moe: bool, dims: ParallelDims, reshard_after_forward: bool = False
+) -> Counter:
     """Hand-derived collectives of one step on rank 0 of a pipeline recipe (pp=2, m=4 microbatches).
 
     Rank 0 holds stage 0 (the embedding and the first layers; interleaved: stage 0 = embedding + layer 0,
@@ -139,14 +149,18 @@ def expected_pipeline_collectives(schedule: str, moe: bool, dims: ParallelDims) 
     input's gradient.
     fully_shard (fsdp > 1): every stage module is a fully_shard root (an FSDPModule to torch), so the
     schedule turns gradient sync and resharding after backward off for each microbatch and reduces once
-    at the end of the step: each unit reduce-scatters once per step. Between, a layer unit is resharded
-    after every forward and kept after every backward, so it gathers in a forward that follows a forward
-    (or starts the step) and in a backward that follows a forward; a root unit gathers once, in its first
-    forward. Rank 0's orders: GPipe F0 F1 F2 F3 B0 B1 B2 B3 (a layer: 4 forward, 1 backward gathers);
-    1F1B F0 F1 B0 F2 B1 F3 B2 B3 (2 and 3); interleaved (microbatches in rounds of pp=2): stage 0 runs
-    F0-F3 before B0 (4 and 1), stage 2 (its lone layer, under a root holding nothing) F0 F1 B0 B1 F2 F3 B2
-    B3 (3 and 2); the interleaved runtime also unshards every unit before the step's first forward (its
-    UNSHARD actions, outside forward), so one gather per unit is traced outside the forward phase.
+    at the end of the step: each unit reduce-scatters once per step. No unit reshards after forward
+    (torchtitan's default under PP), so each unit that holds parameters gathers once per step, in its
+    first forward, and never in backward: rank 0 holds stage 0's root (the embedding) and its layers
+    (interleaved: stage 2's lone layer too, under a root holding nothing). The interleaved runtime
+    unshards every unit before the step's first forward (its UNSHARD actions, outside forward), so its
+    gathers are traced outside the forward phase.
+    ``reshard_after_forward=True`` (every unit but the root reshards after forward, FSDP2's default): a
+    layer unit gathers in a forward that follows a forward (or starts the step) and in a backward that
+    follows a forward; a root unit gathers once, in its first forward. Rank 0's orders: GPipe F0 F1 F2 F3
+    B0 B1 B2 B3 (a layer: 4 forward, 1 backward gathers); 1F1B F0 F1 B0 F2 B1 F3 B2 B3 (2 and 3);
+    interleaved (microbatches in rounds of pp=2): stage 0 runs F0-F3 before B0 (4 and 1), stage 2 F0 F1 B0
+    B1 F2 F3 B2 B3 (3 and 2), the runtime's UNSHARD gathering each unit's first.
     P3 adds S1's all-to-alls of the MoE layer per microbatch (efsdp = 1 on its mesh: no expert gathers).
     TP without SP on stage 0 per microbatch: forward all-reduces after the embedding and wo, w2 of each
     layer (1 + 2 L_s), backward the input gradients of attention and feed-forward (2 L_s).
@@ -169,18 +183,19 @@ def expected_pipeline_collectives(schedule: str, moe: bool, dims: ParallelDims) 
             "1f1b": ["F0 F1 B0 F2 B1 F3 B2 B3"],
             "interleaved_1f1b": ["F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 B0 B1 F2 F3 B2 B3"],
         }[schedule]
+        units = 1 + layers_per_stage * len(orders)  # stage 0's root and the layers of rank 0's stages
         for order in orders:  # the stages rank 0 holds; stage 0 also holds a root with parameters
             actions = order.split()
             after = list(zip(["start", *actions], actions))
             forward_gathers = sum(now[0] == "F" and before[0] != "B" for before, now in after)
             backward_gathers = sum(now[0] == "B" and before[0] == "F" for before, now in after)
+            if not reshard_after_forward:
+                forward_gathers, backward_gathers = 1, 0
             expected[("all_gather", "fsdp", "forward")] += layers_per_stage * forward_gathers
             expected[("all_gather", "fsdp", "backward")] += layers_per_stage * backward_gathers
-            expected[("reduce_scatter", "fsdp", "backward")] += layers_per_stage
         expected[("all_gather", "fsdp", "forward")] += 1  # stage 0's root (the embedding), in its first forward
-        expected[("reduce_scatter", "fsdp", "backward")] += 1
+        expected[("reduce_scatter", "fsdp", "backward")] += units
         if schedule == "interleaved_1f1b":  # its runtime unshards each unit ahead of the first forward (UNSHARD)
-            units = 1 + layers_per_stage * len(orders)
             expected[("all_gather", "fsdp", "forward")] -= units
             expected[("all_gather", "fsdp", "other")] += units
     if dims.tp > 1:
@@ -189,6 +204,32 @@ def expected_pipeline_collectives(schedule: str, moe: bool, dims: ParallelDims) 
     if moe:  # per microbatch as in S1: counts + dispatch + combine forward, two backward; efsdp = 1 here
         expected[("all_to_all", "ep", "forward")] = 3 * m
         expected[("all_to_all", "ep", "backward")] = 2 * m
+    return expected
+
+
+V_SCHEDULES = ("zbv", "dualpipev")
+V_LAYERS = 8  # the zero-bubble recipes' n_layers (recipes/pipeline.py ZERO_BUBBLE_CONFIG)
+
+
+def expected_v_pipeline_collectives(dims: ParallelDims, microbatches: int) -> Counter:
+    """Hand-derived collectives of one step on rank 0 of a V-placed pipeline (P4 ZB-V, P5 DualPipeV).
+
+    Rank 0 runs stage 0 (the embedding and 8 / (2 pp) layers) and stage 2 pp - 1 (as many layers, the final
+    norm and the head); their neighbours, stages 1 and 2 pp - 2, run on rank 1. Per microbatch stage 0 sends
+    its output and receives its gradient, the last stage receives its input and sends its gradient: m of
+    each. fully_shard: the runtime unshards every unit with parameters ahead of the step's first forward
+    (its UNSHARD actions, outside forward: two roots and the layers of both stages), nothing reshards until
+    the step's end, and each unit reduce-scatters once. B and W split the backward's compute, not its
+    communication.
+    """
+    m, layers_per_stage = microbatches, V_LAYERS // (2 * dims.pp)
+    expected: Counter = Counter()
+    for op, phase in (("send", "forward"), ("recv", "backward"), ("recv", "forward"), ("send", "backward")):
+        expected[(op, "pp", phase)] = m
+    if dims.fsdp > 1:
+        units = 2 + 2 * layers_per_stage
+        expected[("all_gather", "fsdp", "other")] = units
+        expected[("reduce_scatter", "fsdp", "backward")] = units
     return expected
 
 
@@ -283,3 +324,16 @@ def test_each_small_preset_has_one_recipe_for_the_plan_command():
         assert len(chosen) == 1 and plan_recipe(preset) is chosen[0], preset
         chosen[0].validate(**chosen[0].default)
     assert all(plan_recipe(name) is None for name in PRESETS if not name.startswith("small"))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("degrees", [{"world_size": 2, "cp": 2, "dp_shard": 1}, {"world_size": 4, "cp": 4}])
+def test_ring_keeps_fewer_activations_than_the_all_gather(degrees, recipe_results):
+    """Measured on the runs (rank 0, bytes autograd saves for backward, recipes.activation_memory): the
+    ring keeps its own K/V, one more block and a log-sum-exp per query where the all-gather keeps the
+    whole sequence's K/V and every probability, so M5-R holds less than the all-gather CP on one mesh
+    (tests/test_cp_attention.py has the per-call bytes by hand)."""
+    ring = result_of("M5-R", degrees, recipe_results)
+    gather = result_of("M5" if degrees["cp"] == 2 else "A-CP", degrees, recipe_results)
+    assert ring.ok and gather.ok, (ring.error, gather.error)
+    assert ring.metrics["saved_activation_bytes"] < gather.metrics["saved_activation_bytes"]

@@ -42,7 +42,7 @@ def test_a_cli_run_reaches_the_worker_as_one_record_resolved_once(monkeypatch, t
     module, world_size, batch, batch_file = launch.value.args
     assert resolved == ["M4"]  # the options of the one run, resolved once in the parent
     assert (module, world_size) == (WORKER_MODULE, 2)
-    degrees = {"world_size": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1, "pp": 1, "ep": 1, "etp": 1}
+    degrees = dict(world_size=2, dp_replicate=1, dp_shard=2, cp=1, ulysses=1, tp=1, pp=1, ep=1, etp=1)
     record = {
         "recipe": "M4",
         "degrees": degrees,
@@ -51,6 +51,7 @@ def test_a_cli_run_reaches_the_worker_as_one_record_resolved_once(monkeypatch, t
         "steps": 1,
         "seed": 0,
         "overlap": None,
+        "reshard_after_forward": None,
         "out": str(out),
     }
     assert batch == [record]
@@ -70,7 +71,9 @@ def test_a_record_keeps_its_adapted_options_through_json():
 def test_the_multinode_flags_say_the_same_run():
     """``worker_args`` is what ``python -m launch command`` prints; the worker turns it back into the record
     (the adapted microbatches adapted again on the node, to the same value and note)."""
-    spec = resolve_run("P1", world_size=8, pp=2, dp_shard=4, seed=3, overlap=False, out="runs/p1")
+    spec = resolve_run(
+        "P1", world_size=8, pp=2, dp_shard=4, seed=3, overlap=False, reshard_after_forward=True, out="runs/p1"
+    )
     args = spec.worker_args()
     assert args[:2] == ["-m", WORKER_MODULE] and args[-2:] == ["--out", "runs/p1"]
     assert "microbatches" not in json.loads(args[args.index("--options") + 1])

@@ -63,3 +63,15 @@ def test_chrome_trace_has_one_process_per_rank(tmp_path):
     slices = [e for e in events if e["ph"] == "X"]
     assert [(e["pid"], e["ts"], round(e["dur"], 6)) for e in slices] == [(0, 0.5e6, 0.25e6), (1, 0.6e6, 0.15e6)]
     assert {e["args"]["name"] for e in events if e["ph"] == "M"} == {"rank 0", "rank 1"}
+
+
+def test_chrome_trace_draws_a_ring_step_as_a_slice_of_its_own(tmp_path):
+    step = {"kind": "ring", "phase": "forward", "ring_step": 1, "block": 3, "pairs": 2, "step": 0}
+    path = to_chrome_trace({0: [dict(step, t_start=0.25, t_end=0.5)]}, tmp_path / "chrome.json")
+    (ring,) = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert (ring["tid"], ring["name"], ring["ts"], ring["dur"]) == (
+        "ring",
+        "ring step 1: block 3 (2 pairs)",
+        0.25e6,
+        0.25e6,
+    )

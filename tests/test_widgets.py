@@ -35,7 +35,7 @@ def title(widget: MeshWidget) -> str:
 def test_default_selection_is_the_recipe_default_and_valid():
     widget = MeshWidget("M7")
     assert widget.recipe == "M7"
-    assert widget.degrees == {"world_size": 4, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1, "ep": 1, "etp": 1}
+    assert widget.degrees == dict(world_size=4, dp_replicate=2, dp_shard=2, cp=1, ulysses=1, tp=1, ep=1, etp=1)
     assert widget.valid and widget.error is None and not widget.launch_button.disabled
     assert "✔ valid" in widget.status.value and widget.fix_button.layout.display == "none"
     assert "M7" in title(widget) and "dp_replicate 2" in title(widget)
@@ -63,6 +63,24 @@ def test_selectors_offer_only_values_of_valid_meshes_for_the_world_size_and_reci
     assert [v for _, v in m4.selectors["tp"].options] == [1]
     # every dp_shard > 1 runs: where 16 rows do not split evenly, the global batch adapts (18 on 3 ranks)
     assert set(m4.world_selector.options) == set(range(2, 9))
+
+
+@pytest.mark.parametrize(
+    "recipe, world, offered",
+    [
+        ("M5-R", 4, {"cp": {2, 4}, "ulysses": {1}}),  # a ring needs 2 ranks; 16 tokens cut into 2 x 4 chunks
+        ("M5-UR", 4, {"cp": {2}, "ulysses": {2}}),
+        ("M5-UR", 8, {"cp": {2, 4}, "ulysses": {2, 4}}),  # 4 heads split over ulysses 4; 16 tokens over 2*2*4
+        ("P5", 8, {"pp": {2, 4}}),  # 8 layers in 2 pp stages: pp 2 or 4 (an odd pp does not split them)
+    ],
+)
+def test_sequence_and_schedule_selectors_offer_only_valid_values(recipe, world, offered):
+    """The selectors offer the values of valid meshes only (by hand, the rules of tests/test_bad_input.py):
+    no ring of one rank, a ulysses degree only where the recipe has one and it divides heads and tokens."""
+    widget = MeshWidget(recipe, world_size=world, preview=False, dp_shard=-1, **{k: min(v) for k, v in offered.items()})
+    assert widget.valid, widget.error
+    for name, values in offered.items():
+        assert {value for _, value in widget.selectors[name].options} == values, name
 
 
 def test_invalid_degree_explains_the_rule_and_disables_launch_then_a_valid_one_re_enables_it():
@@ -326,8 +344,8 @@ def test_bench_widget_offers_only_the_configurations_of_its_world_size_and_runs_
         return Finished()
 
     widget = BenchWidget(world_size=4, steps=3, runner=runner)
-    assert widget.configs.options == ("FSDP", "HSDP", "FSDP+TP", "TP+SP", "AsyncTP")
-    assert widget.configs.value == ("FSDP", "HSDP", "FSDP+TP")  # async TP only when picked
+    assert widget.configs.options == ("FSDP", "HSDP", "FSDP+TP", "S2", "TP+SP", "AsyncTP")
+    assert widget.configs.value == ("FSDP", "HSDP", "FSDP+TP", "S2")  # TP+SP and async TP only when picked
     widget.world.value = 2
     assert widget.configs.options == ("FSDP", "TP+SP", "AsyncTP") and widget.configs.value == ("FSDP",)
     widget.launch()

@@ -3,7 +3,7 @@
 ``bytes`` follows the trace convention (docs/design.md §5): the full, unsharded buffer of the collective
 (the all-gather output, the reduce-scatter input, the all-reduce tensor, the all-to-all input).
 Notation: a = compute (activation) bytes per element, r = reduce bytes, B = global_batch / dp rows
-per rank, s = seq_len / cp tokens per row in attention, X = B * s * d_model * a (one hidden state of
+per rank, s = seq_len / (cp * ulysses) tokens per row in attention, X = B * s * d_model * a (one hidden state of
 this rank's sequence chunk), L layers of which L_moe are MoE and L_dense dense.
 
 FSDP, per unit with gathered buffer G elements (``units.Unit``), shard size S, replicas D:
@@ -31,10 +31,14 @@ Sequence schemes over cp, per layer, with Q = B * s * (n_heads / tp) * head_dim 
 and K = B * s * kv_heads_per_tp_rank * head_dim * a (its keys; values the same):
     all_gather  forward one all_gather of the stacked K/V, 2 K * cp (the whole sequence's K and V);
                 backward one reduce_scatter of the same size
-    ring        cp - 1 all_to_all shifts of this rank's stacked K/V block, 2 K each, in forward and again
-                in backward (each shift sends its whole buffer to one peer)
+    ring        forward: cp - 1 sends of this rank's stacked K/V block in hand to the next rank, 2 K each,
+                and as many receives; backward retraces the ring: cp - 2 K/V blocks (the owner's own is
+                kept) and cp - 1 dK/dV blocks (2 K at float32 or wider: the gradients accumulate in
+                float32), each sent to the previous rank and received from the next
     ulysses     forward one all_to_all of stacked q/k/v, Q + 2 K (GQA: two, Q and 2 K), and one of the
                 attention output, Q; backward the same all_to_alls in reverse
+    ulysses dim (2-D: ulysses x cp) the Ulysses all-to-alls above on the ulysses group, then the cp scheme
+                on the heads it left (the same K: ulysses times the tokens, 1/ulysses of the heads)
 EP, per MoE layer with T tokens per rank entering the MoE (B * s / tp under SP with etp == 1, else B * s)
 and Y = T * top_k * d_model * a routed rows:
     all_to_all dispatch: forward E * 8 (int64 counts) + Y (dispatch) + Y (combine), backward 2 Y; with
@@ -296,11 +300,11 @@ def _fsdp_and_activation_collectives(
     if config.architecture == "mlp":
         return result
     a = config.precision.compute
-    rows, seq = config.global_batch // dims.dp, config.seq_len // dims.cp
+    rows, seq = config.global_batch // dims.dp, config.seq_len // (dims.cp * dims.ulysses)
     if dims.tp > 1:
         hidden, logits = rows * seq * config.d_model * a, rows * seq * config.vocab_size * a
         result += _tensor_parallel(config, dims, hidden, logits, embedding, head)
-    if dims.cp > 1:
+    if dims.cp > 1 or dims.ulysses > 1:
         result += sequence_collectives(config, dims, rows)
     if config.is_moe:
         result += _expert_parallel(config, dims, rows, seq)
@@ -325,35 +329,49 @@ def p2p_collectives(config: ModelConfig, dims: ParallelDims, pp_rank: int) -> li
 
 
 def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> list[Collective]:
-    """The cp group's collectives of one step for ``config.sequence_scheme`` (module docstring,
-    "Sequence schemes"); ``rows`` sequences per rank."""
-    cp, layers, scheme = dims.cp, config.n_layers, config.sequence_scheme
-    if cp == 1:
-        return []
-    per_token = rows * (config.seq_len // cp) * config.head_dim * config.precision.compute
+    """The sequence dims' collectives of one step: ``config.sequence_scheme`` on cp, and with a ulysses dim
+    the all-to-alls that reshard heads around it (module docstring, "Sequence schemes"); ``rows``
+    sequences per rank."""
+    cp, ulysses, layers, scheme = dims.cp, dims.ulysses, config.n_layers, config.sequence_scheme
+    per_token = rows * (config.seq_len // (cp * ulysses)) * config.head_dim * config.precision.compute
     q, k = per_token * config.n_heads // dims.tp, per_token * config.kv_heads_per_rank(dims.tp)
-    if scheme == SequenceScheme.ALL_GATHER:
-        calls = [("all_gather", "forward", 2 * k * cp), ("reduce_scatter", "backward", 2 * k * cp)]
+    # after a ulysses all-to-all a rank holds ulysses times the tokens and 1/ulysses of the heads: the same K
+    calls = [("all_to_all", "ulysses", ulysses, p, b) for p, b in _head_resharding(q, k)] if ulysses > 1 else []
+    if cp == 1:
+        pass
+    elif scheme == SequenceScheme.ALL_GATHER:
+        calls += [("all_gather", "cp", cp, "forward", 2 * k * cp), ("reduce_scatter", "cp", cp, "backward", 2 * k * cp)]
     elif scheme == SequenceScheme.RING:
-        calls = [("all_to_all", phase, 2 * k) for phase in ("forward", "backward") for _ in range(cp - 1)]
+        a = config.precision.compute
+        grads = 2 * k * max(a, 4) // a
+        blocks = [("forward", 2 * k)] * (cp - 1) + [("backward", 2 * k)] * (cp - 2) + [("backward", grads)] * (cp - 1)
+        calls += [(op, "cp", cp, phase, b) for phase, b in blocks for op in ("send", "recv")]
     elif scheme == SequenceScheme.ULYSSES:
-        inputs = [q + 2 * k] if q == k else [q, 2 * k]
-        calls = [("all_to_all", phase, b) for phase in ("forward", "backward") for b in (*inputs, q)]
+        calls += [("all_to_all", "cp", cp, phase, b) for phase, b in _head_resharding(q, k)]
     else:
         raise ValueError(f"the cost model has no bytes for the sequence scheme {scheme!r}; add them here")
-    return merged([Collective(op, "cp", phase, layers * b, layers, cp) for op, phase, b in calls])
+    return merged([Collective(op, group, phase, layers * b, layers, n) for op, group, n, phase, b in calls])
+
+
+def _head_resharding(q: float, k: float) -> list[tuple[str, float]]:
+    """(phase, bytes) of Ulysses' all-to-alls per layer: the stacked q/k/v (GQA: q, then stacked K/V) and
+    the output in forward, the same in reverse in backward."""
+    inputs = [q + 2 * k] if q == k else [q, 2 * k]
+    return [(phase, b) for phase in ("forward", "backward") for b in (*inputs, q)]
 
 
 def sequence_bytes_per_layer(config: ModelConfig, dims: ParallelDims, rows: int) -> dict[str, float]:
     """One layer's sequence-scheme traffic on one rank: ``forward`` and ``backward`` full buffers (the
-    trace convention) and ``sent``, the bytes the rank puts on the wire in both phases (ring shifts
-    send their whole block to one peer; all-gather, reduce-scatter and even all-to-alls (n-1)/n)."""
+    trace convention; a ring's sends, what it receives being its neighbour's sends) and ``sent``, the
+    bytes the rank puts on the wire in both phases (a ring's sends whole; all-gather, reduce-scatter and
+    even all-to-alls (n-1)/n)."""
     result = {"forward": 0.0, "backward": 0.0, "sent": 0.0}
     for c in sequence_collectives(config, dims, rows):
+        if c.op == "recv":
+            continue
         per_layer = c.bytes / config.n_layers
         result[c.phase] += per_layer
-        ring = config.sequence_scheme == SequenceScheme.RING
-        result["sent"] += per_layer * (1.0 if ring else wire_factor(c.op, c.group_size))
+        result["sent"] += per_layer * wire_factor(c.op, c.group_size)
     return result
 
 

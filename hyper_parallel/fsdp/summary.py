@@ -46,3 +46,20 @@ def _numel(shape) -> int:
     for size in shape:
         total *= size
     return total
+
+
+def gathered_bytes(root: nn.Module) -> int:
+    """Bytes of all-gathered parameters the fully_shard units under ``root`` hold on this rank right now
+    (units that shard, in their compute dtype): what resharding them would free."""
+    total, seen = 0, set()
+    for module in root.modules():
+        state = getattr(module, "_hp_state", None)
+        if state is None or id(state) in seen:
+            continue
+        seen.add(id(state))
+        total += sum(
+            group.shard_size * group.total * group.param_dtype.itemsize
+            for group in state.groups
+            if group.needs_all_gather and group.is_unsharded
+        )
+    return total

@@ -34,7 +34,9 @@ import torch
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo
-from hyper_parallel.parallel.cp import attend, checked_positions
+from hyper_parallel.parallel.attention_blocks import attend, checked_inputs
+from hyper_parallel.parallel.ring import ring_attention
+from hyper_parallel.parallel.sequence_layout import checked_positions, rank_positions, ulysses_ring_positions
 
 
 def _all_to_all(send: torch.Tensor, info: GroupInfo) -> torch.Tensor:
@@ -104,40 +106,75 @@ def ulysses_attention(
     q, k and v have the same shape they travel stacked in ONE all-to-all (GQA: two, q and stacked K/V);
     the output takes one more. A cp group of one is plain attention with no communication.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be [batch, heads, seq, head_dim], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    s_local = q.shape[2]
-    if k.shape != v.shape or k.shape[2] != s_local or k.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"q, k, v must hold the same tokens and K, V one shape: got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    positions = positions.to(device=q.device, dtype=torch.long)
-    if positions.shape != (s_local,):
-        raise ValueError(f"positions must be [{s_local}] (one per local token), got shape {tuple(positions.shape)}")
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads % kv_heads:
-        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({kv_heads})")
-    if heads % cp.size or kv_heads % cp.size:
-        raise ValueError(
-            f"Ulysses gives each of the cp={cp.size} ranks whole heads: query heads ({heads}) and "
-            f"key/value heads ({kv_heads}) on this rank must be divisible by cp={cp.size}; use a cp that divides "
-            f"{math.gcd(heads, kv_heads)}, or K/V all-gather / ring CP"
-        )
+    positions = _checked(q, k, v, positions, cp)
     dtype = torch.promote_types(q.dtype, torch.float32)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if cp.size == 1:
         return attend(q, k, v, positions, positions, causal, scale, dtype)
-    layout, index = checked_positions(positions, s_local, cp)
-    if heads == kv_heads:
-        q_all, k_all, v_all = SequenceToHeads.apply(torch.stack((q, k, v)), cp).unbind(0)
+    layout, _ = checked_positions(positions, q.shape[2], cp)
+    return _over_heads(q, k, v, cp, lambda *qkv: attend(*qkv, layout, layout, causal, scale, dtype))
+
+
+def ulysses_ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ulysses: GroupInfo,
+    ring: GroupInfo,
+    positions: torch.Tensor,
+    causal: bool = True,
+) -> torch.Tensor:
+    """2-D sequence parallelism (VeOmni's ``ulysses`` x ``cp``, USP): attention of this rank's tokens over
+    the whole sequence; [batch, heads, s_local, head_dim].
+
+    The sequence is cut into 2 x ring zig-zag chunks over the ``ring`` ranks, and each ring rank's share
+    again into ``ulysses`` contiguous slices (``sequence_layout.ulysses_ring_positions``). One all-to-all
+    over ``ulysses`` turns this rank's slice with all heads into its ring rank's whole share with
+    heads / ulysses heads; ``ring.ring_attention`` then passes those heads' K/V around the ring; a last
+    all-to-all turns the output back. Backward mirrors both (the ring's own backward, then the inverse
+    all-to-alls). Heads (and K/V heads) must divide by ulysses.
+    """
+    positions = _checked(q, k, v, positions, ulysses)
+    s_local = q.shape[2]
+    expected = ulysses_ring_positions(
+        s_local * ulysses.size * ring.size, ring.size, ring.index, ulysses.size, ulysses.index
+    )
+    if not torch.equal(positions, expected.to(positions.device)):
+        raise ValueError(
+            f"positions of (ring {ring.index}, ulysses {ulysses.index}) must be ulysses_ring_positions("
+            f"{s_local * ulysses.size * ring.size}, {ring.size}, {ring.index}, {ulysses.size}, {ulysses.index}); "
+            f"got {positions.tolist()}"
+        )
+    ring_positions = rank_positions(s_local * ulysses.size * ring.size, ring.size, ring.index).to(positions.device)
+    if ulysses.size == 1:
+        return ring_attention(q, k, v, ring, ring_positions, causal=causal)
+    return _over_heads(q, k, v, ulysses, lambda *qkv: ring_attention(*qkv, ring, ring_positions, causal=causal))
+
+
+def _checked(q, k, v, positions, group: GroupInfo) -> torch.Tensor:
+    """``positions`` as int64 on q's device after the shape rules of head resharding over ``group``."""
+    positions = checked_inputs(q, k, v, positions)
+    if k.shape != v.shape:
+        raise ValueError(f"Ulysses sends K and V stacked: they need one shape, got {tuple(k.shape)}, {tuple(v.shape)}")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % group.size or kv_heads % group.size:
+        raise ValueError(
+            f"Ulysses gives each of the {group.name}={group.size} ranks whole heads: query heads ({heads}) and "
+            f"key/value heads ({kv_heads}) on this rank must be divisible by {group.name}={group.size}; use a "
+            f"{group.name} that divides {math.gcd(heads, kv_heads)}, or K/V all-gather / ring CP"
+        )
+    return positions
+
+
+def _over_heads(q, k, v, group: GroupInfo, attention: Callable) -> torch.Tensor:
+    """``attention`` (q, k, v) -> out run on head shards: q/k/v from sequence to heads over ``group``
+    (stacked in one all-to-all; GQA: q and stacked K/V, two), its output back (one more)."""
+    if q.shape[1] == k.shape[1]:
+        q_all, k_all, v_all = SequenceToHeads.apply(torch.stack((q, k, v)), group).unbind(0)
     else:
-        q_all = SequenceToHeads.apply(q, cp)
-        k_all, v_all = SequenceToHeads.apply(torch.stack((k, v)), cp).unbind(0)
-    out = attend(q_all, k_all, v_all, layout, layout, causal, scale, dtype)
-    return HeadsToSequence.apply(out, cp)
+        q_all = SequenceToHeads.apply(q, group)
+        k_all, v_all = SequenceToHeads.apply(torch.stack((k, v)), group).unbind(0)
+    return HeadsToSequence.apply(attention(q_all, k_all, v_all), group)
 
 
 def attention_core(cp: GroupInfo) -> Callable:
@@ -145,5 +182,14 @@ def attention_core(cp: GroupInfo) -> Callable:
 
     def core(q, k, v, positions):
         return ulysses_attention(q, k, v, cp, positions, causal=True)
+
+    return core
+
+
+def ulysses_ring_core(ulysses: GroupInfo, ring: GroupInfo) -> Callable:
+    """An ``Attention.core`` for 2-D sequence parallelism (``ulysses_ring_attention``)."""
+
+    def core(q, k, v, positions):
+        return ulysses_ring_attention(q, k, v, ulysses, ring, positions, causal=True)
 
     return core

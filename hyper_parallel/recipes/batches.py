@@ -25,10 +25,16 @@ def data_parallel_rows(tensor: torch.Tensor, dims: ParallelDims) -> torch.Tensor
 
 
 def sequence_positions(seq_len: int, dims: ParallelDims) -> torch.Tensor:
-    """Global positions of the tokens this rank holds: all of them, or its load-balanced CP chunks (on the host,
-    where the batch is drawn)."""
-    if dims.cp == 1:
-        return torch.arange(seq_len, device=HOST)
-    from hyper_parallel.parallel.cp import load_balanced_positions
+    """Global positions of the tokens this rank holds: all of them, its load-balanced CP chunks, or with a
+    ulysses dim its slice of its ring rank's chunks (on the host, where the batch is drawn)."""
+    from hyper_parallel.parallel.sequence_layout import load_balanced_positions, ulysses_ring_positions
 
-    return load_balanced_positions(seq_len, dims.cp, dims.coordinates(dist.get_rank())[MeshDim.CP], HOST)
+    coordinates = dims.coordinates(dist.get_rank())
+    with HOST:
+        if dims.ulysses > 1:
+            return ulysses_ring_positions(
+                seq_len, dims.cp, coordinates[MeshDim.CP], dims.ulysses, coordinates[MeshDim.ULYSSES]
+            )
+        if dims.cp == 1:
+            return torch.arange(seq_len)
+        return load_balanced_positions(seq_len, dims.cp, coordinates[MeshDim.CP])

@@ -194,18 +194,39 @@ DENSE_ROWS: list[dict] = [
     dict(
         name="M5-R",
         title="ring context parallelism + FSDP",
-        description="M5 with K/V passed around the cp ring instead of all-gathered: cp-1 shifts per attention "
-        "(an online softmax folds each block in), the same shifts backwards for the gradients. Same "
-        "tokens per rank and the same losses as M5.",
+        description="M5 with K/V passed around the cp ring instead of all-gathered: each attention sends its "
+        "K/V block to the next rank asynchronously while it attends to the block in hand (cp-1 steps), "
+        "folding each block in by log-sum-exp; backward retraces the ring, dK/dV travelling back with "
+        "their blocks. Only two K/V blocks alive, no scores kept. Same tokens per rank and losses as M5.",
         matrix_row="M5-R | dense | TP 1 | SP 0 | CP >1 (ring) | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | M5's dims, ring K/V | mini transformer",
         tier="",
         default={"world_size": 2, "cp": 2, "dp_shard": 1},
         alternatives=({"world_size": 4, "cp": 4},),
         implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ring",
+        code=TRANSFORMER_CODE + CP_CODE + FSDP_CODE,
         workload=WorkloadFacts("small", sequence_scheme=SequenceScheme.RING),
         shapes=TRANSFORMER_SHAPES,
         must_be_one=("tp", "ep", "dp_replicate"),
         must_exceed_one=("cp",),
+    ),
+    dict(
+        name="M5-UR",
+        title="2-D sequence parallelism: Ulysses x ring + FSDP",
+        description="The sequence split over cp x ulysses ranks (VeOmni's ulysses x cp, USP): 2*cp zig-zag "
+        "chunks over the ring, each ring rank's share in ulysses slices. Attention reshards heads over "
+        "ulysses by all-to-all (each rank then holds its ring rank's whole share for n_heads/ulysses heads) "
+        "and passes those heads' K/V around the cp ring as M5-R does; one more all-to-all turns the output "
+        "back. Needs n_heads % ulysses == 0 and seq_len % (2*cp*ulysses) == 0. Same losses as M5.",
+        matrix_row="M5-UR | dense | TP 1 | SP 0 | CP >1 (ring) x ulysses >1 | FSDP2 >0 | dp_rep 0 | EP 0 | ETP 0 | n_heads % ulysses, seq_len % 2 cp ulysses | mini transformer",
+        tier="",
+        default={"world_size": 4, "cp": 2, "ulysses": 2, "dp_shard": 1},
+        alternatives=({"world_size": 8, "cp": 2, "ulysses": 2, "dp_shard": 2},),
+        implementation="hyper_parallel.recipes.transformer:fsdp_transformer_ring",
+        code=TRANSFORMER_CODE + CP_CODE + FSDP_CODE,
+        workload=WorkloadFacts("small", sequence_scheme=SequenceScheme.RING),
+        shapes=TRANSFORMER_SHAPES,
+        must_be_one=("tp", "ep", "dp_replicate"),
+        must_exceed_one=("cp", "ulysses"),
     ),
     dict(
         name="M5-U",

@@ -1,4 +1,5 @@
-"""The pipeline rows of the recipe matrix (P1-P3): 1F1B, GPipe and interleaved schedules, with FSDP, TP or EP.
+"""The pipeline rows of the recipe matrix (P1-P5): 1F1B, GPipe, interleaved, ZB-V and DualPipeV schedules, with
+FSDP, TP or EP.
 
 Each row is the keyword arguments of ``registry.Recipe`` (see ``matrix_dense``). Torch-free.
 """
@@ -95,5 +96,38 @@ PIPELINE_ROWS: list[dict] = [
         shapes={**PIPELINE_SHAPES, "num_experts": 4, "expert_hidden_sizes": (32,)},
         must_be_one=("cp", "tp", "etp"),
         must_exceed_one=("pp", "ep"),
+    ),
+    dict(
+        name="P4",
+        title="pipeline (zero bubble, ZB-V) x FSDP",
+        description="An 8-layer transformer in 2 pp stages per rank placed in a V (rank r holds stages r and "
+        "2pp-1-r): ScheduleZBVZeroBubble splits each backward into B, the input gradient the previous stage "
+        "waits for, and W, the weight gradient only the optimizer needs, and runs the W in what would be idle "
+        "time. Each stage is fully_shard over (dp_replicate, fsdp) as in P1.",
+        matrix_row="P4 | dense | TP 1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP 0 | ETP 0 | PP >1, ZB-V (B/W split), n_layers % (2 pp) | mini transformer (8 layers)",
+        tier="",
+        default={"world_size": 4, "pp": 2, "dp_shard": 2},
+        alternatives=({"world_size": 8, "pp": 4, "dp_shard": 2},),
+        implementation=f"{PIPELINE_WORKLOAD}:zero_bubble",
+        workload=dataclasses.replace(PIPELINE_1F1B, schedule="zbv"),
+        shapes={**PIPELINE_SHAPES, "global_batch": 16, "n_layers": 8, "stages_per_rank": 2},
+        must_be_one=("cp", "tp", "ep"),
+        must_exceed_one=("pp",),
+    ),
+    dict(
+        name="P5",
+        title="pipeline (DualPipeV) x FSDP",
+        description="P4's V placement with ScheduleDualPipeV (DeepSeek-V3's DualPipe cut in half): in the "
+        "steady state a rank pairs one stage's forward with the other stage's backward, and the B/W split "
+        "fills the warm-up and cool-down; it needs at least as many microbatches as stages (2 pp).",
+        matrix_row="P5 | dense | TP 1 | SP 0 | CP 1 | FSDP2 >=1 | dp_rep 0..1 | EP 0 | ETP 0 | PP >1, DualPipeV, m >= 2 pp | mini transformer (8 layers)",
+        tier="",
+        default={"world_size": 4, "pp": 2, "dp_shard": 2},
+        alternatives=({"world_size": 8, "pp": 4, "dp_shard": 2},),
+        implementation=f"{PIPELINE_WORKLOAD}:dual_pipe_v",
+        workload=dataclasses.replace(PIPELINE_1F1B, schedule="dualpipev"),
+        shapes={**PIPELINE_SHAPES, "global_batch": 16, "n_layers": 8, "stages_per_rank": 2},
+        must_be_one=("cp", "tp", "ep"),
+        must_exceed_one=("pp",),
     ),
 ]

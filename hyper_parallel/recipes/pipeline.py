@@ -27,13 +27,20 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import MeshViews
 from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm_loss, token_batch
-from hyper_parallel.parallel.pipeline import TracedPipelineStage, build_schedule, split_transformer
+from hyper_parallel.parallel.pipeline import (
+    PLACEMENTS,
+    TracedPipelineStage,
+    build_schedule,
+    split_transformer,
+    stage_indices,
+)
 from hyper_parallel.parallel.tp import parallelize_transformer_tp
 from hyper_parallel.recipes.batches import data_parallel_rows
 from hyper_parallel.recipes.options import RunOptions
 from hyper_parallel.recipes.training import Workload
 
 PIPELINE_CONFIG = TransformerConfig(n_layers=4)  # 4 layers: 2 stages of 2, or 4 stages of 1 (interleaved)
+ZERO_BUBBLE_CONFIG = TransformerConfig(n_layers=8)  # 2 stages per rank: 4 stages of 2 on pp 2, 8 of 1 on pp 4
 PIPELINE_MOE_CONFIG = TransformerConfig(
     n_layers=4, moe_layers=(1, 3), num_experts=4, top_k=2, moe_hidden=32, shared_expert=True
 )  # one MoE layer in each of 2 stages
@@ -56,9 +63,11 @@ class PipelineStep(nn.Module):
         mirror_of: Transformer | None,
         owners: dict[str, int],
         lr: float,
+        loss_pp_rank: int,
     ) -> None:
         """``mirror_of`` (rank 0 only): a copy of the unparallelized model, ``owners``: full parameter name ->
-        the rank of rank 0's data slice that holds it (``_owners``)."""
+        the rank of rank 0's data slice that holds it (``_owners``); ``loss_pp_rank``: the pp rank that runs
+        the last stage (the last one, or the first under the V placement)."""
         super().__init__()
         self.owners = owners
         self.layers = nn.ModuleDict()
@@ -75,7 +84,8 @@ class PipelineStep(nn.Module):
         self.optimizer = torch.optim.SGD([p for p in self.parameters()], lr=lr)
         self.pp_group = views[MeshDim.PP].get_group()
         self.device = views.device
-        self.pp_ranks = dims.group_of(MeshDim.PP, dist.get_rank())
+        pp_ranks = dims.group_of(MeshDim.PP, dist.get_rank())
+        self.loss_rank = pp_ranks[loss_pp_rank]  # the rank of this pp group that runs the last stage
         self.rank0_partners = dims.group_of(MeshDim.PP, 0)  # rank 0 and the ranks of its data slice in later stages
         if mirror_of is not None:  # rank 0: frozen copies of every parameter it does not hold
             for name, module in mirror_of.named_children():
@@ -97,7 +107,7 @@ class PipelineStep(nn.Module):
             self.optimizer.zero_grad()
         with _disable_current_modes():  # bookkeeping: not the training's communication
             loss = torch.stack(losses).mean().detach() if self.is_last else torch.zeros((), device=self.device)
-            dist.broadcast(loss, src=self.pp_ranks[-1], group=self.pp_group)
+            dist.broadcast(loss, src=self.loss_rank, group=self.pp_group)
             self._refresh_mirrors()
         return loss.requires_grad_()
 
@@ -126,14 +136,14 @@ def step_or_lm_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return output if output.dim() == 0 else lm_loss(output, targets)
 
 
-def _owners(config: TransformerConfig, dims: ParallelDims, stages_per_rank: int) -> dict[str, int]:
+def _owners(config: TransformerConfig, dims: ParallelDims, stages_per_rank: int, placement: str) -> dict[str, int]:
     """Full parameter name -> the rank of rank 0's data slice whose stage holds it."""
     with torch.device("meta"):  # the names only: no storage, no random draws
         model = Transformer(config)
     owners = {}
     partners = dims.group_of(MeshDim.PP, 0)
     for pp_rank, rank in enumerate(partners):
-        for _, stage in split_transformer(model, dims.pp, pp_rank, stages_per_rank):
+        for _, stage in split_transformer(model, dims.pp, pp_rank, stages_per_rank, placement):
             for name, _ in stage.named_parameters():
                 owners[name] = rank
     return owners
@@ -152,7 +162,13 @@ def pipeline_workload(
     fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage
     module the root (holding the embedding or the head, if any), so that torch's schedule sees an FSDPModule
     and turns gradient sync off until the step's last microbatch. ``options``: the global batch, split into
-    ``options.microbatches`` per data-parallel rank, the sequence length and (P3) the experts."""
+    ``options.microbatches`` per data-parallel rank, the sequence length and (P3) the experts.
+
+    No unit reshards after forward (torchtitan's default under PP): torch's schedule keeps every unit
+    gathered after its first backward until the step's end anyway (resharding after backward is off until
+    the last microbatch), so resharding after each forward would only re-gather the unit for the next
+    microbatch, up to twice per microbatch, and save memory only until the first backward. A run can
+    still trade the memory back with ``set_reshard_after_forward(True)`` on the units."""
     config = dataclasses.replace(config, seq_len=options.seq_len, num_experts=options.num_experts or config.num_experts)
     with seeded_on_host(seed):
         model = Transformer(config)
@@ -164,15 +180,21 @@ def pipeline_workload(
 
         apply_expert_parallel(model, dims, views, dispatch="all_to_all")
     pp_rank = dims.coordinates(rank)[MeshDim.PP]
-    stages = split_transformer(model, dims.pp, pp_rank, stages_per_rank)
+    placement = PLACEMENTS[schedule]
+    stages = split_transformer(model, dims.pp, pp_rank, stages_per_rank, placement)
     fsdp_mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
     for _, stage in stages:
         for layer in stage.layers.values():
             if dims.ep > 1 and hasattr(layer.feed_forward, "experts"):
-                experts = fully_shard(layer.feed_forward.experts, mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP])
+                experts = fully_shard(
+                    layer.feed_forward.experts,
+                    mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP],
+                    reshard_after_forward=False,
+                )
                 experts.set_gradient_divide_factor(dims.dp_cp)
-            fully_shard(layer, mesh=fsdp_mesh)
-        fully_shard(stage, mesh=fsdp_mesh)  # the stage an FSDPModule: torch's schedule reduces once per step
+            fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=False)
+        # the stage an FSDPModule: torch's schedule reduces once per step
+        fully_shard(stage, mesh=fsdp_mesh, reshard_after_forward=False)
     microbatches = options.microbatches
     tokens, targets = token_batch(config, options.global_batch, seed)
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
@@ -198,8 +220,13 @@ def pipeline_workload(
         dims,
         views,
         mirror_of=copy.deepcopy(reference).to(device) if rank == 0 else None,
-        owners=_owners(config, dims, stages_per_rank) if rank == 0 else {},
+        owners=_owners(config, dims, stages_per_rank, placement) if rank == 0 else {},
         lr=LR,
+        loss_pp_rank=next(
+            r
+            for r in range(dims.pp)
+            if dims.pp * stages_per_rank - 1 in stage_indices(dims.pp, r, stages_per_rank, placement)
+        ),
     )
     return Workload(
         step,
@@ -237,3 +264,13 @@ def interleaved(dims: ParallelDims, views: MeshViews, seed: int, options: RunOpt
 def expert_parallel(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
     """P3: 1F1B over stages that each hold one MoE layer with its experts spread over ep."""
     return pipeline_workload(dims, views, seed, options, "1f1b", config=PIPELINE_MOE_CONFIG)
+
+
+def zero_bubble(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
+    """P4: ZB-V, 2 stages per rank in a V; each backward split into B and W, the W filling idle time."""
+    return pipeline_workload(dims, views, seed, options, "zbv", stages_per_rank=2, config=ZERO_BUBBLE_CONFIG)
+
+
+def dual_pipe_v(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
+    """P5: DualPipeV, 2 stages per rank in a V; forwards and backwards of two stages paired, B/W split."""
+    return pipeline_workload(dims, views, seed, options, "dualpipev", stages_per_rank=2, config=ZERO_BUBBLE_CONFIG)

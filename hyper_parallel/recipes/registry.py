@@ -78,6 +78,12 @@ class Recipe:
         if "world_size" not in merged:
             raise ValueError("world_size is required")
         dims = ParallelDims(**merged)
+        if dims.ulysses > 1 and "ulysses" not in self.must_exceed_one:
+            two_d = [r.name for r in RECIPES.values() if "ulysses" in r.must_exceed_one]
+            raise ValueError(
+                f"recipe {self.name} ({self.title}) does not split the sequence over a ulysses dim: it needs "
+                f"ulysses=1, got ulysses={dims.ulysses}; 2-D sequence (Ulysses x ring) recipes: {', '.join(two_d)}"
+            )
         if dims.pp > 1 and "pp" not in self.must_exceed_one:
             pipelined = [r.name for r in RECIPES.values() if "pp" in r.must_exceed_one]
             raise ValueError(
@@ -90,7 +96,8 @@ class Recipe:
         for name in self.must_exceed_one:
             if getattr(dims, name) <= 1:
                 raise ValueError(
-                    f"recipe {self.name} ({self.title}) needs {name} > 1, got {name}={getattr(dims, name)}"
+                    f"recipe {self.name} ({self.title}) needs {name} > 1, got {name}={getattr(dims, name)}: "
+                    f"set --{name.replace('_', '-')} ({name}=) to 2 or more"
                 )
         if self.at_least_one_of and all(getattr(dims, n) == 1 for n in self.at_least_one_of):
             raise ValueError(

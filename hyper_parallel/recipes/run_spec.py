@@ -35,6 +35,9 @@ class RunSpec:
     steps: int
     seed: int = 0
     overlap: bool | None = None  # None: the worker's HYPER_PARALLEL_OVERLAP decides
+    # None: the recipe's choice (FSDP2's default, or none under PP); True: every unit below another reshards
+    # after forward (fewer gathered bytes, more all-gathers); False: no unit does
+    reshard_after_forward: bool | None = None
     out: Path | None = None  # the run's directory (None: the launcher picks one, or the worker's --out)
 
     @classmethod
@@ -47,6 +50,7 @@ class RunSpec:
         steps: int | None = None,
         seed: int = 0,
         overlap: bool | None = None,
+        reshard_after_forward: bool | None = None,
         out: str | Path | None = None,
     ) -> RunSpec:
         """The run of ``recipe`` on ``degrees`` (world_size included): its rules checked and its ``options``
@@ -60,6 +64,7 @@ class RunSpec:
             row.steps if steps is None else steps,
             seed,
             overlap,
+            reshard_after_forward,
             None if out is None else Path(out),
         )
 
@@ -73,6 +78,7 @@ class RunSpec:
             "steps": self.steps,
             "seed": self.seed,
             "overlap": self.overlap,
+            "reshard_after_forward": self.reshard_after_forward,
             "out": None if self.out is None else str(self.out),
         }
 
@@ -87,6 +93,7 @@ class RunSpec:
             data["steps"],
             data["seed"],
             data["overlap"],
+            data["reshard_after_forward"],
             None if data["out"] is None else Path(data["out"]),
         )
 
@@ -101,6 +108,8 @@ class RunSpec:
             args += ["--seed", str(self.seed)]
         if self.overlap is not None:
             args += ["--overlap", "on" if self.overlap else "off"]
+        if self.reshard_after_forward is not None:
+            args += ["--reshard-after-forward", "on" if self.reshard_after_forward else "off"]
         if self.out is not None:
             args += ["--out", str(self.out)]
         return args

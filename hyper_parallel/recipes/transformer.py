@@ -1,7 +1,7 @@
 """Recipes on the mini transformer, applied in TorchTitan's order: TP(+SP) -> EP/ETP -> CP -> fully_shard.
 
-One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U), async TP (M3-A,
-M6-A) and the dense tiers; the degrees decide which styles apply.
+One builder serves M2, M3, M5, M6, M7, the sequence-scheme variants (M5-R, M5-U, M6-U, and M5-UR: the
+ring with a ulysses dim), async TP (M3-A, M6-A) and the dense tiers; the degrees decide which styles apply.
 """
 
 from __future__ import annotations
@@ -30,12 +30,22 @@ DENSE_CONFIG = TransformerConfig()
 def apply_context_parallel(
     model: Transformer, views: MeshViews, scheme: SequenceScheme = SequenceScheme.ALL_GATHER
 ) -> None:
-    """Swap every attention core for sequence-parallel attention over the cp group (``scheme``: how)."""
+    """Swap every attention core for sequence-parallel attention over the cp group (``scheme``: how); with
+    a ulysses dim, heads are resharded over it by all-to-all around the ring (2-D sequence parallelism)."""
     from hyper_parallel.parallel.cp import context_parallel_attention
-    from hyper_parallel.parallel.ulysses import ulysses_attention
+    from hyper_parallel.parallel.ulysses import ulysses_attention, ulysses_ring_core
 
     scheme = SequenceScheme(scheme)
     cp = GroupInfo.from_mesh(views[MeshDim.CP], (MeshDim.CP,))
+    if views.dims.ulysses > 1:
+        if scheme != SequenceScheme.RING:
+            raise ValueError(
+                f"a ulysses dim composes with the ring (2-D sequence parallelism), not with {scheme.label}"
+            )
+        core = ulysses_ring_core(GroupInfo.from_mesh(views[MeshDim.ULYSSES], (MeshDim.ULYSSES,)), cp)
+        for layer in model.layers:
+            layer.attention.core = core
+        return
     if scheme == SequenceScheme.ULYSSES:
         attention = ulysses_attention
     else:
@@ -80,7 +90,7 @@ def transformer_workload(
         parallelize_transformer_async_tp(model, views[MeshDim.TP], sequence_len=config.seq_len // dims.cp)
     else:
         parallelize_transformer_tp(model, views[MeshDim.TP], sequence_parallel=sequence_parallel)
-    if dims.cp > 1:
+    if dims.cp > 1 or dims.ulysses > 1:
         apply_context_parallel(model, views, sequence_scheme)
     apply_fully_shard(model, views, enable_param_shard)
     return lm_workload(model, reference, config, dims, seed, options.global_batch)
@@ -135,7 +145,8 @@ def fsdp_transformer(
 
 
 def fsdp_transformer_ring(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:
-    """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring (cp-1 shifts each way)."""
+    """M5-R: as fsdp_transformer, CP attention passing K/V around the cp ring with overlap (parallel/ring.py);
+    M5-UR: the same ring, with heads resharded over the ulysses dim around it."""
     return fsdp_transformer(dims, views, seed, options, SequenceScheme.RING)
 
 

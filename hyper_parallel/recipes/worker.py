@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from hyper_parallel import trace
@@ -41,6 +42,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="one run: training steps (default: the recipe's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overlap", choices=("on", "off"), help="one run (default: HYPER_PARALLEL_OVERLAP decides)")
+    parser.add_argument(
+        "--reshard-after-forward",
+        choices=("on", "off"),
+        help="one run: every unit below another reshards after forward, or none (default: the recipe decides)",
+    )
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
     parser.add_argument(
         "--batch",
@@ -67,9 +73,25 @@ def specs_of(args: argparse.Namespace, world_size: int) -> list[RunSpec]:
             steps=args.steps,
             seed=args.seed,
             overlap=None if args.overlap is None else args.overlap == "on",
+            reshard_after_forward=None if args.reshard_after_forward is None else args.reshard_after_forward == "on",
             out=args.out,
         )
     ]
+
+
+def apply_unit_settings(model: torch.nn.Module, spec: RunSpec) -> None:
+    """The run's fully_shard settings over the recipe's own: ``overlap`` on every unit, and
+    ``reshard_after_forward`` on every unit below another (a root keeps its parameters after forward, as
+    FSDP2's does: backward needs them first)."""
+    units = [module for module in model.modules() if isinstance(module, FullyShardModule)]
+    inner = {
+        id(sub) for unit in units for sub in unit.modules() if sub is not unit and isinstance(sub, FullyShardModule)
+    }
+    for unit in units:
+        if spec.overlap is not None:
+            unit.set_overlap(spec.overlap, recurse=False)
+        if spec.reshard_after_forward is not None and (id(unit) in inner or not spec.reshard_after_forward):
+            unit.set_reshard_after_forward(spec.reshard_after_forward, recurse=False)
 
 
 def load_builder(implementation: str):
@@ -97,10 +119,7 @@ def run_one(spec: RunSpec, device_type: str) -> bool:
 
     with trace.record() as recorder:
         workload = build(dims, views, spec.seed, options).to(views.device)
-        if spec.overlap is not None:
-            for module in workload.model.modules():
-                if isinstance(module, FullyShardModule):
-                    module.set_overlap(spec.overlap, recurse=False)
+        apply_unit_settings(workload.model, spec)
         metrics = train_and_compare(
             workload,
             spec.steps,

@@ -30,7 +30,7 @@ class SequenceScheme(StrEnum):
 
 DISPATCHES = ("all_to_all", "all_gather")
 """How a MoE layer sends tokens to the ranks holding their experts (S1/S2 and S3)."""
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zbv", "dualpipev")
 """torch.distributed.pipelining's schedules the pipeline recipes run (parallel/pipeline.py)."""
 
 

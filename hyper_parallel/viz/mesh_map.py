@@ -9,13 +9,14 @@ from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.style import group_color, new_figure, title
 
-DENSE_DIMS = (MeshDim.PP, MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.TP, MeshDim.FSDP)
+DENSE_DIMS = (MeshDim.PP, MeshDim.DP_REPLICATE, MeshDim.DP_SHARD, MeshDim.CP, MeshDim.ULYSSES, MeshDim.TP, MeshDim.FSDP)
 SPARSE_DIMS = (MeshDim.EFSDP, MeshDim.EP, MeshDim.ETP)
 EXPLAIN = {
     "pp": "pipeline stages: send/recv activations",
     "dp_replicate": "replicas: all-reduce gradients",
     "dp_shard": "shard parameters",
-    "cp": "split the sequence (K/V all-gather)",
+    "cp": "split the sequence (K/V all-gather or ring)",
+    "ulysses": "split the sequence again, heads by all-to-all",
     "tp": "split weights (tensor parallel)",
     "fsdp": "shard parameters: all-gather / reduce-scatter",
     "efsdp": "shard expert parameters",
@@ -53,14 +54,15 @@ def panels(dims: ParallelDims, sharded: bool = True) -> tuple[list[tuple[str, st
         if size <= 1:
             continue
         heading = f"{dim} = {size}"
-        if dim == "dp_shard" and dims.cp == 1 and sharded:
+        if dim == "dp_shard" and dims.fsdp == size and sharded:
             heading = f"dp_shard = fsdp = {size}"
-        elif dim == "cp" and dims.dp_shard == 1 and sharded:
+        elif dim == "cp" and dims.fsdp == size and sharded:
             heading = f"cp = fsdp = {size}"
         elif dim == "fsdp":
-            if dims.cp == 1 or dims.dp_shard == 1 or not sharded:
+            if size in (dims.dp_shard, dims.cp) or not sharded:
                 continue
-            heading = f"fsdp = dp_shard × cp = {size}"
+            factors = [n for n in (MeshDim.DP_SHARD, MeshDim.CP, MeshDim.ULYSSES) if getattr(dims, n) > 1]
+            heading = f"fsdp = {' × '.join(factors)} = {size}"
         dense.append((dim, heading))
     sparse = []
     if dims.ep > 1:

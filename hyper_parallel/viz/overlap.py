@@ -52,21 +52,27 @@ def minus(intervals: list[Interval], removed: list[Interval]) -> list[Interval]:
     return result
 
 
-def step_exposure(events: list[dict[str, Any]], step: int) -> dict[str, float]:
-    """Seconds of communication in flight, exposed and hidden, and of compute, in ``step`` of one rank."""
+def step_exposure(events: list[dict[str, Any]], step: int, group: str | None = None) -> dict[str, float]:
+    """Seconds of communication in flight, exposed and hidden, and of compute, in ``step`` of one rank
+    (``group``: only the collectives on that group, e.g. a ring's sends and receives on cp)."""
     comm = [
         (e["t_start"], e["t_end"])
         for e in events
-        if e.get("kind") == "collective" and e["step"] == step and e["phase"] != "init"
+        if e.get("kind") == "collective"
+        and e["step"] == step
+        and e["phase"] != "init"
+        and (group is None or e["group"] == group)
     ]
     compute = [(e["t_start"], e["t_end"]) for e in events if e.get("kind") == "compute" and e["step"] == step]
     in_flight, exposed = length(comm), length(minus(comm, compute))
     return {"in_flight": in_flight, "exposed": exposed, "hidden": in_flight - exposed, "compute": length(compute)}
 
 
-def exposure(traces: dict[int, list[dict[str, Any]]], step: int) -> dict[int, dict[str, float]]:
+def exposure(
+    traces: dict[int, list[dict[str, Any]]], step: int, group: str | None = None
+) -> dict[int, dict[str, float]]:
     """``step_exposure`` of every rank."""
-    return {rank: step_exposure(events, step) for rank, events in sorted(traces.items())}
+    return {rank: step_exposure(events, step, group) for rank, events in sorted(traces.items())}
 
 
 def has_compute(traces: dict[int, list[dict[str, Any]]]) -> bool:

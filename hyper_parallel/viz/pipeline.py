@@ -1,5 +1,6 @@
 """The pipeline schedule of one step as it ran: per rank, a bar per microbatch's forward and backward on
-each stage (the microbatch number inside), and the measured bubble beside the formula.
+each stage (the microbatch number inside; zero-bubble schedules' backward split into B, the input
+gradient, and W, the weight gradient), and the measured bubble beside the formula.
 
 Drawn from the ``"pipeline"`` events TracedPipelineStage records. All ranks of one machine share one
 clock (trace times are seconds since rank 0's epoch), so bars of different ranks line up. The measured
@@ -16,11 +17,22 @@ from typing import Any
 import matplotlib
 from matplotlib.patches import Patch
 
-from hyper_parallel.cost_model.pipeline import bubble_fraction
+from hyper_parallel.cost_model.pipeline import bubble_fraction, get_schedule
 from hyper_parallel.viz.style import new_figure
 
 Traces = dict[int, list[dict[str, Any]]]
-ACTION_COLORS = {"forward": "#4c72b0", "backward": "#dd8452"}
+ACTION_COLORS = {
+    "forward": "#4c72b0",
+    "backward": "#dd8452",
+    "backward_input": "#c44e52",
+    "backward_weight": "#55a868",
+}
+ACTION_NAMES = {
+    "forward": "F forward",
+    "backward": "backward (input and weight gradients)",
+    "backward_input": "B input gradient",
+    "backward_weight": "W weight gradient",
+}
 
 
 def pipeline_events(traces: Traces, step: int) -> dict[int, list[dict]]:
@@ -86,8 +98,9 @@ def pipeline_schedule(
     ax.invert_yaxis()
     ax.set_xlim(0, span * 1e3 * 1.12)
     ax.set_xlabel("ms since the step's first action")
+    shown = {e["action"] for evs in events.values() for e in evs}
     ax.legend(  # outside the axes: it never covers a bar
-        handles=[Patch(color=c, label=a) for a, c in ACTION_COLORS.items()],
+        handles=[Patch(color=c, label=ACTION_NAMES[a]) for a, c in ACTION_COLORS.items() if a in shown],
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
         fontsize=8,
@@ -96,8 +109,18 @@ def pipeline_schedule(
     mean = sum(bubble.values()) / len(bubble)
     text = f"measured bubble {mean:.0%} (mean over ranks)"
     if schedule is not None:
-        formula = bubble_fraction(schedule, n_pp, microbatches, stages_per_rank)
-        v = f"{stages_per_rank}*" if stages_per_rank > 1 else ""
-        text += f" · formula (p-1)/({v}m+p-1) = {n_pp - 1}/{stages_per_rank * microbatches + n_pp - 1} = {formula:.0%}"
+        text += f" · formula {formula_text(schedule, n_pp, microbatches, stages_per_rank)}"
     ax.set_title(f"{title or schedule or 'pipeline'}: pp={n_pp}, m={microbatches} microbatches\n{text}", fontsize=10)
     return fig
+
+
+def formula_text(schedule: str, pp: int, microbatches: int, stages_per_rank: int = 1) -> str:
+    """The schedule's bubble formula with its numbers, e.g. "(p-1)/(m+p-1) = 1/5 = 20%" or, for the
+    zero-bubble schedules, "b/(m+b), b = (p-1)/6 = 0.17: 4%" (``cost_model.pipeline``)."""
+    value = bubble_fraction(schedule, pp, microbatches, stages_per_rank)
+    slots = get_schedule(schedule).bubble_per_hop
+    if slots != 1.0:
+        share = round(1 / slots)
+        return f"b/(m+b), b = (p-1)/{share} = {(pp - 1) * slots:.2f} slots: {value:.0%}"
+    v = f"{stages_per_rank}*" if stages_per_rank > 1 else ""
+    return f"(p-1)/({v}m+p-1) = {pp - 1}/{stages_per_rank * microbatches + pp - 1} = {value:.0%}"

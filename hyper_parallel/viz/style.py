@@ -16,15 +16,25 @@ from matplotlib.figure import Figure
 
 from hyper_parallel.mesh_dims import WORLD_FACTORS, active_degrees
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "send", "recv")
 OP_COLORS = {
     "all_gather": "#1f77b4",
     "reduce_scatter": "#ff7f0e",
     "all_reduce": "#d62728",
     "all_to_all": "#2ca02c",
     "broadcast": "#9467bd",
+    "send": "#8c564b",  # point-to-point: a ring's K/V blocks, a pipeline's activations
+    "recv": "#e377c2",
 }
-OP_SHORT = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A", "broadcast": "BC"}
+OP_SHORT = {
+    "all_gather": "AG",
+    "reduce_scatter": "RS",
+    "all_reduce": "AR",
+    "all_to_all": "A2A",
+    "broadcast": "BC",
+    "send": "send",
+    "recv": "recv",
+}
 GROUP_HATCHES = {
     "fsdp": "",
     "dp_shard": "",

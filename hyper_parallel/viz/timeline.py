@@ -223,13 +223,14 @@ def _draw_collective(ax, lanes: _Lanes, row: int, event: dict, bar_height: float
     tiny = width < least
     width = max(width, least)
     color = OP_COLORS.get(event["op"], "grey")
+    top, height = _bar_band(event["op"], row, bar_height)
     if event.get("asynchronous") and event["t_wait"] > event["t_start"]:
         in_flight = min(lanes.ms(event["t_wait"]) - start, width)
         ax.add_patch(
             Rectangle(
-                (start, row - 0.38),
+                (start, top),
                 in_flight,
-                bar_height,
+                height,
                 facecolor=color,
                 alpha=IN_FLIGHT_ALPHA,
                 edgecolor="none",
@@ -240,9 +241,9 @@ def _draw_collective(ax, lanes: _Lanes, row: int, event: dict, bar_height: float
         start, width = start + in_flight, max(width - in_flight, least)
     ax.add_patch(
         Rectangle(
-            (start, row - 0.38),
+            (start, top),
             width,
-            bar_height,
+            height,
             facecolor=color,
             hatch=group_hatch(event["group"]),
             edgecolor="black" if tiny else "#333333",
@@ -254,7 +255,7 @@ def _draw_collective(ax, lanes: _Lanes, row: int, event: dict, bar_height: float
     if width > 0.045 * lanes.span * 1e3:
         ax.text(
             start + width / 2,
-            row,
+            top + height / 2,
             f"{OP_SHORT.get(event['op'], event['op'])} {event['group']}",
             ha="center",
             va="center",
@@ -349,6 +350,17 @@ def _title_and_notes(
             f'Drawn: ranks {", ".join(map(str, ranks))} of {len(lanes.all_ranks)}; `ranks="all"` draws every rank '
             "(on 2 cores the other rows mostly show ranks waiting for a core)."
         )
+
+
+def _bar_band(op: str, row: int, bar_height: float) -> tuple[float, float]:
+    """(top, height) of a bar in its row: a send in the upper half and a receive in the lower half (a ring
+    posts them together, so they would hide each other), any other op the whole bar height."""
+    top = row - 0.38
+    if op == "send":
+        return top, bar_height / 2
+    if op == "recv":
+        return top + bar_height / 2, bar_height / 2
+    return top, bar_height
 
 
 def default_ranks(all_ranks: list[int]) -> list[int]:

@@ -234,10 +234,11 @@ SCHEME_STYLES = {  # each sequence scheme's colour and marks in sequence_schemes
 
 def sequence_traffic(traces, step: int, rank: int = 0) -> dict[str, float]:
     """``rank``'s bytes on the cp group in ``step`` per phase ("forward", "backward"; full buffers, the
-    trace convention): the traffic of the run's sequence scheme, all layers together."""
+    trace convention; a ring's sends, what it receives being its neighbour's sends): the traffic of the
+    run's sequence scheme, all layers together."""
     result = {"forward": 0.0, "backward": 0.0}
     for _, event in collectives(traces, step, rank):
-        if event["group"] == "cp" and event["phase"] in result:
+        if event["group"] == "cp" and event["phase"] in result and event["op"] != "recv":
             result[event["phase"]] += event["bytes"]
     return result
 
@@ -261,7 +262,7 @@ def sequence_schemes(
     ``runs`` maps a label to ``(traces, metrics)`` of runs of recipes that differ in their sequence
     scheme (M5 / M5-R / M5-U on one mesh). Left: rank 0's traced cp bytes per layer in forward and in
     backward (full buffers), with the cost model's number as a black tick on each bar, and the bytes
-    the rank sends (cost model: ring shifts send their whole block to one peer, the rest (n-1)/n).
+    the rank sends (cost model: a ring sends each block whole to one peer, the rest (n-1)/n).
     Right: the cost model's bytes sent per rank per layer for the same model and rows per rank as cp
     grows (ranks = cp), for every cp a scheme allows (Ulysses needs n_heads % cp == 0): all-gather
     and ring stay near 4 x (K of the whole sequence), Ulysses falls as 1/cp.

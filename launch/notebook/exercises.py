@@ -117,6 +117,24 @@ EXERCISES: dict[str, Exercise] = {
         "rank i holds chunk i and its mirror image 2cp-1-i, so every rank gets as much of the causal mask.",
         "{1, 6}: rank 1 holds chunk 1 and chunk 2*4-1-1 = 6.",
     ),
+    "04.2": Exercise(
+        "Zig-zag on cp = 4: a block of keys is a 2 x 2 grid of (query chunk, key chunk) pairs (rank 1 holds "
+        "chunks 1 and 6 of 8). In one causal forward of the ring, **how many pairs** does rank 1 compute, "
+        "over its own block and the 3 that pass by?",
+        "a pair is skipped when every query precedes every key; on its own block the chunk 1 x chunk 6 pair "
+        "is skipped. For another rank j's block, compare chunk j and 2cp-1-j with chunks 1 and 6.",
+        "9: 3 on its own block (1x1 and 6x6 masked, 6x1 whole) and 2 whole pairs on each of the 3 others, "
+        "the same on every rank: that is the load balance. With contiguous blocks rank r computes its own "
+        "block and the r blocks before it: rank 3 four times rank 0's work.",
+    ),
+    "04.3": Exercise(
+        "M5-R on cp = 4: in **backward**, how many blocks does one attention layer **send** per rank "
+        "(each send one block: K and V, or their gradients)?",
+        "backward retraces the ring: every K/V block visits the ranks again, but a rank keeps its own; each "
+        "block's dK/dV travels with it and must arrive at its owner.",
+        "5 = (cp - 2) + (cp - 1): 2 K/V blocks (the block held at the end of forward is kept, and the owner's "
+        "own block never travels back) and 3 blocks of gradients, each to the previous rank.",
+    ),
     "08.1": Exercise(
         "Predict: how many **all-to-alls on ep** does rank 0 of S1 issue per step (one MoE layer)?",
         "forward: the token counts, the dispatch, the combine; backward: the two token exchanges reversed.",
@@ -195,6 +213,17 @@ EXERCISES: dict[str, Exercise] = {
         "the bubble is (p - 1) / (m + p - 1): solve it for m, then round up to a whole microbatch.",
         "9: 1 / (m + 1) <= 0.1 needs m + 1 >= 10. More microbatches shrink the bubble but each is smaller "
         "(less work per send, more per-microbatch overhead), and GPipe would hold all m activations at once.",
+    ),
+    "09.2": Exercise(
+        "P1 (1F1B, pp = 2, 4 microbatches; stage 0 = the embedding root + 2 layer units) with "
+        "`reshard_after_forward=True`: **how many all-gathers** does rank 0 issue per step? (By default, "
+        "with no reshard after forward under PP, it issues 3: one per unit.)",
+        "rank 0 runs F0 F1 B0 F2 B1 F3 B2 B3; the root keeps its parameters; a layer resharded after a "
+        "forward is gathered again by the next forward or backward, and torch's schedule keeps it after a "
+        "backward.",
+        "11: per layer 2 in forward (F0, F1) and 3 in backward (B0, B1, B2), 5 x 2 layers, plus the root's "
+        "one. The peak memory is the same as without resharding: after every backward the whole stage is "
+        "gathered anyway.",
     ),
     "90.1": Exercise(
         "Is `world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1` a valid mesh? Answer True or False.",

@@ -184,3 +184,78 @@ def pipeline_reduction_text(result, microbatches: int, rank: int = 0) -> str:
             "schedule did not defer the reduction to the last microbatch; that is not the CPU, a GPU run would do the same."
         )
     return head + f"{per_unit} per unit, neither once per step nor once per microbatch ({microbatches})."
+
+
+def schedule_table(results: Mapping[str, Any], step: int | None = None):
+    """One row per pipeline run: its schedule, stages per rank, microbatches, the measured bubble (mean idle
+    fraction over the ranks, ``viz.pipeline.measured_bubble``) and the cost model's formula for it."""
+    from hyper_parallel.viz.pipeline import formula_text, measured_bubble
+    from launch.tables import table
+
+    rows = []
+    for label, result in results.items():
+        notes, dims = result.metrics["notes"], result.dims
+        last = max(e["step"] for events in result.traces.values() for e in events if e.get("kind") == "pipeline")
+        bubble = measured_bubble(result.traces, last if step is None else step)
+        mean = sum(bubble.values()) / len(bubble)
+        spr, m = notes["stages_per_rank"], notes["microbatches"]
+        rows.append(
+            [label, notes["schedule"], dims.pp, spr, m, f"{mean:.0%}", formula_text(notes["schedule"], dims.pp, m, spr)]
+        )
+    return table(["run", "schedule", "pp", "stages/rank", "microbatches", "measured bubble", "formula"], rows)
+
+
+def gathered_per_step(result, rank: int = 0, step: int | None = None) -> dict[str, int]:
+    """A pipeline run's fully_shard all-gathers in one step on ``rank`` (all phases) and the parameter
+    bytes its stages held gathered after each action: after the first one and at the peak."""
+    counts = collective_counts(result, step, rank)
+    actions = [e for e in result.traces[rank] if e.get("kind") == "pipeline"]
+    last = max(e["step"] for e in actions) if step is None else step
+    held = [e["gathered_bytes"] for e in actions if e["step"] == last]
+    return {
+        "all_gathers": sum(n for (_, op, group), n in counts.items() if op == "all_gather" and group == "fsdp"),
+        "after_first_action": held[0],
+        "peak": max(held),
+    }
+
+
+def reshard_table(results: Mapping[str, Any], rank: int = 0):
+    """fully_shard under PP, reshard after forward or not: per run, rank ``rank``'s all-gathers per step and
+    the bytes its stage held gathered after its first forward and at the peak (``gathered_per_step``)."""
+    from launch.tables import table
+
+    rows = []
+    for label, result in results.items():
+        counts = gathered_per_step(result, rank)
+        rows.append([label, counts["all_gathers"], counts["after_first_action"], counts["peak"]])
+    return table(
+        ["run", f"all-gathers per step, rank {rank}", "gathered after the first forward (B)", "peak gathered (B)"], rows
+    )
+
+
+def traced_and_model_bytes(result, groups: tuple[str, ...], rank: int = 0, step: int | None = None) -> list[list]:
+    """Rank ``rank``'s traced bytes per (op, group, phase) on ``groups`` in one step (default: the last),
+    beside the cost model's for the same run (``cost_model.recipe_model``): rows [op, group, phase, traced,
+    model], one per collective the cost model expects on those groups."""
+    from hyper_parallel.cost_model import estimate, recipe_model
+
+    events = [e for e in result.traces[rank] if e.get("kind") == "collective" and e["group"] in groups]
+    last = max(e["step"] for e in events) if step is None else step
+    traced: Counter = Counter()
+    for event in events:
+        if event["step"] == last:
+            traced[(event["op"], event["group"], event["phase"])] += event["bytes"]
+    model = estimate(recipe_model(result.metrics["recipe"], result.metrics["options"]), result.dims)
+    return [
+        [c.op, c.group, c.phase, traced[(c.op, c.group, c.phase)], int(c.bytes)]
+        for c in model.collectives
+        if c.group in groups
+    ]
+
+
+def model_bytes_table(result, groups: tuple[str, ...], rank: int = 0, step: int | None = None):
+    """``traced_and_model_bytes`` as a table."""
+    from launch.tables import table
+
+    rows = traced_and_model_bytes(result, groups, rank, step)
+    return table(["op", "group", "phase", f"traced bytes, rank {rank}", "cost model bytes"], rows)

@@ -13,7 +13,7 @@ import os
 
 import ipywidgets as widgets
 
-from hyper_parallel.mesh import ParallelDims, dp_shard_left, valid_choices
+from hyper_parallel.mesh import CHOICE_DEGREES, ParallelDims, dp_shard_left, valid_choices
 from hyper_parallel.mesh_dims import MESH_ORDER, STAGE_DEGREES, MeshDim, degrees_label
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import microbatch_choices
@@ -28,6 +28,7 @@ HELP = {
     MeshDim.DP_REPLICATE: "replica groups: gradients all-reduced across them (HSDP's outer dim)",
     MeshDim.DP_SHARD: "ranks that shard parameters (FSDP)",
     MeshDim.CP: "context parallel: the sequence is split over these ranks",
+    MeshDim.ULYSSES: "Ulysses: each cp rank's share of the sequence split again, heads resharded by all-to-all",
     MeshDim.TP: "tensor parallel: weights are split over these ranks (innermost, contiguous)",
     MeshDim.EP: "expert parallel: experts spread over these ranks (borrowed, not a factor of world_size)",
     MeshDim.ETP: "expert tensor parallel: each expert's hidden dim split (1 or tp)",
@@ -39,7 +40,8 @@ def valid_meshes(recipe: str, world_size: int) -> list[ParallelDims]:
     """Every mesh of ``world_size`` ranks that ``recipe`` accepts (its constraints and shapes included)."""
     spec = registry.get(recipe)
     meshes = []
-    for dims in valid_choices(world_size, pipeline=MeshDim.PP in spec.must_exceed_one):
+    names = DEGREES if MeshDim.ULYSSES in spec.must_exceed_one else CHOICE_DEGREES
+    for dims in valid_choices(world_size, names=names, pipeline=MeshDim.PP in spec.must_exceed_one):
         try:
             meshes.append(spec.validate(**dims.degrees()))
         except ValueError:
