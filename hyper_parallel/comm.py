@@ -174,28 +174,15 @@ def reduce_scatter_tensor(
         return PendingCollective([], []) if async_op else None
     if uses_gloo(full, info.group):
         direct = DirectReduceScatter(output, full, info.size, info.index, info.group)
-        return _issue(
-            "reduce_scatter",
-            info,
-            _nbytes(full),
-            full.dtype,
-            module,
-            async_op,
-            direct.start,
-            direct.finish,
-            **_chunk_field(chunk),
-        )
+        call, finish = direct.start, direct.finish
+    else:
+
+        def call(run_async: bool):
+            return dist.reduce_scatter_single(output, full, op=dist.ReduceOp.SUM, group=info.group, async_op=run_async)
+
+        finish = None
     return _issue(
-        "reduce_scatter",
-        info,
-        _nbytes(full),
-        full.dtype,
-        module,
-        async_op,
-        lambda run_async: dist.reduce_scatter_single(
-            output, full, op=dist.ReduceOp.SUM, group=info.group, async_op=run_async
-        ),
-        **_chunk_field(chunk),
+        "reduce_scatter", info, _nbytes(full), full.dtype, module, async_op, call, finish, **_chunk_field(chunk)
     )
 
 

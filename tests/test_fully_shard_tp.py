@@ -254,7 +254,7 @@ def test_tp_block_and_experts_unshard_changes_only_the_fsdp_dim(fully_shard_run8
         assert (fact["shape"], fact["local_shape"], fact["placements"]) == (
             [4, 32, 32],
             [2, 16, 16],
-            "(R, S(1), S(0), S(2))",
+            "(S(1), S(0), S(2))",  # the DTensor itself lives on the dims > 1: dp_replicate = 1 is dropped
         )
         assert (fact["shard_size"], fact["dp_size"], fact["rank_size"]) == (2, 1, 2)
         assert (fact["sharded"]["name"], fact["sharded"]["ranks"]) == ("efsdp", EP_EFSDP[rank])

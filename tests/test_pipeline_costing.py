@@ -148,15 +148,18 @@ def test_plan_lines_shard_the_boundary_tensor_with_sequence_parallelism():
 def test_stage_collectives_equal_the_traced_pipeline_runs(recipe, schedule, recipe_results):
     """The recipes' pipeline runs (the mini transformer with 4 layers, pp 2 x dp_shard 2, 4 microbatches of
     one row, fp32) against the cost model's stages: every rank's P2P bytes by (op, phase), its FSDP
-    all-gather bytes by phase (1F1B: 2 warm-up forwards on stage 0, 1 on stage 1; GPipe: 4 forwards, then
-    one backward all-gather) and its one reduce-scatter per unit per step, equal the traced step's bytes."""
+    all-gather bytes (the recipes keep every unit gathered from its first forward to the step's end, as
+    torchtitan does under PP: one all-gather per unit per step) and its one reduce-scatter per unit per step,
+    equal the traced step's bytes."""
     degrees = RECIPES[recipe].default
     result = result_of(recipe, degrees, recipe_results)
     assert result.ok, result.error
     dims = ParallelDims(**degrees)
     notes = result.metrics["notes"]
     assert (notes["schedule"], notes["microbatches"]) == (schedule, 4)
-    config = get_model("small").replace(n_layers=4, micro_batch=8 // dims.dp // 4, pp_schedule=schedule)
+    config = get_model("small").replace(
+        n_layers=4, micro_batch=8 // dims.dp // 4, pp_schedule=schedule, reshard_after_forward=False
+    )
     stages = estimate(config, dims).stages
     for rank, events in result.traces.items():
         traced: dict[tuple[str, str], float] = {}

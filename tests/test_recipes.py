@@ -247,8 +247,11 @@ def test_recipe_matches_reference(recipe, index, degrees, recipe_results):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("recipe", [r.name for r in RECIPES.values() if r.alternatives])
+@pytest.mark.parametrize("recipe", [r.name for r in RECIPES.values() if r.alternatives and not r.workload.float8])
 def test_same_recipe_same_losses_on_every_mesh(recipe, recipe_results):
+    """The mesh changes where numbers are computed, not what: the same losses (fp32 rounding) on every mesh.
+    Float8 recipes are left out: their dynamic scales take each data-parallel rank's own amax, so their
+    losses depend on dp by design (each mesh is held to its own reference, which scales per dp rank too)."""
     spec = RECIPES[recipe]
     results = [result_of(recipe, degrees, recipe_results) for degrees in (spec.default, *spec.alternatives)]
     assert all(r.ok for r in results), [r.error for r in results]
@@ -327,12 +330,14 @@ def test_each_small_preset_has_one_recipe_for_the_plan_command():
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("degrees", [{"world_size": 2, "cp": 2, "dp_shard": 1}, {"world_size": 4, "cp": 4}])
+@pytest.mark.parametrize("degrees", [{"world_size": 4, "cp": 4}])
 def test_ring_keeps_fewer_activations_than_the_all_gather(degrees, recipe_results):
     """Measured on the runs (rank 0, bytes autograd saves for backward, recipes.activation_memory): the
     ring keeps its own K/V, one more block and a log-sum-exp per query where the all-gather keeps the
     whole sequence's K/V and every probability, so M5-R holds less than the all-gather CP on one mesh
-    (tests/test_cp_attention.py has the per-call bytes by hand)."""
+    (tests/test_cp_attention.py has the per-call bytes by hand). On cp = 2 the one more block is the whole
+    other half of the sequence, and the two differ by less than the measurement moves between runs (a few
+    %: 370,564 against 385,028 B in one run, 395,012 against 389,124 in another), so only cp = 4 is held."""
     ring = result_of("M5-R", degrees, recipe_results)
     gather = result_of("M5" if degrees["cp"] == 2 else "A-CP", degrees, recipe_results)
     assert ring.ok and gather.ok, (ring.error, gather.error)

@@ -47,6 +47,19 @@ class BenchResult:
     def ok(self) -> bool:
         return self.process.returncode == 0 and bool(self.rows)
 
+    def losses_disagree(self) -> list[str]:
+        """The configurations whose two implementations' losses differ beyond ``BenchConfig.loss_rtol``."""
+        rtol = {config.name: config.loss_rtol for config in configurations(4, include_optional=True)}
+        rtol.update({config.name: config.loss_rtol for config in configurations(2, include_optional=True)})
+        return [
+            row["config"]
+            for row, config in zip(self.rows, self.payload["configs"])
+            if any(
+                abs(ours - theirs) > rtol[row["config"]] * abs(theirs)
+                for ours, theirs in zip(config["losses"]["ours"], config["losses"]["torch"])
+            )
+        ]
+
     @property
     def error(self) -> str | None:
         if self.ok:
