@@ -21,6 +21,7 @@ import launch
 from hyper_parallel import ParallelDims
 from hyper_parallel.recipes import RECIPES
 from hyper_parallel.recipes.options import OPTION_NAMES
+from launch.notebook.workbook import notebooks, run_workbook
 from launch.processes.supervisor import torchrun
 
 OVERLAP_OFF = ("M4", "M7", "M6", "S2")
@@ -191,3 +192,36 @@ def fully_shard_run4(tmp_path_factory) -> FullyShardRun:
 def fully_shard_run8(tmp_path_factory) -> FullyShardRun:
     """Every 8-rank case (the @case functions of tests/test_fully_shard_*.py), one launch per session."""
     return launch_fully_shard_cases(8, tmp_path_factory)
+
+
+# ------------------------------------------------------------------ the workbook, executed once
+
+SAVES_FIGURES = {
+    "00_start_here",
+    "06_mesh_algebra",
+    "07_fully_shard_groupinfo",
+    "10_pure_tp_fix",
+    "11_planning_at_scale",
+}
+"""Notebooks whose test also saves the figures (PNG + SVG) to figures_dir; the others only display
+them: saving every figure of every run would add a minute to this file on a 2-core machine."""
+
+
+TEST_PARAMETERS = {"91_performance": {"world_size": 2}}
+"""What the tests change of a notebook's defaults: 91's benchmark on 2 ranks (FSDP only; tests/test_bench.py
+runs every configuration of 4 ranks)."""
+
+
+@pytest.fixture(scope="session")
+def workbook(tmp_path_factory) -> Path:
+    """Every notebook executed once by the workbook runner, two at a time (tests/test_notebooks.py checks
+    each, tests/test_capstone.py reads 12's numbers): its output folder (``<name>.ipynb``, ``figures/<name>``,
+    ``runs/<name>``)."""
+    out = tmp_path_factory.mktemp("workbook")
+    parameters = {
+        name: {**({} if name in SAVES_FIGURES else {"figures_dir": None}), **TEST_PARAMETERS.get(name, {})}
+        for name in (path.stem for path in notebooks())
+    }
+    run_workbook(out, parameters=parameters, jobs=2)
+    (root,) = [folder for folder in out.iterdir() if folder.is_dir()]
+    return root

@@ -1,7 +1,8 @@
 """The workbook's notebooks: committed clean, and each runs headless under papermill.
 
-Every notebook is executed with its default parameters (one kernel each; the notebooks with runs
-start one small torchrun launch each), plus ``01_ddp_fsdp`` with non-default degrees. A run fails on
+Every notebook is executed once with its default parameters, two at a time as ``make workbook`` runs them
+(``run_workbook``: 91_performance alone, last, on 2 ranks here), plus ``01_ddp_fsdp`` with non-default
+degrees. A run fails on
 any cell error; the executed notebook must hold its figures (image/png outputs), have saved them
 under ``figures_dir``, and print its closing check (numerics matched the reference, or the
 notebook's own checks where no worker runs).
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import SAVES_FIGURES
 
 from launch.notebook.workbook import READING_ORDER, execute_notebook, notebooks
 
@@ -125,16 +127,6 @@ def test_committed_notebook_is_clean_and_has_a_parameters_cell(name):
 
 # ------------------------------------------------------------------ executed notebooks
 
-SAVES_FIGURES = {
-    "00_start_here",
-    "06_mesh_algebra",
-    "07_fully_shard_groupinfo",
-    "10_pure_tp_fix",
-    "11_planning_at_scale",
-}
-"""Notebooks whose test also saves the figures (PNG + SVG) to figures_dir; the others only display
-them: saving every figure of every run would add a minute to this file on a 2-core machine."""
-
 
 def run(name: str, tmp_path: Path, save_figures: bool = True, **parameters) -> nbformat.NotebookNode:
     figures_dir, runs_dir = tmp_path / "figures", tmp_path / "runs"
@@ -172,21 +164,23 @@ def answers_shown_before_their_check(nb) -> list[str]:
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("name,closing,min_images", EXPECTED)
-def test_notebook_runs_headless_with_its_figures_and_numerics(name, closing, min_images, tmp_path):
-    nb = run(name, tmp_path, save_figures=name in SAVES_FIGURES)
+def test_notebook_runs_headless_with_its_figures_and_numerics(name, closing, min_images, workbook):
+    executed = workbook / f"{name}.ipynb"
+    assert executed.exists(), f"{name} was not executed (see the workbook's lines above)"
+    nb = nbformat.read(executed, as_version=4)
     errors = [o for o in outputs(nb) if o.get("output_type") == "error"]
     assert not errors
     images = outputs(nb, "image/png")
     assert len(images) >= min_images, f"{name}: {len(images)} image/png outputs"
     if name in SAVES_FIGURES:
-        saved = list((tmp_path / "figures").rglob("*.png"))
+        saved = list((workbook / "figures" / name).rglob("*.png"))
         # saved as PNG, and a run's figures only when shown (drawn lazily): fewer files than images shown
-        assert 1 <= len(saved) <= len(images) and not list((tmp_path / "figures").rglob("*.svg")), name
+        assert 1 <= len(saved) <= len(images) and not list((workbook / "figures" / name).rglob("*.svg")), name
     assert closing in stdout(nb)
     assert not answers_shown_before_their_check(nb), name
     assert outputs(nb, "application/vnd.jupyter.widget-view+json"), f"{name} shows no mesh widget"
     if closing == "numerics check passed" and name != "10_pure_tp_fix":
-        for metrics_file in (tmp_path / "runs").glob("*/metrics.json"):
+        for metrics_file in (workbook / "runs" / name).glob("*/metrics.json"):
             metrics = json.loads(metrics_file.read_text())
             assert metrics["ok"] and metrics["max_abs_diff"] < 1e-5, metrics_file
 

@@ -149,7 +149,7 @@ def test_a_rank_that_fails_to_join_the_group_fails_the_run_with_its_error_not_a_
     assert fresh_pool.restarted_because.startswith("rank 1 failed to join the run's process group in run")
 
 
-RACE_RANKS, RACE_CELLS = 8, 16
+RACE_RANKS, RACE_CELLS = 8, 10
 RAISING_AT_ONCE = "if rank == 1:\n    raise ValueError('rank 1 raises at once')\nrank"
 
 
