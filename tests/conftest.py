@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import launch
 from hyper_parallel import ParallelDims
 from hyper_parallel.recipes import RECIPES
 from hyper_parallel.recipes.options import OPTION_NAMES
-from launch.notebook.workbook import notebooks, run_workbook
+from launch.notebook.workbook import notebooks
 from launch.processes.supervisor import torchrun
 
 OVERLAP_OFF = ("M4", "M7", "M6", "S2")
@@ -222,6 +223,11 @@ def workbook(tmp_path_factory) -> Path:
         name: {**({} if name in SAVES_FIGURES else {"figures_dir": None}), **TEST_PARAMETERS.get(name, {})}
         for name in (path.stem for path in notebooks())
     }
-    run_workbook(out, parameters=parameters, jobs=2)
+    # in a process of its own: its worker processes (and multiprocessing's helpers) are no descendants of
+    # this one, which tests/test_launcher.py watches for processes that outlive a launch
+    script = "import json, sys\nfrom launch.notebook.workbook import run_workbook\n" + (
+        "sys.exit(run_workbook(sys.argv[1], parameters=json.loads(sys.argv[2]), jobs=2))"
+    )
+    subprocess.run([sys.executable, "-c", script, str(out), json.dumps(parameters)], check=False, timeout=3600)
     (root,) = [folder for folder in out.iterdir() if folder.is_dir()]
     return root
