@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, _mesh_resources, init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
 
 from hyper_parallel.devices import default_device_type, device_of
 from hyper_parallel.mesh import ParallelDims
@@ -146,8 +146,8 @@ def clear_mesh_caches() -> None:
     this the next DTensor op pays its first (uncached) sharding propagation again, as a fresh run does, and a
     warm-pool worker keeps no finished run's process groups.
 
-    Besides every ``functools`` cache of ``torch.distributed``, the sharding propagator (Python and C++ fast
-    path) and the redistribute planner keep their own; they are cleared as
+    Besides every ``functools`` cache of ``torch.distributed`` (``_gen_transform_infos`` among them), the
+    sharding propagator (its own LRU class, and the C++ fast path) and the redistribute planner keep their own; they are cleared as
     ``torch.distributed.tensor.debug._clear_sharding_prop_cache`` does (importing that module pulls in
     dynamo and inductor, 0.45 s of every rank's start)."""
     for cache in _torch_distributed_caches():
@@ -155,5 +155,4 @@ def clear_mesh_caches() -> None:
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
     torch._C._clear_DTensor_sharding_propagator_cache()
     clear_redistribute_planner_cache()
-    _gen_transform_infos.cache_clear()
     _mesh_resources.mesh_stack.clear()

@@ -49,8 +49,8 @@ class BenchResult:
 
     def losses_disagree(self) -> list[str]:
         """The configurations whose two implementations' losses differ beyond ``BenchConfig.loss_rtol``."""
-        rtol = {config.name: config.loss_rtol for config in configurations(4, include_optional=True)}
-        rtol.update({config.name: config.loss_rtol for config in configurations(2, include_optional=True)})
+        world = self.payload["world_size"]
+        rtol = {config.name: config.loss_rtol for config in configurations(world, include_optional=True)}
         return [
             row["config"]
             for row, config in zip(self.rows, self.payload["configs"])
