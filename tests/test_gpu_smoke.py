@@ -9,6 +9,7 @@ the references it reports are the recipes' own.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,12 +31,15 @@ def test_refuses_at_once_without_a_gpu(tmp_path):
 
 @pytest.mark.distributed
 def test_rehearsal_on_the_cpu_runs_every_check(tmp_path):
-    out = tmp_path / "smoke.json"
+    """...and leaves none of its threaded runs' folders behind."""
+    out, scratch = tmp_path / "smoke.json", tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--rehearse-on-cpu", "--quick", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=1800,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -45,3 +49,4 @@ def test_rehearsal_on_the_cpu_runs_every_check(tmp_path):
     assert [(row["recipe"], row["world_size"]) for row in report["threaded"]] == [("M4", 2), ("M2", 2)]
     assert all(row["max_abs_diff"] is not None for row in report["world_one"] + report["threaded"])
     assert {"fp32", "bf16"} <= set(report["bench_compute"])
+    assert not list(scratch.glob("hp-smoke-*"))  # the scratch root and torch caches are kept by design

@@ -145,13 +145,19 @@ def threaded(names: list[str], device_type: str) -> list[dict]:
 
 
 def _threaded_run(recipe, device_type: str, multi_threaded_pg) -> dict:
+    with tempfile.TemporaryDirectory(prefix="hp-smoke-") as folder:
+        return _threaded_run_in(recipe, device_type, multi_threaded_pg, Path(folder))
+
+
+def _threaded_run_in(recipe, device_type: str, multi_threaded_pg, out: Path) -> dict:
+    """One recipe on threads, its run files in ``out`` (a folder the caller removes once metrics are read)."""
     import torch.distributed as dist
 
     from hyper_parallel.recipes.run_spec import RunSpec
     from hyper_parallel.recipes.worker import run_one
 
     world = recipe.default["world_size"]
-    store, out, errors = dist.HashStore(), Path(tempfile.mkdtemp(prefix="hp-smoke-")), []
+    store, errors = dist.HashStore(), []
     spec = RunSpec.resolve(recipe.name, recipe.default, steps=3, seed=0, out=out)
 
     def rank_main(rank: int) -> None:
