@@ -98,6 +98,22 @@ def test_no_notebook_cites_documents_a_learner_does_not_have():
             assert citation not in text, f"{name} cites {citation!r}"
 
 
+def test_every_table_a_cell_builds_is_shown():
+    """``table(...)`` returns an HTML object that Jupyter shows only as a cell's last expression: one built
+    earlier in a cell (a ``print`` after it) is silently dropped, as 11's per-stage pipeline table once was."""
+    import ast
+
+    for name, path in NOTEBOOKS.items():
+        for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
+                continue
+            body = ast.parse(cell.source).body
+            for statement in body[:-1]:
+                call = statement.value if isinstance(statement, ast.Expr) else None
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "table":
+                    raise AssertionError(f"{name} cell {index}: table(...) is not the cell's last expression")
+
+
 def test_progress_lines_number_steps_as_the_figures_do():
     """A 2-step run's progress lines say steps 0 and 1, like the timelines' "step 1" and the tables."""
     from launch.notebook.widgets.display import step_text
