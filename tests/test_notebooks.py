@@ -107,7 +107,8 @@ def test_every_table_a_cell_builds_is_shown():
         for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
             if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
                 continue
-            body = ast.parse(cell.source).body
+            python = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+            body = ast.parse(python).body
             for statement in body[:-1]:
                 call = statement.value if isinstance(statement, ast.Expr) else None
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "table":
