@@ -98,6 +98,16 @@ def test_no_notebook_cites_documents_a_learner_does_not_have():
             assert citation not in text, f"{name} cites {citation!r}"
 
 
+def test_every_notebook_opens_with_what_it_needs_then_its_parameters():
+    """The same order everywhere: the title and "You need:" in markdown, then the parameters cell as the
+    first code (papermill injects there; nothing runs before the learner's choices)."""
+    for name, path in NOTEBOOKS.items():
+        cells = nbformat.read(path, as_version=4).cells
+        first_code = next(i for i, cell in enumerate(cells) if cell.cell_type == "code")
+        assert "parameters" in cells[first_code].metadata.get("tags", []), f"{name}: code runs before the parameters"
+        assert any("**You need:**" in cell.source for cell in cells[:first_code]), f"{name}: 'You need:' comes late"
+
+
 def test_every_table_a_cell_builds_is_shown():
     """``table(...)`` returns an HTML object that Jupyter shows only as a cell's last expression: one built
     earlier in a cell (a ``print`` after it) is silently dropped, as 11's per-stage pipeline table once was."""
