@@ -20,11 +20,14 @@ from launch.notebook.exercises import EXERCISES
 from launch.notebook.workbook import notebooks
 
 NOTEBOOKS = {path.stem: path for path in notebooks()}
+CHECKERS = {"check", "check_fits", "check_layout"}
+"""The calls that check an exercise (``launch.notebook.exercises``)."""
 
 SILENT_CALLS = {
     "ask",  # another question
     "check",  # another exercise's check
     "check_fits",
+    "check_layout",
     "show_solution",  # only another exercise's (checked below)
     "widget_help",
     "MeshWidget",
@@ -66,7 +69,7 @@ def revealing_outputs(source: str, key: str) -> list[str]:
     reasons = []
     if key in _calls_of(tree, {"show_solution"}):
         reasons.append("shows the solution")
-    if _calls_of(tree, {"check", "check_fits"}):  # another exercise's check prints that exercise's truth only
+    if _calls_of(tree, CHECKERS):  # another exercise's check prints that exercise's truth only
         return reasons
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = tree.body[-1].value
@@ -140,7 +143,7 @@ def exercise_cells(nb) -> dict[str, tuple[int, int]]:
         tree = ast.parse(cell.source)
         for key in _calls_of(tree, {"ask"}):
             asks.setdefault(key, index)
-        for key in _calls_of(tree, {"check", "check_fits"}):
+        for key in _calls_of(tree, CHECKERS):
             checks.setdefault(key, index)
     assert set(asks) == set(checks), (sorted(asks), sorted(checks))
     return {key: (asks[key], checks[key]) for key in asks}

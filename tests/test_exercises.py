@@ -27,6 +27,7 @@ from launch.notebook.exercises import (
     ask,
     check,
     check_fits,
+    check_layout,
     collective_count,
     drifted,
     fewer_saved_activations,
@@ -162,6 +163,35 @@ def test_13_2_fits_right_and_wrong():
     assert check_fits("05.2", None, **kwargs) == UNANSWERED
 
 
+def test_11_1_layout_right_and_wrong():
+    """llama-8b-like (global batch 512) on 4096 GPUs of 8: dp = 4096 / (tp * cp * pp) must divide 512, so
+    model parallelism of 8 at least; the solution's layouts are checked against the ranking, and one rule
+    (memory, global batch, speed) at a time is broken."""
+    from hyper_parallel.cost_model.hardware import get_hardware
+    from hyper_parallel.cost_model.ranking import rank_layouts
+    from launch.notebook.planning_lesson import procedure_rows
+
+    config, machine = get_model("llama-8b-like"), get_hardware("h100-sxm")
+    assert config.global_batch == 512 and 4096 // 512 == 8  # the solution's numbers
+    ranked = rank_layouts(config, 4096, 8, machine)
+    best = ParallelDims(world_size=4096, dp_shard=512, tp=8)
+    assert ranked[0].dims == best  # "the planner's first"
+    check_it = lambda answer, ranking=ranked: check_layout("11.1", answer, ranking, 4096)  # noqa: E731
+    assert check_it({"dp_shard": 512, "tp": 8}) == RIGHT
+    assert check_it({"dp_replicate": 2, "dp_shard": 256, "tp": 8}) == RIGHT  # HSDP of the same 512
+    assert check_it({"dp_shard": 4096}) == WRONG  # dp 4096 does not divide 512 sequences (step 2)
+    assert check_it({"dp_shard": 512, "cp": 2, "tp": 4}) == WRONG  # fits, waits for more communication
+    slower = next(r for r in ranked if r.dims == ParallelDims(world_size=4096, dp_shard=512, cp=2, tp=4))
+    assert slower.fits and slower.exposed_seconds > ranked[0].exposed_seconds
+    assert check_it({"dp_shard": 512, "tp": 9}) == WRONG and check_it("tp=8") == WRONG
+    assert check_it(None) == UNANSWERED
+    small = rank_layouts(config, 4096, 8, machine.replace(memory_gib=12))  # best layout: 13 GiB, over budget
+    assert not next(r for r in small if r.dims == best).fits and check_it({"dp_shard": 512, "tp": 8}, small) == WRONG
+    rows = {(r.tp, r.cp, r.pp): r for r in procedure_rows(config, 4096, ranked, 8)}
+    assert rows[(8, 1, 1)].verdict == "a candidate" and rows[(8, 1, 1)].sequences_per_dp_rank == 1
+    assert rows[(4, 1, 1)].verdict == "fails step 2 (global batch)"  # dp 1024 > 512 sequences
+
+
 def test_12_1_03_and_90_right_and_wrong():
     chunks = set(cp_chunks(4)[1])  # 8 chunks: rank 1 holds 1 and 2*4-1-1 = 6
     assert chunks == {1, 6}
@@ -245,6 +275,7 @@ def test_every_exercise_is_tested_and_unanswered_passes(capsys):
     tested = set(COUNTED) | {"03.2", "01.2", "05.2", "04.1", "10.1", "10.2", "07.1", "90.1", "91.1", "06.1"}
     tested |= {"03.3", "03.4"}
     tested |= {"09.1"}  # tests/test_lesson_texts.py
+    tested |= {"11.1"}
     tested |= {"04.2", "04.3", "09.2"}  # tests/test_sequence_lessons.py
     assert tested == {key for key in EXERCISES if not key.startswith("02.")}  # 02: the memory notebook's tests
     for key in EXERCISES:

@@ -169,7 +169,7 @@ def answers_shown_before_their_check(nb) -> list[str]:
     sources to the same rule)."""
     import ast
 
-    from test_exercise_order import _calls_of, exercise_cells
+    from test_exercise_order import CHECKERS, _calls_of, exercise_cells
 
     found = []
     for key, (asked, checked) in exercise_cells(nb).items():
@@ -178,7 +178,7 @@ def answers_shown_before_their_check(nb) -> list[str]:
             if source.lstrip().startswith("%"):  # a cell magic (%%torchrun): Python below its first line
                 source = source.lstrip().partition("\n")[2]
             tree = ast.parse(source) if nb.cells[index].cell_type == "code" else None
-            if tree is None or set(_calls_of(tree, {"check", "check_fits", "show_solution"})) - {key}:
+            if tree is None or set(_calls_of(tree, CHECKERS | {"show_solution"})) - {key}:
                 continue  # markdown, or another exercise's check or solution
             for output in nb.cells[index].get("outputs", []):
                 data = output.get("data", {})

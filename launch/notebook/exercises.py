@@ -225,6 +225,18 @@ EXERCISES: dict[str, Exercise] = {
         "one. The peak memory is the same as without resharding: after every backward the whole stage is "
         "gathered anyway.",
     ),
+    "11.1": Exercise(
+        "Choose the degrees for this notebook's model and cluster (the parameters cell: `model`, `world_size`, "
+        '`gpus_per_node`, `hardware`) by the three steps above, as a dict such as `{"dp_shard": 64, "tp": 2}`. '
+        "It is right when it fits the memory budget and its modelled step is within 10 % of the fastest layout "
+        "the planner finds.",
+        "step 2 first at scale: dp = world_size / (tp * cp * pp) must divide the model's global batch "
+        "(`config.global_batch`); then keep tp inside a node and take the fewest model-parallel ranks that fit.",
+        "With the defaults (llama-8b-like, a global batch of 512 sequences, 4096 GPUs): dp must divide 512, so "
+        "tp * cp * pp is at least 8 (4096 / 512); tp = 8 inside each node with dp_shard = 512 fits (step 1) and is "
+        "the planner's first (step 3); the HSDP splits of the same 512 data-parallel ranks (dp_replicate x "
+        "dp_shard) step as fast. tp = 4 with cp = 2 fits too but waits for more communication per step, so it is slower.",
+    ),
     "90.1": Exercise(
         "Is `world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1` a valid mesh? Answer True or False.",
         "with etp = 1 EP borrows from dp_shard * cp * tp and ep % (cp * tp) must be 0.",
@@ -333,6 +345,46 @@ def check_fits(
             return WRONG
     source = f"the cost model: {total / GIB:.1f} GiB of state per rank against {budget_gib} GiB"
     return _verdict(key, dict(answer), total <= budget_gib * GIB, f"{dict(answer)} fits", source)
+
+
+def check_layout(key: str, answer: Mapping[str, int] | None, ranked, world_size: int, within: float = 0.10) -> str:
+    """A layout the learner picked for the planner's model and cluster: right when it fits the memory
+    budget and its modelled step is within ``within`` of the fastest layout that fits (``ranked``:
+    ``rank_layouts``' list, best first). Several answers are right; a wrong one is told which step of
+    the procedure it fails, or how far it is from the best and where the time goes."""
+    from hyper_parallel.mesh import ParallelDims
+
+    exercise(key)
+    if answer is None:
+        return _unanswered(key)
+    if not isinstance(answer, Mapping):
+        return _verdict(key, answer, False, "", "a layout is a dict of degrees")
+    try:
+        dims = ParallelDims(world_size=world_size, **dict(answer))
+    except (TypeError, ValueError) as error:
+        print(f"✘ {key}: {dict(answer)} is not a valid mesh of {world_size} ranks: {error}")
+        return WRONG
+    position = next((i for i, r in enumerate(ranked) if r.dims == dims), None)
+    if position is None:
+        print(
+            f"✘ {key}: {dict(answer)} is no layout the planner can cost for this model (step 2: does dp divide the global batch?)."
+        )
+        return WRONG
+    mine, best = ranked[position], ranked[0]
+    place = f"#{position + 1} of {len(ranked)}: {mine.step_seconds:.3f} s per step against the best {best.step_seconds:.3f} s"
+    if not mine.fits:
+        print(
+            f"✘ {key}: {dict(answer)} needs {mine.memory_bytes / GIB:.1f} GiB per rank, over the budget (step 1). {place}."
+        )
+        return WRONG
+    if mine.step_seconds > (1 + within) * best.step_seconds:
+        print(
+            f"✘ {key}: {dict(answer)} fits but is {mine.step_seconds / best.step_seconds - 1:.0%} slower than the best "
+            f"(step 3): {place}; waited-for communication {mine.exposed_seconds:.3f} s against "
+            f"{best.exposed_seconds:.3f} s, bubble {mine.bubble_seconds:.3f} s against {best.bubble_seconds:.3f} s."
+        )
+        return WRONG
+    return _verdict(key, dict(answer), True, place, "the planner's ranking")
 
 
 # ---------------------------------------------------------------- truths taken from a run
