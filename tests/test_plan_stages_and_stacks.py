@@ -169,3 +169,53 @@ def test_compare_ranks_the_layouts_when_the_default_one_does_not_divide_the_batc
     assert "the layout given (dp_shard=8, tp=8) is not one" in out and "valid layouts of 64 ranks" in out
     code, _, err = plan("--world", "64", "--tp", "8", "--model", "llama-8b-like", "--batch", "4")
     assert code == 2 and "global_batch" in err
+
+
+def test_ring_cp_waits_only_for_what_the_sends_exceed_the_attention_by():
+    """llama-8b-like on cp 4 (8k tokens): all-gather CP's K/V collectives are the next op's input, so the step
+    waits for all of them; the ring's sends travel while the block in hand is attended, so it waits for
+    max(0, sends - attention), from the same timed collectives and the same attention time."""
+    h100, dims = get_hardware("h100-sxm"), ParallelDims(world_size=32, dp_shard=8, cp=4)
+    config = get_model("llama-8b-like").replace(global_batch=8)
+    gathered = estimate_step(estimate(config, dims), 8, h100)
+    ring = estimate_step(estimate(config.replace(sequence_scheme="ring"), dims), 8, h100)
+    assert gathered.middle.exposed_by_group["cp"] == pytest.approx(
+        sum(c.seconds for c in gathered.timed if c.group == "cp")
+    )
+    sends = sum(c.seconds for c in ring.timed if c.group == "cp")
+    waited = max(0.0, sends - ring.middle.work.attention)
+    assert sends > 0 and ring.middle.exposed_by_group.get("cp", 0.0) == pytest.approx(waited)
+    slow = get_hardware("h100-sxm").replace(intra_node_gbs=1.0, inter_node_gbs=1.0)  # sends far above the attention
+    slow_ring = estimate_step(estimate(config.replace(sequence_scheme="ring"), dims), 8, slow)
+    slow_sends = sum(c.seconds for c in slow_ring.timed if c.group == "cp")
+    assert slow_ring.middle.exposed_by_group["cp"] == pytest.approx(slow_sends - slow_ring.middle.work.attention)
+
+
+def test_compare_can_choose_each_layouts_sequence_scheme_and_schedule():
+    """With ``choose`` each layout runs the fastest of its variants (every scheme on cp > 1, every schedule on
+    pp > 1): never slower than the model as given, and the variant named is the one recomputed by hand."""
+    from hyper_parallel.cost_model.ranking import rank_layouts, variants
+
+    h100, config = get_hardware("h100-sxm"), get_model("llama-8b-like")
+    given = {r.dims: r for r in rank_layouts(config, 32, 8, h100)}
+    chosen = rank_layouts(config, 32, 8, h100, choose=True)
+    assert {r.dims for r in chosen} >= set(given)
+    for r in chosen:
+        if r.dims in given and given[r.dims].fits and r.fits:
+            assert r.step_seconds <= given[r.dims].step_seconds * (1 + 1e-12)
+    sample = next(r for r in chosen if r.dims.cp > 1 and r.dims.pp > 1 and r.fits)
+    by_hand = []
+    for label, variant in variants(config.replace(micro_batch=1), sample.dims):
+        try:
+            cost = estimate(variant, sample.dims)
+        except ValueError:
+            continue
+        if cost.memory.total <= h100.budget_bytes:
+            by_hand.append((estimate_step(cost, 8, h100).seconds, label))
+    assert min(by_hand)[1] == sample.choice and min(by_hand)[0] == pytest.approx(sample.step_seconds)
+    code, out, err = plan(
+        "--world", "32", "--model", "llama-8b-like", "--dp-shard", "32", "--compare", "--choose", "--top", "40"
+    )
+    assert code == 0 and any(f"[{name}" in out for name in ("all_gather", "ring", "ulysses")), out
+    code, _, err = plan("--world", "32", "--model", "llama-8b-like", "--dp-shard", "32", "--choose")
+    assert code == 2 and "--compare" in err

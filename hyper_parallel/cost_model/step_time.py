@@ -19,6 +19,10 @@ What the stack and the schedule change (``stacks``, ``pipeline``):
                          or overlaps the next forward ("hidden")
     async_tp             TP's collectives are cut into tp pieces overlapped with the matmuls: the first
                          piece waits, and whatever exceeds the GEMM time
+    ring (cp)            ``sequence_scheme`` ring: each K/V block (and, in backward, each dK/dV block)
+                         travels while the block in hand is attended, the rank's own block first, so only
+                         what the sends exceed the attention time by waits (all-gather CP and Ulysses wait
+                         in full: their result is the next op's input)
     DualPipe(V)          the EP all-to-alls and P2P overlap the paired chunk's compute: only what exceeds it
                          waits
 
@@ -52,6 +56,7 @@ from hyper_parallel.cost_model.layouts import TimedCollective, time_collectives
 from hyper_parallel.cost_model.pipeline import get_schedule
 from hyper_parallel.cost_model.stacks import get_stack
 from hyper_parallel.cost_model.work import WorkTime, work_time
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 
 CRITICAL_GROUPS = ("tp", "etp", "cp", "ep", "pp")
 
@@ -90,12 +95,14 @@ def _pipeline_exposed(comm: float, compute: float, stages: int) -> float:
 
 def _waiting(c: TimedCollective, config, dims) -> str:
     """How a collective meets the compute: "critical", "overlapped" (only what exceeds the compute
-    waits), "tp-async", "once" (after the backward), "step" (after the optimizer) or a phase name."""
+    waits), "tp-async", "cp-ring", "once" (after the backward), "step" (after the optimizer) or a phase name."""
     stack = get_stack(config.stack)
     if c.group in get_schedule(config.pp_schedule).hides and dims.pp > 1:
         return "overlapped"
     if c.group == "tp" and config.async_tp:
         return "tp-async"
+    if c.group == "cp" and config.sequence_scheme == SequenceScheme.RING:
+        return "cp-ring"
     if is_critical(c.group):
         return "critical"
     if c.phase == "step":
@@ -129,6 +136,7 @@ def _rank_step(
     critical_kinds = {"critical": seconds.get("critical", 0.0)}
     critical_kinds["tp-async"] = tp_async / dims.tp + max(0.0, tp_async - work.gemm) if tp_async else 0.0
     critical_kinds["overlapped"] = max(0.0, seconds.get("overlapped", 0.0) - work.total)
+    critical_kinds["cp-ring"] = max(0.0, seconds.get("cp-ring", 0.0) - work.attention)
     critical = sum(critical_kinds.values())
     fwd, bwd = seconds.get("forward", 0.0) / m, seconds.get("backward", 0.0) / m
     once = seconds.get("once", 0.0)

@@ -49,6 +49,7 @@ from hyper_parallel.cost_model.stacks import STACKS
 from hyper_parallel.cost_model.validation import check_degrees_divide, check_step_sizes
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import DEGREE_NAMES
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 from launch.plan.build import make_plan, torchrun_command
 from launch.plan.render import compare_json, plan_json, print_compare, print_plan
 from launch.plan.review_page import FORMATS
@@ -101,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--async-tp", action="store_true", help="TP collectives overlapped with the matmuls")
     parser.add_argument(
+        "--sequence-scheme",
+        choices=[s.value for s in SequenceScheme],
+        help="how cp > 1 attends over the sequence: K/V all_gather (default), ring (sends overlapped with the "
+        "attention) or ulysses (all-to-all to heads)",
+    )
+    parser.add_argument(
         "--stack", choices=sorted(STACKS), help="the training stack's habits (default: the preset's, torchtitan)"
     )
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: 8)")
@@ -111,6 +118,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", action="store_true", help="rank every valid layout of this world size")
     parser.add_argument("--sort", choices=("time", "memory"), default="time", help="--compare order (default: time)")
     parser.add_argument("--top", type=int, default=10, help="--compare: layouts shown (default: 10)")
+    parser.add_argument(
+        "--choose",
+        action="store_true",
+        help="--compare: each layout runs the fastest sequence scheme (cp > 1) and pipeline schedule (pp > 1)",
+    )
     parser.add_argument(
         "--hardware",
         choices=sorted(HARDWARE),
@@ -166,6 +178,7 @@ def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) 
         "zero": args.zero,
         "float8": args.float8 or None,
         "async_tp": args.async_tp or None,
+        "sequence_scheme": args.sequence_scheme,
         "stack": args.stack,
         "seq_len": args.seq_len,
         "global_batch": args.batch,
@@ -264,7 +277,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not args.compare:
             raise
         plan, refused = None, f"the layout given ({dims.label()}) is not one: {error}"
-    ranked = rank_layouts(config, dims.world_size, args.gpus_per_node, hardware, args.sort) if args.compare else None
+    if args.choose and not args.compare:
+        raise ValueError("--choose picks each layout's sequence scheme and schedule in --compare: add --compare")
+    ranked = (
+        rank_layouts(config, dims.world_size, args.gpus_per_node, hardware, args.sort, choose=args.choose)
+        if args.compare
+        else None
+    )
     command = torchrun_command(config, dims, args.gpus_per_node, args.rdzv_endpoint) if plan else None
     if args.json or args.format == "json":
         payload = {"plan": plan_json(plan, command) if plan else None}

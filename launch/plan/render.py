@@ -97,6 +97,7 @@ def compare_json(ranked: list[RankedLayout], top: int) -> list[dict]:
             "exposed_seconds": r.exposed_seconds,
             "bubble_seconds": r.bubble_seconds,
             "fits": r.fits,
+            "choice": r.choice,
         }
         for r in ranked[:top]
     ]
@@ -224,12 +225,13 @@ def print_compare(ranked: list[RankedLayout], dims: ParallelDims, top: int, budg
         else [str(i + 1) for i in range(len(ranked))]
     )
     rows = []
+    chosen = any(layout.choice for layout in ranked[:top])
     for index, layout in enumerate(ranked[:top]):
         low, high = layout.step_range
         rows.append(
             (
                 places[index],
-                layout.dims.label(),
+                layout.dims.label() + (f" [{layout.choice}]" if chosen and layout.choice else ""),
                 fmt_bytes(layout.memory_bytes),
                 f"{fmt_seconds(layout.step_seconds)} ({fmt_seconds(low)}-{fmt_seconds(high)})",
                 f"{layout.mfu:.0%}",
