@@ -166,11 +166,28 @@ def test_async_tp_without_sequence_parallelism_is_refused():
         ParallelDims(world_size=2, tp=2).check_model(seq_len=16, async_tp=True, sequence_parallel=False)
 
 
-def test_float8_on_a_torch_without_scaled_mm_is_refused(capsys, monkeypatch):
+@pytest.mark.parametrize("args", [["M3-F8", "--tp", "2"], ["M4-F8", "--dp-shard", "4"]])
+def test_float8_on_a_torch_without_scaled_mm_is_refused(capsys, monkeypatch, args):
     """The kernel probe runs in a child process (the launcher's never imports torch): here one whose torch
     lacks torch._scaled_mm; the run is refused with the fix, exit 2."""
     probe = "import torch; del torch._scaled_mm; " + inputs.SCALED_MM_PROBE
     monkeypatch.setattr(inputs, "SCALED_MM_PROBE", probe)
-    assert cli.main(["run", "M3-F8", "--tp", "2"]) == cli.EXIT_INVALID
+    assert cli.main(["run", *args]) == cli.EXIT_INVALID
     err = capsys.readouterr().err
     assert "this build has no torch._scaled_mm" in err and "Fix: install a torch with it" in err
+
+
+def test_float8_fsdp_with_tokens_per_dp_rank_not_a_multiple_of_16_is_refused(capsys):
+    """M4-F8 on 4 ranks with --global-batch 12: 3 rows of 8 tokens per dp rank, 24 tokens, the inner dim of
+    each rank's float8 weight-gradient matmul, which _scaled_mm takes in multiples of 16 (on a GPU)."""
+    assert cli.main(["run", "M4-F8", "--dp-shard", "4", "--global-batch", "12"]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "over the 24 tokens of a data-parallel rank (global_batch/dp * 8 tokens per row)" in err
+    assert "change --global-batch" in err
+
+
+def test_float8_linears_whose_dims_are_not_multiples_of_16_are_refused():
+    from hyper_parallel.mesh import ParallelDims
+
+    with pytest.raises(ValueError, match=r"\[24\] not multiples of 16\*tp = 16; torch._scaled_mm .* Use model dims"):
+        ParallelDims(world_size=4, dp_shard=4).check_model(float8_dims=(24, 64), global_batch=16, row_tokens=8)
