@@ -6,6 +6,8 @@ tests/test_drop_in_fsdp2.py): every case runs once with torch's ``fully_shard`` 
   biases included (FSDP2's ``test_dp_tp_state_dict_save_load`` / ``test_hsdp_tp_state_dict_save_load``);
 * the tensor-subclass all-gather extension (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``): torch's test
   ``TwoTensor``, and a bf16 all-gather of fp32 weights with uneven rows (a float8 all-gather's shape);
+* torchao's float8 training with ``enable_fsdp_float8_all_gather``: the weights' own extension casting each
+  shard to e4m3 (its amax all-reduced over the shard ranks) before the all-gather;
 * fp16 compute with fp16 gradient reduction (FSDP2 divides by about sqrt(ranks) before and after);
 * ``shard_placement_fn``: the largest dim of every parameter, dim 1 of every matrix, and torchtitan's expert
   parallel path (experts ``Shard(1)`` on efsdp, ``ExpertParallel`` on ep).
@@ -17,7 +19,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from drop_in_training import case, random_inputs, side_by_side, tokens, train_steps, transformer
+from drop_in_training import (
+    case,
+    global_losses,
+    random_inputs,
+    shard_per_block,
+    side_by_side,
+    tokens,
+    train,
+    train_steps,
+    transformer,
+    world_mesh,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import Shard
@@ -237,3 +250,42 @@ def experts_sharded_on_dim_one():
         return result
 
     return side_by_side(run)
+
+
+def _float8_transformer_run(shard, calls: list) -> dict:
+    """torch's test Transformer with every block linear converted by torchao (tensorwise scales, float8 weight
+    all-gather), sharded per block + root; ``calls`` collects the dtypes each ``fsdp_pre_all_gather`` returned."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    model = transformer(weight_tying=False)
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda _, fqn: fqn.startswith("layers."))
+    shard_per_block(model, shard, world_mesh())
+    original = WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather
+
+    def counted(self, mesh):
+        inputs, metadata = original(self, mesh)
+        calls.append(tuple(str(t.dtype) for t in inputs))
+        return inputs, metadata
+
+    WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = counted
+    try:
+        _, local = tokens(dist.get_rank(), dist.get_world_size())
+        result = train(model, local)
+    finally:
+        WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = original
+    result["losses"] = torch.tensor(global_losses(result["losses"], distributed=True))
+    result["grads"] = [g for grads in result["grads"] for _, g in sorted(grads.items())]
+    result["params"] = [p for _, p in sorted(result["params"].items())]
+    result["weight_shards"] = sorted({type(p.to_local()).__name__ for p in model.parameters()})
+    result["pre_all_gather_calls"], result["gathered_dtypes"] = len(calls), sorted(set(calls))
+    return result
+
+
+@case
+def torchao_float8_all_gather():
+    """torchao's float8 training (convert_to_float8_training, enable_fsdp_float8_all_gather=True) under each
+    fully_shard: 2 blocks x 6 float8 weights x 3 steps x (forward + backward) = 72 calls of the weights'
+    fsdp_pre_all_gather per rank, each gathering e4m3 data only; trained with AdamW side by side."""
+    return side_by_side(lambda shard: _float8_transformer_run(shard, []))
