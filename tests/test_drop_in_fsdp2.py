@@ -17,6 +17,7 @@ pytestmark = pytest.mark.distributed
 SIDE_BY_SIDE = {
     "state_dict_loads_in_place": ("dp_tp", "hsdp"),
     "tensor_subclass_all_gather": ("fsdp", "hsdp"),
+    "tensor_subclass_without_extension": (None,),
     "bf16_all_gather_of_uneven_rows": (None,),
     "torchao_float8_all_gather": (None,),
     "fp16_compute_and_reduction": (None,),

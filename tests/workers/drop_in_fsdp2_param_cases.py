@@ -5,7 +5,8 @@ tests/test_drop_in_fsdp2.py): every case runs once with torch's ``fully_shard`` 
 * state dict values are views of the sharded parameters: filling them in place loads every parameter,
   biases included (FSDP2's ``test_dp_tp_state_dict_save_load`` / ``test_hsdp_tp_state_dict_save_load``);
 * the tensor-subclass all-gather extension (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``): torch's test
-  ``TwoTensor``, and a bf16 all-gather of fp32 weights with uneven rows (a float8 all-gather's shape);
+  ``TwoTensor``, the same subclass without the extension (sharded as it is, as FSDP2 does), and a bf16
+  all-gather of fp32 weights with uneven rows (a float8 all-gather's shape);
 * torchao's float8 training with ``enable_fsdp_float8_all_gather``: the weights' own extension casting each
   shard to e4m3 (its amax all-reduced over the shard ranks) before the all-gather;
 * fp16 compute with fp16 gradient reduction (FSDP2 divides by about sqrt(ranks) before and after);
@@ -136,6 +137,29 @@ def tensor_subclass_all_gather():
         "fsdp": side_by_side(lambda shard: _two_tensor_run(shard, fsdp, GatherCount())),
         "hsdp": side_by_side(lambda shard: _two_tensor_run(shard, hsdp, GatherCount())),
     }
+
+
+def _without_extension_run(shard) -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[MLP(8, bias=False) for _ in range(2)])
+    for mlp in model:
+        weight = mlp.in_proj.weight.detach()
+        mlp.in_proj.weight = nn.Parameter(TwoTensor(weight.clone(), 2 * weight))
+        shard(mlp)
+    shard(model)
+    result = train_steps(model, random_inputs((2, 8)))
+    full = [p.full_tensor() for p in result["params"]]
+    result["params"] = [t for p in full for t in ((p.a, p.b) if isinstance(p, TwoTensor) else (p,))]
+    result["shards"] = sorted({type(p.to_local()).__name__ for p in model.parameters()})
+    return result
+
+
+@case
+def tensor_subclass_without_extension():
+    """TwoTensor weights without fsdp_pre_all_gather / fsdp_post_all_gather: FSDP2 shards them as they are
+    (the shard keeps the subclass, the all-gather moves its plain data); ours the same, trained bit-equal."""
+    assert not hasattr(TwoTensor, "fsdp_pre_all_gather")
+    return side_by_side(_without_extension_run)
 
 
 def _bf16_gather(local, mesh, outer_size, outer_stride, module, mp_policy):
