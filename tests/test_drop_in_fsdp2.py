@@ -19,7 +19,7 @@ SIDE_BY_SIDE = {
     "tensor_subclass_all_gather": ("fsdp", "hsdp"),
     "tensor_subclass_without_extension": (None,),
     "bf16_all_gather_of_uneven_rows": (None,),
-    "torchao_float8_all_gather": (None,),
+    "torchao_float8_all_gather": ("transformer", "m4_f8"),
     "fp16_compute_and_reduction": (None,),
     "shard_placement_fn_per_parameter": ("largest_dim", "dim_one"),
     "experts_sharded_on_dim_one": (None,),
@@ -76,7 +76,7 @@ def test_torchao_float8_weights_gather_e4m3_through_their_extension(results):
     returning e4m3 data alone (the scale is metadata, from an amax all-reduced inside the call), as under
     FSDP2 (test_bit_equal_to_torch_fsdp2 holds losses, gradients and parameters to difference 0)."""
     for rank in range(len(results)):
-        facts = variants(results, "torchao_float8_all_gather", rank)["torchao_float8_all_gather"]["facts"]
+        facts = variants(results, "torchao_float8_all_gather", rank)["transformer"]["facts"]
         assert facts == {
             "weight_shards": ["Tensor", "WeightWithDynamicFloat8CastTensor"],
             "pre_all_gather_calls": 72,

@@ -307,9 +307,38 @@ def _float8_transformer_run(shard, calls: list) -> dict:
     return result
 
 
+def _m4_float8_run(shard) -> dict:
+    """Recipe M4-F8's model, seed, batch rows and SGD step (recipes/dense.py), sharded by ``shard``."""
+    from hyper_parallel.models.mlp import MLP, MLPConfig, mlp_batch
+    from hyper_parallel.parallel.float8 import convert_to_float8
+
+    config, rank, ranks = MLPConfig(), dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = convert_to_float8(MLP(config), enable_fsdp_float8_all_gather=True)
+    for block in model.blocks:
+        shard(block, mesh=world_mesh())
+    shard(model, mesh=world_mesh())
+    x, y = mlp_batch(config, 16, 0)
+    rows = slice(rank * 16 // ranks, (rank + 1) * 16 // ranks)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses, grads = [], []
+    for _ in range(3):
+        loss = F.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        grads += [p.grad.full_tensor() for p in model.parameters()]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    return {"losses": losses, "grads": grads, "params": list(model.parameters())}
+
+
 @case
 def torchao_float8_all_gather():
     """torchao's float8 training (convert_to_float8_training, enable_fsdp_float8_all_gather=True) under each
-    fully_shard: 2 blocks x 6 float8 weights x 3 steps x (forward + backward) = 72 calls of the weights'
-    fsdp_pre_all_gather per rank, each gathering e4m3 data only; trained with AdamW side by side."""
-    return side_by_side(lambda shard: _float8_transformer_run(shard, []))
+    fully_shard: on torch's test Transformer, 2 blocks x 6 float8 weights x 3 steps x (forward + backward) = 72
+    calls of the weights' fsdp_pre_all_gather per rank, each gathering e4m3 data only, trained with AdamW; and
+    recipe M4-F8's MLP, seed and batch with its SGD steps."""
+    return {
+        "transformer": side_by_side(lambda shard: _float8_transformer_run(shard, [])),
+        "m4_f8": side_by_side(_m4_float8_run),
+    }
