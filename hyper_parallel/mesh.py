@@ -296,6 +296,7 @@ class ParallelDims:
         stages_per_rank: int = 1,
         async_tp: bool = False,
         float8_dims: Iterable[int] = (),
+        row_tokens: int | None = None,
     ) -> None:
         """Check a model config against the degrees; raise ``ValueError`` naming the broken rule.
 
@@ -303,7 +304,8 @@ class ParallelDims:
         (``parallel.async_tp``), so the shard ``seq_len / (cp * tp)`` must divide by tp; without SP there
         is no gather or scatter to cut. ``float8_dims``: the in / out features of the float8 linears, whose
         weight shards ``torch._scaled_mm`` takes only in multiples of 16 (so each dim % (16 * tp)), as it
-        takes the tokens of a tp group (the weight gradient's inner dim) only in multiples of 16.
+        takes the tokens of a tp group (the weight gradient's inner dim) only in multiples of 16. ``row_tokens``:
+        the tokens of one batch row where the model's sequence length is fixed (the MLP's; no ``seq_len``).
 
         Pipeline (pp > 1): the layers split evenly into pp * stages_per_rank stages, and each data-parallel
         rank's rows split evenly into ``microbatches``, at least one per stage (a schedule with fewer
@@ -347,7 +349,7 @@ class ParallelDims:
         if async_tp:
             self._check_async_tp(seq_len, sequence_parallel)
         if float8_dims:
-            self._check_float8(tuple(float8_dims), seq_len, global_batch)
+            self._check_float8(tuple(float8_dims), seq_len, global_batch, row_tokens)
         if self.pp > 1:
             self._check_pipeline(n_layers, microbatches, stages_per_rank, global_batch)
 
@@ -367,7 +369,9 @@ class ParallelDims:
                 f"{_nearest_multiple(seq_len, divisor)}"
             )
 
-    def _check_float8(self, dims: tuple[int, ...], seq_len: int | None, global_batch: int | None) -> None:
+    def _check_float8(
+        self, dims: tuple[int, ...], seq_len: int | None, global_batch: int | None, row_tokens: int | None
+    ) -> None:
         multiple = 16 * self.tp
         wrong = [d for d in dims if d % multiple]
         if wrong:
@@ -376,14 +380,21 @@ class ParallelDims:
                 "torch._scaled_mm takes weight shards whose dims are multiples of 16. Use model dims that are "
                 f"multiples of {multiple}, a smaller tp, or the recipe without float8"
             )
-        if seq_len is not None and global_batch is not None and global_batch % self.dp == 0:
+        if global_batch is None or global_batch % self.dp:
+            return
+        if seq_len is not None:
             tokens = global_batch // self.dp * (seq_len // self.cp)
-            if tokens % 16:
-                raise ValueError(
-                    f"float8's weight gradient multiplies over the {tokens} tokens of a tp group "
-                    f"(global_batch/dp * seq_len/cp), and torch._scaled_mm needs a multiple of 16; change "
-                    "--global-batch or --seq-len"
-                )
+            where, fix = "of a tp group (global_batch/dp * seq_len/cp)", "--global-batch or --seq-len"
+        elif row_tokens is not None:
+            tokens = global_batch // self.dp * row_tokens
+            where, fix = f"of a data-parallel rank (global_batch/dp * {row_tokens} tokens per row)", "--global-batch"
+        else:
+            return
+        if tokens % 16:
+            raise ValueError(
+                f"float8's weight gradient multiplies over the {tokens} tokens {where}, and torch._scaled_mm "
+                f"needs a multiple of 16; change {fix}"
+            )
 
     def _check_sequence(self, seq_len: int, sequence_parallel: bool) -> None:
         if self.ulysses > 1 and seq_len % (2 * self.cp * self.ulysses * self.tp):

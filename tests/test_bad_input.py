@@ -48,6 +48,10 @@ CLI_CASES = [
     (["run", "M6-A", "--cp", "2", "--tp", "4", "--seq-len", "48"], r"seq_len % \(cp\*tp\*tp\) == 0"),
     (["run", "M3-F8", "--tp", "4"], r"not multiples of 16\*tp = 64; torch._scaled_mm takes weight shards"),
     (["run", "M3-F8", "--tp", "2", "--global-batch", "2", "--seq-len", "4"], "the 8 tokens of a tp group"),
+    # 3 rows of the MLP's 8 tokens per dp rank: the inner dim of each rank's float8 weight-gradient matmul
+    (["run", "M4-F8", "--dp-shard", "4", "--global-batch", "12"],
+     r"over the 24 tokens of a data-parallel rank \(global_batch/dp \* 8 tokens per row\).*change --global-batch"),
+    (["run", "M4-F8", "--dp-shard", "2", "--tp", "2"], "recipe M4-F8 .* needs tp=1"),
 ]  # fmt: skip
 
 
@@ -166,11 +170,19 @@ def test_async_tp_without_sequence_parallelism_is_refused():
         ParallelDims(world_size=2, tp=2).check_model(seq_len=16, async_tp=True, sequence_parallel=False)
 
 
-def test_float8_on_a_torch_without_scaled_mm_is_refused(capsys, monkeypatch):
+@pytest.mark.parametrize("args", [["M3-F8", "--tp", "2"], ["M4-F8", "--dp-shard", "4"]])
+def test_float8_on_a_torch_without_scaled_mm_is_refused(capsys, monkeypatch, args):
     """The kernel probe runs in a child process (the launcher's never imports torch): here one whose torch
     lacks torch._scaled_mm; the run is refused with the fix, exit 2."""
     probe = "import torch; del torch._scaled_mm; " + inputs.SCALED_MM_PROBE
     monkeypatch.setattr(inputs, "SCALED_MM_PROBE", probe)
-    assert cli.main(["run", "M3-F8", "--tp", "2"]) == cli.EXIT_INVALID
+    assert cli.main(["run", *args]) == cli.EXIT_INVALID
     err = capsys.readouterr().err
     assert "this build has no torch._scaled_mm" in err and "Fix: install a torch with it" in err
+
+
+def test_float8_linears_whose_dims_are_not_multiples_of_16_are_refused():
+    from hyper_parallel.mesh import ParallelDims
+
+    with pytest.raises(ValueError, match=r"\[24\] not multiples of 16\*tp = 16; torch._scaled_mm .* Use model dims"):
+        ParallelDims(world_size=4, dp_shard=4).check_model(float8_dims=(24, 64), global_batch=16, row_tokens=8)

@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, DataParallelMeshDims, FSDPModule, OffloadPolicy
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.testing._internal.two_tensor import TwoTensor
 
 from hyper_parallel import ParallelDims, fully_shard
 from hyper_parallel.fsdp import FullyShardModule, UnshardHandle
@@ -316,3 +317,35 @@ def test_to_empty_relinks_a_unit_of_several_modules(world):
     for group in model[1]._hp_state.groups + model._hp_state.groups:
         group.relink()
         assert all(p.holds_own_shard(p.registered()) and not p.padded_shard.is_meta for p in group.params)
+
+
+def _subclass_without_extension(shard, mesh) -> dict:
+    """A weight of torch's test subclass TwoTensor (``_make_wrapper_subclass``, no fsdp_pre_all_gather /
+    fsdp_post_all_gather) sharded by ``shard``, one forward and backward: the classes each stage sees."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    weight = model[0].weight.detach()
+    model[0].weight = nn.Parameter(TwoTensor(weight.clone(), 2 * weight))
+    shard(model, mesh=mesh)
+    seen = []
+    model[0].register_forward_pre_hook(lambda module, args: seen.append(type(module.weight).__name__))
+    model(torch.ones(2, 8)).sum().backward()
+    grad = model[0].weight.grad
+    return {
+        "shard": type(model[0].weight.to_local()).__name__,
+        "forward_weight": seen,
+        "grad": (type(grad).__name__, type(grad.to_local()).__name__, tuple(grad.shape)),
+    }
+
+
+def test_a_tensor_subclass_without_the_extension_is_sharded_as_fsdp2_shards_it(world):
+    """FSDP2 neither refuses such a parameter nor needs the extension: the shard keeps the subclass, the
+    all-gather moves its plain data, the module computes with a plain unsharded parameter and the gradient is
+    a plain DTensor. Ours does the same (measured on 2 gloo ranks too: the same losses and parameters as
+    FSDP2; the 4-rank drop-in case tensor_subclass_without_extension holds them bit-equal)."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    assert not hasattr(TwoTensor, "fsdp_pre_all_gather") and not hasattr(TwoTensor, "fsdp_post_all_gather")
+    theirs = _subclass_without_extension(torch_fully_shard, world)
+    assert theirs == {"shard": "TwoTensor", "forward_weight": ["Parameter"], "grad": ("DTensor", "Tensor", (8, 8))}
+    assert _subclass_without_extension(fully_shard, world) == theirs

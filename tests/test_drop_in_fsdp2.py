@@ -17,7 +17,9 @@ pytestmark = pytest.mark.distributed
 SIDE_BY_SIDE = {
     "state_dict_loads_in_place": ("dp_tp", "hsdp"),
     "tensor_subclass_all_gather": ("fsdp", "hsdp"),
+    "tensor_subclass_without_extension": (None,),
     "bf16_all_gather_of_uneven_rows": (None,),
+    "torchao_float8_all_gather": ("transformer", "m4_f8"),
     "fp16_compute_and_reduction": (None,),
     "shard_placement_fn_per_parameter": ("largest_dim", "dim_one"),
     "experts_sharded_on_dim_one": (None,),
@@ -66,6 +68,20 @@ def test_all_gather_extension_runs_on_every_all_gather_over_the_shard_dim(result
         facts = variants(results, "tensor_subclass_all_gather", rank)
         assert facts["fsdp"]["facts"] == {"pre_all_gather_calls": 24, "shard_meshes": [[1, 4]]}, rank
         assert facts["hsdp"]["facts"] == {"pre_all_gather_calls": 24, "shard_meshes": [[1, 2]]}, rank
+
+
+def test_torchao_float8_weights_gather_e4m3_through_their_extension(results):
+    """torchao's float8 weights (2 blocks x 6 linears) stay its tensor subclass as shards, and every all-gather
+    of them calls their fsdp_pre_all_gather: 72 calls per rank over 3 steps (forward and backward), each
+    returning e4m3 data alone (the scale is metadata, from an amax all-reduced inside the call), as under
+    FSDP2 (test_bit_equal_to_torch_fsdp2 holds losses, gradients and parameters to difference 0)."""
+    for rank in range(len(results)):
+        facts = variants(results, "torchao_float8_all_gather", rank)["transformer"]["facts"]
+        assert facts == {
+            "weight_shards": ["Tensor", "WeightWithDynamicFloat8CastTensor"],
+            "pre_all_gather_calls": 72,
+            "gathered_dtypes": [["torch.float8_e4m3fn"]],
+        }, rank
 
 
 def test_units_of_several_modules_train_every_weight(results):

@@ -67,6 +67,8 @@ def test_interleaved_on_four_data_parallel_ranks_grows_the_batch():
         ("M1", {"world_size": 3, "dp_shard": 3}, "global_batch", 18),  # 16 does not split over 3 ranks
         ("S1", {"world_size": 8, "dp_shard": 8, "ep": 8}, "num_experts", 8),  # 4 experts over 8 ranks
         ("M4", {"world_size": 2, "dp_shard": 2}, "global_batch", 16),  # the default fits: kept
+        # float8: 16 / 16 ranks = 1 row of 8 tokens, not the 16 _scaled_mm takes; 32 gives 16 tokens a rank
+        ("M4-F8", {"world_size": 16, "dp_shard": 16}, "global_batch", 32),
     ],
 )
 def test_other_defaults_adapt(recipe, degrees, option, expected):
@@ -84,6 +86,7 @@ def test_other_defaults_adapt(recipe, degrees, option, expected):
         ("P1", {"world_size": 8, "pp": 2, "dp_shard": 4}, {"microbatches": 1}, "--microbatches", "[2]"),
         ("P1", {"world_size": 4, "pp": 2, "dp_shard": 2}, {"microbatches": 3}, "--microbatches", "[2, 4]"),
         ("M1", {"world_size": 4, "dp_shard": 4}, {"global_batch": 10}, "--global-batch", "[8, 12]"),
+        ("M4-F8", {"world_size": 4, "dp_shard": 4}, {"global_batch": 12}, "--global-batch", "[8, 16]"),  # even rows
         (
             "M6",
             {"world_size": 4, "dp_shard": 1, "cp": 2, "tp": 2},

@@ -61,7 +61,9 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     Async TP (M3-A, M6-A): each dense block's gather and scatter, forward and backward, becomes tp chunks
     (one collective each); the embedding's, the head's and the logits' stay whole. Float8 TP (M3-F8): M3's
     collectives, the block inputs (forward) and rowwise output gradients (backward) gathered in float8; the
-    amax reductions of the casts run inside DTensor operators, where the tracer does not see them.
+    amax reductions of the casts run inside DTensor operators, where the tracer does not see them. Float8
+    all-gather under FSDP (M4-F8): M4's collectives, and before each all-gather of a block unit every float8
+    weight's fsdp_pre_all_gather all-reduces its amax over fsdp (2 weights per block, forward and backward).
     EP per MoE layer (all-to-all dispatch): forward counts + dispatch + combine all-to-alls, backward
     two; all-gather dispatch: forward counts and rows all-gathered, outputs reduce-scattered, backward
     one of each. ETP: one etp all-reduce per MoE layer in each direction. The experts are a unit of
@@ -87,6 +89,9 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
         expected[("reduce_scatter", "fsdp", "backward")] = UNITS
         if dp_replicate > 1:
             expected[("all_reduce", "dp_replicate", "backward")] = UNITS
+        if workload.float8 and fsdp > 1:  # M4-F8: the MLP's w1 and w2 per block
+            expected[("all_reduce", "fsdp", "forward")] = 2 * LAYERS
+            expected[("all_reduce", "fsdp", "backward")] = 2 * LAYERS
     sequence_parallel = workload.sequence_parallel is not False  # None: wherever tp > 1
     moe_input_gathers = moe_layers if dims.etp > 1 else 0
     chunks = tp if workload.async_tp else 1  # async TP: each block's gather / scatter in tp chunks

@@ -39,6 +39,12 @@ E4M3_UNIT_ROUNDOFF = 2.0**-4
 E5M2_UNIT_ROUNDOFF = 2.0**-3
 FLOAT8_LAYERS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2")
 """Which linears of a block run in float8: all of them; embeddings and the head stay float32 (torchtitan)."""
+MLP_FLOAT8_LAYERS = ("w1", "w2")
+"""The MLP's block linears (M4-F8); its input and head layers stay float32 (d_in 16 and d_out 8 are too small
+for the 16-multiples ``torch._scaled_mm`` takes on a GPU, as the transformer's embeddings are not linears)."""
+BLOCK_LINEARS = {"layers": FLOAT8_LAYERS, "blocks": MLP_FLOAT8_LAYERS}
+"""Per model, the container of its blocks (the transformer's ``layers``, the MLP's ``blocks``) and which linears
+of each block run in float8."""
 _GATHERS = {"all_gather_into_tensor", "all_gather_into_tensor_coalesced", "wait_tensor"}
 
 
@@ -78,18 +84,22 @@ def _import_torchao_float8():
     return float8, float8_tp
 
 
-def convert_to_float8(model: Transformer, enable_fsdp_float8_all_gather: bool = False) -> Transformer:
-    """Swap every block linear for torchao's ``Float8Linear`` (tensorwise dynamic scaling), in place.
+def is_block_linear(fqn: str) -> bool:
+    """Whether the module named ``fqn`` is one of ``BLOCK_LINEARS`` (``layers.0.attention.wq``, ``blocks.1.w2``)."""
+    container, _, rest = fqn.partition(".")
+    return container in BLOCK_LINEARS and rest.split(".", 1)[-1] in BLOCK_LINEARS[container]
+
+
+def convert_to_float8(model: nn.Module, enable_fsdp_float8_all_gather: bool = False) -> nn.Module:
+    """Swap every block linear (``BLOCK_LINEARS``) for torchao's ``Float8Linear`` (tensorwise dynamic scaling),
+    in place.
 
     ``enable_fsdp_float8_all_gather``: the weights become torchao's tensor subclass whose
-    ``fsdp_pre_all_gather`` casts the local shard to float8 before fully_shard gathers it."""
+    ``fsdp_pre_all_gather`` casts the local shard to float8 before fully_shard gathers it (the scale from
+    the amax all-reduced over the shard ranks, so every rank casts with the whole weight's scale)."""
     float8, _ = _import_torchao_float8()
     config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=enable_fsdp_float8_all_gather)
-
-    def in_a_block(module: nn.Module, fqn: str) -> bool:
-        return fqn.startswith("layers.") and fqn.split(".", 2)[-1] in FLOAT8_LAYERS
-
-    float8.convert_to_float8_training(model, module_filter_fn=in_a_block, config=config)
+    float8.convert_to_float8_training(model, module_filter_fn=lambda _, fqn: is_block_linear(fqn), config=config)
     return model
 
 
@@ -190,7 +200,7 @@ def record_linear_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
     forward) and its output gradient (``module.output_grad``, filled by the next backward)."""
     inputs: dict[str, torch.Tensor] = {}
     for fqn, module in model.named_modules():
-        if not (isinstance(module, nn.Linear) and fqn.startswith("layers.") and fqn.split(".", 2)[-1] in FLOAT8_LAYERS):
+        if not (isinstance(module, nn.Linear) and is_block_linear(fqn)):
             continue
 
         def keep_input(mod, args, output, fqn=fqn):

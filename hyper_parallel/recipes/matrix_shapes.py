@@ -14,6 +14,8 @@ TRANSFORMER_SHAPES = {"global_batch": 8, "seq_len": 16, "num_heads": 4, "hidden_
 SP_SHAPES = {**TRANSFORMER_SHAPES, "sequence_parallel": True}
 ASYNC_TP_SHAPES = {**SP_SHAPES, "async_tp": True}  # each rank's sequence shard cut into tp chunks
 FLOAT8_SHAPES = {**SP_SHAPES, "float8_dims": (32, 64)}  # the block linears' d_model and hidden: multiples of 16*tp
+# MLPConfig: the block linears are 32 <-> 64; each batch row holds seq_len 8 tokens (fixed: no --seq-len).
+FLOAT8_MLP_SHAPES = {**MLP_SHAPES, "float8_dims": (32, 64), "row_tokens": 8}
 ULYSSES_SHAPES = {**TRANSFORMER_SHAPES, "ulysses": True}  # n_heads % (tp * cp) == 0
 SP_ULYSSES_SHAPES = {**SP_SHAPES, "ulysses": True}
 # MOE_CONFIG: layer 1 is a MoE with 4 experts of hidden 32, top-2, a shared expert.
@@ -24,6 +26,7 @@ PIPELINE_SHAPES = {**TRANSFORMER_SHAPES, "n_layers": 4, "microbatches": 4}
 # The workloads as the cost model's presets name them (cost_model/presets.py); a row that differs says how.
 MLP_FSDP = WorkloadFacts("small-mlp")  # recipes/dense.py fsdp_mlp
 MLP_DDP = WorkloadFacts("small-mlp", param_shard=False)  # dense.py ddp_mlp
+MLP_FSDP_FLOAT8 = WorkloadFacts("small-mlp", float8=True)  # dense.py float8_fsdp_mlp: float8 weight all-gathers
 TRANSFORMER = WorkloadFacts("small")  # transformer.py fsdp_transformer: TP+SP / CP as the degrees ask, FSDP
 TRANSFORMER_TP = WorkloadFacts("small", param_shard=False, sequence_parallel=False)  # tensor_parallel
 MOE = WorkloadFacts("small-moe", moe=True)  # moe.py expert_parallel: all-to-all dispatch
@@ -36,6 +39,7 @@ MOE_WORKLOAD = "hyper_parallel.recipes.moe"
 # The functions a lesson shows beside a recipe's implementation (``Recipe.code``, launch/notebook/lessons.py):
 # what that implementation calls to parallelize the model, as "module:function".
 MLP_CODE = ("hyper_parallel.recipes.dense:_mlp_workload",)
+FLOAT8_CODE = ("hyper_parallel.parallel.float8:convert_to_float8",)
 TRANSFORMER_CODE = (f"{DENSE_WORKLOAD}:transformer_workload",)
 TP_CODE = (
     "hyper_parallel.parallel.tp:parallelize_transformer_tp",
@@ -64,6 +68,11 @@ PIPELINE_CODE = (
 FSDP2_CALL = (
     '`fully_shard(unit, mesh=views["dp_replicate", "fsdp"])`',
     '`torch.distributed.fsdp.fully_shard(unit, mesh=mesh["fsdp"])` (a 2-D mesh `(replicate, shard)` makes it HSDP)',
+)
+FLOAT8_FSDP_CALL = (
+    "`convert_to_float8(model, enable_fsdp_float8_all_gather=True)`, then `fully_shard(unit, ...)`",
+    "`torchao.float8.convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather="
+    "True))`, then `torch.distributed.fsdp.fully_shard(unit)`: FSDP2 calls the weights' `fsdp_pre_all_gather`",
 )
 DDP_CALL = (
     "`fully_shard(unit, mesh=..., enable_param_shard=False)`",

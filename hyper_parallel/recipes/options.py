@@ -84,8 +84,11 @@ def _rules(dims: ParallelDims, shapes: dict) -> dict[str, _Rule]:
     def microbatches(value: int, chosen: dict[str, int]) -> str | None:
         return check(global_batch=chosen["global_batch"], microbatches=value, stages_per_rank=stages_per_rank)
 
+    # a model of fixed row length (M4-F8's MLP) asks float8's tokens rule of the batch alone
+    float8_rows = {k: shapes[k] for k in ("float8_dims", "row_tokens") if "row_tokens" in shapes and k in shapes}
+
     def global_batch(value: int, chosen: dict[str, int]) -> str | None:
-        broken = check(global_batch=value)
+        broken = check(global_batch=value, **float8_rows)
         if broken is None and "microbatches" in shapes and value // dims.dp < stages:
             return (
                 f"each dp rank's {value // dims.dp} rows (global_batch={value} / dp={dims.dp}) cannot fill the "

@@ -46,7 +46,7 @@ class WorkloadFacts:
     dispatch: str = "all_to_all"  # MoE only: one of DISPATCHES
     schedule: str | None = None  # pipeline recipes: one of PIPELINE_SCHEDULES; None: no pipeline
     async_tp: bool = False  # TP+SP's block gathers / scatters cut into tp chunks (parallel/async_tp.py)
-    float8: bool = False  # block linears in float8, their tp gathers too (parallel/float8.py)
+    float8: bool = False  # block linears in float8, their tp / fsdp gathers too (parallel/float8.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_scheme", SequenceScheme(self.sequence_scheme))

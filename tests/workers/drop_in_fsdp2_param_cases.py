@@ -5,7 +5,10 @@ tests/test_drop_in_fsdp2.py): every case runs once with torch's ``fully_shard`` 
 * state dict values are views of the sharded parameters: filling them in place loads every parameter,
   biases included (FSDP2's ``test_dp_tp_state_dict_save_load`` / ``test_hsdp_tp_state_dict_save_load``);
 * the tensor-subclass all-gather extension (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``): torch's test
-  ``TwoTensor``, and a bf16 all-gather of fp32 weights with uneven rows (a float8 all-gather's shape);
+  ``TwoTensor``, the same subclass without the extension (sharded as it is, as FSDP2 does), and a bf16
+  all-gather of fp32 weights with uneven rows (a float8 all-gather's shape);
+* torchao's float8 training with ``enable_fsdp_float8_all_gather``: the weights' own extension casting each
+  shard to e4m3 (its amax all-reduced over the shard ranks) before the all-gather;
 * fp16 compute with fp16 gradient reduction (FSDP2 divides by about sqrt(ranks) before and after);
 * ``shard_placement_fn``: the largest dim of every parameter, dim 1 of every matrix, and torchtitan's expert
   parallel path (experts ``Shard(1)`` on efsdp, ``ExpertParallel`` on ep).
@@ -17,7 +20,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from drop_in_training import case, random_inputs, side_by_side, tokens, train_steps, transformer
+from drop_in_training import (
+    case,
+    global_losses,
+    random_inputs,
+    shard_per_block,
+    side_by_side,
+    tokens,
+    train,
+    train_steps,
+    transformer,
+    world_mesh,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import Shard
@@ -123,6 +137,29 @@ def tensor_subclass_all_gather():
         "fsdp": side_by_side(lambda shard: _two_tensor_run(shard, fsdp, GatherCount())),
         "hsdp": side_by_side(lambda shard: _two_tensor_run(shard, hsdp, GatherCount())),
     }
+
+
+def _without_extension_run(shard) -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[MLP(8, bias=False) for _ in range(2)])
+    for mlp in model:
+        weight = mlp.in_proj.weight.detach()
+        mlp.in_proj.weight = nn.Parameter(TwoTensor(weight.clone(), 2 * weight))
+        shard(mlp)
+    shard(model)
+    result = train_steps(model, random_inputs((2, 8)))
+    full = [p.full_tensor() for p in result["params"]]
+    result["params"] = [t for p in full for t in ((p.a, p.b) if isinstance(p, TwoTensor) else (p,))]
+    result["shards"] = sorted({type(p.to_local()).__name__ for p in model.parameters()})
+    return result
+
+
+@case
+def tensor_subclass_without_extension():
+    """TwoTensor weights without fsdp_pre_all_gather / fsdp_post_all_gather: FSDP2 shards them as they are
+    (the shard keeps the subclass, the all-gather moves its plain data); ours the same, trained bit-equal."""
+    assert not hasattr(TwoTensor, "fsdp_pre_all_gather")
+    return side_by_side(_without_extension_run)
 
 
 def _bf16_gather(local, mesh, outer_size, outer_stride, module, mp_policy):
@@ -237,3 +274,71 @@ def experts_sharded_on_dim_one():
         return result
 
     return side_by_side(run)
+
+
+def _float8_transformer_run(shard, calls: list) -> dict:
+    """torch's test Transformer with every block linear converted by torchao (tensorwise scales, float8 weight
+    all-gather), sharded per block + root; ``calls`` collects the dtypes each ``fsdp_pre_all_gather`` returned."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    model = transformer(weight_tying=False)
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda _, fqn: fqn.startswith("layers."))
+    shard_per_block(model, shard, world_mesh())
+    original = WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather
+
+    def counted(self, mesh):
+        inputs, metadata = original(self, mesh)
+        calls.append(tuple(str(t.dtype) for t in inputs))
+        return inputs, metadata
+
+    WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = counted
+    try:
+        _, local = tokens(dist.get_rank(), dist.get_world_size())
+        result = train(model, local)
+    finally:
+        WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather = original
+    result["losses"] = torch.tensor(global_losses(result["losses"], distributed=True))
+    result["grads"] = [g for grads in result["grads"] for _, g in sorted(grads.items())]
+    result["params"] = [p for _, p in sorted(result["params"].items())]
+    result["weight_shards"] = sorted({type(p.to_local()).__name__ for p in model.parameters()})
+    result["pre_all_gather_calls"], result["gathered_dtypes"] = len(calls), sorted(set(calls))
+    return result
+
+
+def _m4_float8_run(shard) -> dict:
+    """Recipe M4-F8's model, seed, batch rows and SGD step (recipes/dense.py), sharded by ``shard``."""
+    from hyper_parallel.models.mlp import MLP, MLPConfig, mlp_batch
+    from hyper_parallel.parallel.float8 import convert_to_float8
+
+    config, rank, ranks = MLPConfig(), dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = convert_to_float8(MLP(config), enable_fsdp_float8_all_gather=True)
+    for block in model.blocks:
+        shard(block, mesh=world_mesh())
+    shard(model, mesh=world_mesh())
+    x, y = mlp_batch(config, 16, 0)
+    rows = slice(rank * 16 // ranks, (rank + 1) * 16 // ranks)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses, grads = [], []
+    for _ in range(3):
+        loss = F.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        grads += [p.grad.full_tensor() for p in model.parameters()]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    return {"losses": losses, "grads": grads, "params": list(model.parameters())}
+
+
+@case
+def torchao_float8_all_gather():
+    """torchao's float8 training (convert_to_float8_training, enable_fsdp_float8_all_gather=True) under each
+    fully_shard: on torch's test Transformer, 2 blocks x 6 float8 weights x 3 steps x (forward + backward) = 72
+    calls of the weights' fsdp_pre_all_gather per rank, each gathering e4m3 data only, trained with AdamW; and
+    recipe M4-F8's MLP, seed and batch with its SGD steps."""
+    return {
+        "transformer": side_by_side(lambda shard: _float8_transformer_run(shard, [])),
+        "m4_f8": side_by_side(_m4_float8_run),
+    }
