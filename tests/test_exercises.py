@@ -163,6 +163,14 @@ def test_13_2_fits_right_and_wrong():
     assert check_fits("05.2", None, **kwargs) == UNANSWERED
 
 
+def test_12_1_right_and_wrong():
+    """The capstone's 2 blocks: 2 row-wise all-reduces in forward and 2 input-gradient all-reduces in
+    backward per block (tests/test_capstone.py holds the trace to the same count)."""
+    blocks, per_block = 2, 2 + 2
+    assert EXERCISES["12.1"].solution.startswith(f"{blocks * per_block}:")
+    assert check("12.1", 8, blocks * per_block) == RIGHT and check("12.1", 4, blocks * per_block) == WRONG
+
+
 def test_11_1_layout_right_and_wrong():
     """llama-8b-like (global batch 512) on 4096 GPUs of 8: dp = 4096 / (tp * cp * pp) must divide 512, so
     model parallelism of 8 at least; the solution's layouts are checked against the ranking, and one rule
@@ -275,7 +283,7 @@ def test_every_exercise_is_tested_and_unanswered_passes(capsys):
     tested = set(COUNTED) | {"03.2", "01.2", "05.2", "04.1", "10.1", "10.2", "07.1", "90.1", "91.1", "06.1"}
     tested |= {"03.3", "03.4"}
     tested |= {"09.1"}  # tests/test_lesson_texts.py
-    tested |= {"11.1"}
+    tested |= {"11.1", "12.1"}
     tested |= {"04.2", "04.3", "09.2"}  # tests/test_sequence_lessons.py
     assert tested == {key for key in EXERCISES if not key.startswith("02.")}  # 02: the memory notebook's tests
     for key in EXERCISES:

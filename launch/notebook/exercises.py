@@ -237,6 +237,15 @@ EXERCISES: dict[str, Exercise] = {
         "the planner's first (step 3); the HSDP splits of the same 512 data-parallel ranks (dp_replicate x "
         "dp_shard) step as fast. tp = 4 with cp = 2 fits too but waits for more communication per step, so it is slower.",
     ),
+    "12.1": Exercise(
+        "Your model has 2 blocks, each an attention and a feed-forward under the TP plan of the next cell "
+        "(`wq`/`wk`/`wv` and `up` column-wise, `wo` and `down` row-wise, `PrepareModuleInput` on each "
+        "sub-module). How many **all-reduces on tp** does rank 0 issue in one training step, forward and backward?",
+        "a row-wise layer leaves partial sums: one all-reduce of its output in forward; in backward the "
+        "input gradient of each sub-module is summed over its column-wise layers, then all-reduced once.",
+        "8: per block 2 in forward (the outputs of `wo` and `down`) and 2 in backward (the input gradients of "
+        "`attention` and `feed_forward`), times 2 blocks. fully_shard's collectives are on fsdp, not tp.",
+    ),
     "90.1": Exercise(
         "Is `world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1` a valid mesh? Answer True or False.",
         "with etp = 1 EP borrows from dp_shard * cp * tp and ep % (cp * tp) must be 0.",
