@@ -238,7 +238,7 @@ EXERCISES: dict[str, Exercise] = {
         "dp_shard) step as fast. tp = 4 with cp = 2 fits too but waits for more communication per step, so it is slower.",
     ),
     "12.1": Exercise(
-        "Your model has 2 blocks, each an attention and a feed-forward under the TP plan of the next cell "
+        "Your model has 2 blocks, each an attention and a feed-forward under the TP plan below "
         "(`wq`/`wk`/`wv` and `up` column-wise, `wo` and `down` row-wise, `PrepareModuleInput` on each "
         "sub-module). How many **all-reduces on tp** does rank 0 issue in one training step, forward and backward?",
         "a row-wise layer leaves partial sums: one all-reduce of its output in forward; in backward the "
