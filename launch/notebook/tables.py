@@ -259,3 +259,38 @@ def model_bytes_table(result, groups: tuple[str, ...], rank: int = 0, step: int 
 
     rows = traced_and_model_bytes(result, groups, rank, step)
     return table(["op", "group", "phase", f"traced bytes, rank {rank}", "cost model bytes"], rows)
+
+
+def forward_gathers(result, rank: int = 0, step: int | None = None) -> dict[str, tuple[int, str]]:
+    """``unit -> (bytes, dtype)`` of each fully_shard unit's forward all-gather on ``rank`` in one step
+    (default: the last): the buffer as it moves (float8 weights travel as uint8 bytes beside float32 norms)."""
+    events = [e for e in result.traces[rank] if e.get("kind") == "collective" and e["op"] == "all_gather"]
+    last = max(e["step"] for e in events) if step is None else step
+    return {
+        e["module"]: (e["bytes"], e["dtype"])
+        for e in events
+        if e["step"] == last and e["phase"] == "forward" and e["group"] == "fsdp"
+    }
+
+
+def gather_bytes_table(results: Mapping[str, Any], rank: int = 0):
+    """Each unit's forward all-gather bytes per run side by side, and their ratio to the first run's
+    (M4 against M4-F8: what float8 all-gather saves, unit by unit)."""
+    from launch.tables import table
+
+    gathers = {label: forward_gathers(result, rank) for label, result in results.items()}
+    first = next(iter(gathers.values()))
+    rows = [
+        [
+            unit,
+            *(f"{g[unit][0]:,} B ({g[unit][1]})" for g in gathers.values()),
+            *(f"{g[unit][0] / first[unit][0]:.3f}" for g in list(gathers.values())[1:]),
+        ]
+        for unit in first
+    ]
+    labels = list(gathers)
+    return table(
+        ["unit", *labels, *(f"{label} / {labels[0]}" for label in labels[1:])],
+        rows,
+        caption=f"forward all-gathers of rank {rank} in the last step",
+    )
