@@ -41,12 +41,22 @@ bytes, without activation checkpointing:
                  under SP with etp == 1) its router input d, per routed slot (top_k) the row d, hidden
                  2 F_e / etp (gated: the stack's count) and output d, and the shared expert d + 2 F_s
     head         logits in float32 for the loss: V * 4 bytes per token once TP has all-gathered them,
-                 V / tp * 4 with ``loss_parallel`` (the logits stay sharded over the vocabulary); once
-                 more per multi-token-prediction module (its block counted as a layer)
+                 V / tp * 4 with ``loss_parallel`` (the logits stay sharded over the vocabulary), times
+                 the copies alive at the loss's peak (the stack's ``loss_copies``, ``loss_parallel_copies``)
+                 for the loss being computed, once (its saved log-softmax) for every other loss whose
+                 backward is pending: each other multi-token-prediction module's (its block counted as a
+                 layer) and, under GPipe, every other microbatch's
     MLP          per block 2 d + 2 F (norm and w1 inputs, hidden, ReLU output), plus d_in + d_out
 Activation checkpointing (``ModelConfig.activation_checkpointing``):
-    op           (torchtitan's per-op checkpointing) estimated as selective: what it saves and
-                 recomputes differs per op, the elementwise results are recomputed as here
+    op           torchtitan's per-op checkpointing (``_save_list`` in its parallelize code): a layer keeps
+                 its input d / sp and the outputs of the ops on the list, everything else is recomputed:
+                 every other matmul counted from the layer's first (wq, wv, w1 and, gated, w2: q / tp,
+                 kv, F / tp, d; plain: wq, wv, w1), the attention output q / tp with its logsumexp (one
+                 float32 per head and token: 2 n_heads / tp elements) and, under SP, the two
+                 reduce-scatters' outputs 2 d / sp. Float8 linears keep the same (the mm is dispatched
+                 as aten.mm before the float8 tensor turns it into a scaled mm; the casts' abs on the
+                 list are not counted: torchtitan's float8 peak equals its bfloat16 one, Table 1).
+                 MLA attention and MoE layers fall back to the selective estimate
     selective    the attention output (d / tp) and the feed-forward's elementwise results (silu and
                  product: 2 F / tp gated, the activation F / tp plain; the same in experts) are recomputed
     full         every layer keeps only its input (d / sp); one layer's activations (the largest, as
@@ -165,9 +175,25 @@ def _attention_elements(config: ModelConfig, dims: ParallelDims, selective: bool
     return d / sp + colwise_input + q + out + 2 * kv_dim + 2 * kv_dim * (cp - 1) + norms
 
 
+def _op_checkpointed_elements(config: ModelConfig, dims: ParallelDims) -> float:
+    """Elements per token a dense layer keeps under torchtitan's per-op checkpointing (module docstring,
+    "op"): its input, every other matmul's output, the attention output and logsumexp, the SP
+    reduce-scatters' outputs."""
+    d, tp, cp = config.d_model, dims.tp, dims.cp
+    sp = tp if config.uses_sequence_parallel(dims) else 1
+    kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
+    wq, wv, w1 = config.q_dim / tp, kv_dim, config.ffn_hidden / tp
+    w2 = d if config.gated_ffn else 0  # the 7th matmul (gated: wq wk wv wo w1 w3 w2); plain has six
+    attention = config.q_dim / tp + 2 * config.n_heads / tp + 2 * kv_dim * (cp - 1)
+    reduce_scatters = 2 * d / sp if sp > 1 else 0
+    return d / sp + wq + wv + w1 + w2 + attention + reduce_scatters
+
+
 def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: int) -> float:
     """Elements saved per token of this rank by one layer (module docstring)."""
     d, tp, etp = config.d_model, dims.tp, dims.etp
+    if config.activation_checkpointing == "op" and not config.kv_lora_rank and not config.is_moe_layer(layer):
+        return _op_checkpointed_elements(config, dims)
     sp = tp if config.uses_sequence_parallel(dims) else 1
     selective = config.activation_checkpointing in ("selective", "op")
     attention = _attention_elements(config, dims, selective)
@@ -210,7 +236,9 @@ def activation_bytes(
     else:
         saved = alive * (moe_count * per_kind.get(True, 0.0) + (len(layers) - moe_count) * per_kind.get(False, 0.0))
     vocab = config.vocab_size / (dims.tp if config.loss_parallel else 1)
-    logits = logits_alive * (1 + config.mtp_layers) * vocab * 4 if head else 0
+    stack = get_stack(config.stack)
+    copies = stack.loss_parallel_copies if config.loss_parallel and dims.tp > 1 else stack.loss_copies
+    logits = (logits_alive * (1 + config.mtp_layers) - 1 + copies) * vocab * 4 if head else 0
     return int(tokens * (saved * a + logits))
 
 
