@@ -100,6 +100,21 @@ def test_activation_checkpointing_adds_the_forward_and_saves_activations():
         assert memory.activations == int(rows * S * elements * 2 + logits), ac
 
 
+def test_per_op_checkpointing_under_tensor_parallelism_by_hand():
+    """torchtitan's per-op save list on FSDP 8 x TP 8 with SP and loss parallelism, per token of the TP group's
+    sequence and layer: the input d / 8 = 512, wq's output 4096 / 8 = 512, wv's one K/V head 128, w1's
+    14336 / 8 = 1792, w2's partial sum before its reduce-scatter, full width 4096, the attention output 512
+    and its logsumexp 2 x 32 / 8 = 8, the two reduce-scatters' outputs 2 x 512: 8,584 elements of 2 B. The
+    loss: torch's loss-parallel decomposition holds 4 float32 copies of the V / 8 logits."""
+    dims = ParallelDims(world_size=64, dp_shard=8, tp=8)
+    config = LLAMA.replace(activation_checkpointing="op", loss_parallel=True)
+    per_layer = 512 + 512 + 128 + 1792 + 4096 + 512 + 8 + 2 * 512
+    assert per_layer == 8584
+    tokens = LLAMA.global_batch // 8 * S
+    expected = tokens * (L * per_layer * 2 + 4 * V / 8 * 4)
+    assert estimate(config, dims).memory.activations == int(expected)
+
+
 def test_gemm_time_by_hand():
     """A (4096 x 4096) x (4096 x 4096) GEMM on the H100 preset: 2 x 4096^3 FLOPs at 989e12 x gemm_efficiency
     x (4096 / (4096 + 128))^3; a thin one (m = 128) runs at half that rate again on its m axis."""
