@@ -44,6 +44,12 @@ behaviour changes memory or time (``memory``, ``work``, ``step_time``, ``stages`
                     ``output_chunks``, released when the next step starts; the last stage's are the logits as
                     the head emits them) or "none" (Megatron-LM frees an output's data once sent, DeepSpeed's
                     pipeline engine keeps a 1/tp partition of it: not counted)
+    attention_scores bytes a layer saves per attention score (query x key, per head of the tp rank) when the
+                    attention is not a fused flash kernel: 0 (flash attention: the scores never leave the
+                    kernel) or 5 (Megatron-LM of 2021 and Megatron-DeepSpeed of 2022: the fused scale-mask-
+                    softmax keeps its bf16 output, the attention dropout (0.1, Megatron's default) its 1 B
+                    mask and bf16 output); selective checkpointing recomputes them. The ZeRO-3 baseline
+                    of Narayanan et al. keeps 0: its attention kernel is not stated
     parallelisms    the degrees the stack can run above 1: ``--compare`` ranks only those layouts (a
                     team on Megatron-LM of 2021 chose among TP, PP and DDP, not FSDP or CP)
 """
@@ -68,6 +74,7 @@ class Stack:
     loss_copies: int = 1
     loss_parallel_copies: int = 1
     pp_outputs_kept: str = "none"
+    attention_scores: int = 0
     parallelisms: tuple[str, ...] = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
     def runs(self, degrees: dict[str, int]) -> bool:
@@ -100,6 +107,7 @@ STACK_LIST = (
         pp_grad_reduce="per_round",
         dp_overlap=False,
         optimizer_gather="hidden",
+        attention_scores=5,
         parallelisms=("dp_replicate", "tp", "pp"),
     ),
     Stack(
@@ -111,6 +119,7 @@ STACK_LIST = (
         elementwise="fused",
         pp_grad_reduce="per_round",
         dp_overlap=False,
+        attention_scores=5,
         parallelisms=("dp_shard", "tp", "pp"),
     ),
     Stack(

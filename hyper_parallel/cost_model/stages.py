@@ -189,7 +189,7 @@ def pipeline_stages(config: ModelConfig, dims: ParallelDims) -> list[StageCost]:
                 gradients=gradients,
                 optimizer=optimizer,
                 gathered=pipelined_gathered_bytes(mine, config),
-                activations=activation_bytes(config, dims, layers, last, alive, logits_alive)
+                activations=activation_bytes(config, dims, layers, last, alive, logits_alive, first)
                 + kept_output_bytes(config, dims, len(chunks), last, microbatches),
             )
         collectives, memory = communication[signature], memories[signature, alive]
