@@ -71,7 +71,10 @@ def test_activation_checkpointing_adds_the_forward_and_saves_activations():
         none       attention d + d + 2d + 2 kv, feed-forward d + d + 4F          = 6d + 2kv + 4F
         selective  the attention output and silu / product recomputed: 3d + 2kv + 2d + 2F
         full       d per layer, plus one layer's full set while it is recomputed
-    and the float32 logits V * 4 bytes in all three."""
+        op         torchtitan's save list: the input d, the 1st, 3rd, 5th and 7th matmuls' outputs (wq d,
+                   wv kv, w1 F, w2 d), the attention output d and its logsumexp 2 x 32 heads = 2d + kv + F + 2d + 64
+    and the float32 logits V * 4 bytes three times in all four: torchtitan's loss is torch's cross_entropy
+    on logits.float(), whose backward holds the saved log-softmax, its gradient and the input gradient."""
     dims = ParallelDims(world_size=8, dp_shard=8)
     tokens_per_rank = LLAMA.global_batch * S / 8
     layer_params = 2 * D * D + 2 * D * KV + 3 * D * F
@@ -83,16 +86,33 @@ def test_activation_checkpointing_adds_the_forward_and_saves_activations():
     assert selective.recompute == pytest.approx(4 * L * S * D * tokens_per_rank, rel=1e-12)
     assert full.model == selective.model == none.model  # MFU counts the model's FLOPs, not the recomputation
     rows = LLAMA.global_batch // 8
-    logits = rows * S * V * 4
+    logits = 3 * rows * S * V * 4
     per_layer = {"none": 6 * D + 2 * KV + 4 * F, "selective": 5 * D + 2 * KV + 2 * F}
     expected = {
         "none": L * per_layer["none"],
         "selective": L * per_layer["selective"],
         "full": L * D + per_layer["none"],
+        "op": L * (4 * D + KV + F + 64),
     }
+    assert 4 * D + KV + F + 64 == 31808  # against 51,200 for Megatron-style selective
     for ac, elements in expected.items():
         memory = estimate(LLAMA.replace(activation_checkpointing=ac), dims).memory
         assert memory.activations == int(rows * S * elements * 2 + logits), ac
+
+
+def test_per_op_checkpointing_under_tensor_parallelism_by_hand():
+    """torchtitan's per-op save list on FSDP 8 x TP 8 with SP and loss parallelism, per token of the TP group's
+    sequence and layer: the input d / 8 = 512, wq's output 4096 / 8 = 512, wv's one K/V head 128, w1's
+    14336 / 8 = 1792, w2's partial sum before its reduce-scatter, full width 4096, the attention output 512
+    and its logsumexp 2 x 32 / 8 = 8, the two reduce-scatters' outputs 2 x 512: 8,584 elements of 2 B. The
+    loss: torch's loss-parallel decomposition holds 4 float32 copies of the V / 8 logits."""
+    dims = ParallelDims(world_size=64, dp_shard=8, tp=8)
+    config = LLAMA.replace(activation_checkpointing="op", loss_parallel=True)
+    per_layer = 512 + 512 + 128 + 1792 + 4096 + 512 + 8 + 2 * 512
+    assert per_layer == 8584
+    tokens = LLAMA.global_batch // 8 * S
+    expected = tokens * (L * per_layer * 2 + 4 * V / 8 * 4)
+    assert estimate(config, dims).memory.activations == int(expected)
 
 
 def test_gemm_time_by_hand():

@@ -6,7 +6,12 @@ sequences per step. On 4 ranks with pp = 4 (dp = 1) and micro-batch 1 there are 
 32 tokens. One layer's saved activations per token (memory.py, tp = cp = 1): norms 2d, colwise inputs
 2d, q and the attention output 2d, k and v 2d, the feed-forward hidden and activation 2F = 8d + 2F = 768
 elements, 4 B each: 32 x 768 x 4 = 98,304 B per microbatch; the head's float32 logits 32 x 256 x 4 =
-32,768 B. Two layers per rank (one per chunk with two chunks per rank when interleaved).
+32,768 B, three of them while a microbatch's loss runs its backward (the stack is torchtitan's: torch's
+cross_entropy holds the saved log-softmax, its gradient and the input gradient), one (the saved
+log-softmax) for every other microbatch whose backward is pending. torch.distributed.pipelining (the
+stack's, as of torchtitan's benchmarks) also keeps every microbatch's stage output all step: 32 x 64 x 4 =
+8,192 B per microbatch and stage, the last stage's being its logits as the head emits them (32,768 B). Two
+layers per rank (one per chunk with two chunks per rank when interleaved).
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ TOY = ModelConfig(
     precision=PRECISIONS["fp32-adam"],
     micro_batch=1,
 )
-LAYER, LOGITS = 32 * (8 * 64 + 2 * 128) * 4, 32 * 256 * 4
+LAYER, LOGITS, OUTPUT = 32 * (8 * 64 + 2 * 128) * 4, 32 * 256 * 4, 32 * 64 * 4
+KEPT = 8 * OUTPUT  # the m = 8 outputs a stage keeps all step
 PP4 = ParallelDims(world_size=4, pp=4)
 
 
@@ -57,14 +63,23 @@ def test_layers_embedding_and_head_per_stage():
 @pytest.mark.parametrize(
     "schedule, virtual, expected",
     [
-        # GPipe: all m = 8 microbatches in flight on every stage
-        ("gpipe", 1, [8 * 2 * LAYER, 8 * 2 * LAYER, 8 * 2 * LAYER, 8 * (2 * LAYER + LOGITS)]),
-        # 1F1B: min(m, pp - r) = 4, 3, 2, 1
-        ("1f1b", 1, [4 * 2 * LAYER, 3 * 2 * LAYER, 2 * 2 * LAYER, 1 * (2 * LAYER + LOGITS)]),
+        # GPipe: all m = 8 microbatches in flight on every stage; the last holds 7 saved log-softmaxes and
+        # the 3 copies of the loss running its backward
+        # the 3 copies of the loss running its backward; every rank keeps its stage's 8 outputs (the last
+        # rank's are the 8 logits)
+        ("gpipe", 1, [8 * 2 * LAYER + KEPT] * 3 + [8 * 2 * LAYER + (7 + 3) * LOGITS + 8 * LOGITS]),
+        # 1F1B: min(m, pp - r) = 4, 3, 2, 1; the last rank: its loss's 3 copies and the 8 logits it keeps
+        ("1f1b", 1, [4 * 2 * LAYER + KEPT, 3 * 2 * LAYER + KEPT, 2 * 2 * LAYER + KEPT, 2 * LAYER + 11 * LOGITS]),
         # interleaved, v = 2: chunks min(m v, 2 (pp - r - 1) + (v - 1) pp + 1) = 11, 9, 7, 5, each half the
         # rank's two layers: 5.5, 4.5, 3.5 and 2.5 microbatches of the rank's activations; the head's logits
-        # live from the last stage's forward to its backward, which follows it: one microbatch's
-        ("interleaved_1f1b", 2, [5.5 * 2 * LAYER, 4.5 * 2 * LAYER, 3.5 * 2 * LAYER, 2.5 * 2 * LAYER + LOGITS]),
+        # live from the last stage's forward to its backward, which follows it: one microbatch's three copies;
+        # each rank keeps the 8 outputs of both its stages, the last rank's second stage's being the logits
+        (
+            "interleaved_1f1b",
+            2,
+            [5.5 * 2 * LAYER + 2 * KEPT, 4.5 * 2 * LAYER + 2 * KEPT, 3.5 * 2 * LAYER + 2 * KEPT]
+            + [2.5 * 2 * LAYER + 3 * LOGITS + KEPT + 8 * LOGITS],
+        ),
     ],
 )
 def test_stage_activations_hold_the_microbatches_in_flight(schedule, virtual, expected):

@@ -119,13 +119,25 @@ def test_zero_1_and_2_shard_what_zero_says_and_communicate_once_per_step():
 def test_megatron_sequence_parallelism_keeps_the_colwise_inputs_sharded():
     """Per token of one toy layer on tp = 4 with SP: torchtitan's DTensor SP keeps the two colwise inputs
     all-gathered (2 d), Megatron's the sequence shards (2 d / 4); a fused SwiGLU keeps 3 F / tp instead of 4:
-    1.5 d + F / 4 elements fewer, 2 B each."""
+    1.5 d + F / 4 elements fewer, 2 B each. Megatron's unfused attention (2021, no flash kernel) keeps its
+    scores instead: 5 B (softmax output, dropout mask and output) per score, 4 heads / 4 = 1 head x 32 keys
+    per token: 160 B more per token."""
     dims = ParallelDims(world_size=4, tp=4)
     gated = TOY.replace(gated_ffn=True, global_batch=1, micro_batch=None)
     titan = activation_bytes(gated, dims, (0,), head=False)
     megatron = activation_bytes(gated.replace(stack="megatron"), dims, (0,), head=False)
     tokens = 32
-    assert titan - megatron == tokens * 2 * (2 * 64 * 3 / 4 + 128 / 4)
+    assert titan - megatron == tokens * 2 * (2 * 64 * 3 / 4 + 128 / 4) - tokens * 1 * 32 * 5
+
+
+def test_an_embedding_norm_keeps_its_input_on_the_first_stage():
+    """BLOOM's embedding LayerNorm sits outside every (checkpointed) layer: the first stage keeps its input,
+    d = 64 elements of 2 B per token, for each of the 3 microbatches in flight; no other stage does."""
+    dims = ParallelDims(world_size=1)
+    bloomish = TOY.replace(embedding_norm=True, global_batch=1, micro_batch=None, activation_checkpointing="full")
+    first = activation_bytes(bloomish, dims, (0,), head=False, alive=3, first=True)
+    other = activation_bytes(bloomish, dims, (0,), head=False, alive=3, first=False)
+    assert first - other == 3 * 32 * 64 * 2
 
 
 def test_float8_runs_the_layer_gemms_at_the_fp8_peak_and_gathers_one_byte():

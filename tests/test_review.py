@@ -110,23 +110,28 @@ def test_ties_within_the_resolution_and_the_pareto_front():
 
 
 def test_memory_budget_is_memory_minus_reserve_and_over_budget_is_flagged():
-    """TP 8 with 8 sequences resident and loss parallelism: 73.5 GiB. Over 79.6 - 8 = 71.6 GiB with an 8 GiB
-    reserve; within 80 - 0. Without loss parallelism the all-gathered float32 logits add 8 x 8192 x 128256 x 4
-    x 7/8 B = 27.4 GiB: 100.9 GiB, over both."""
+    """TP 8 with 8 sequences resident and loss parallelism: 73.5 GiB of state, layers and one float32 copy of
+    the vocabulary-sharded logits (8 x 8192 x 128256 / 8 x 4 B = 3.91 GiB), plus the 3 more copies torch's
+    loss-parallel cross entropy holds in its backward (4 in all): 73.5 + 3 x 3.91 = 85.3 GiB. Over 79.6 - 8 =
+    71.6 GiB with an 8 GiB reserve; within 90 - 0. Without loss parallelism torch's fused loss holds 3 copies
+    of the all-gathered logits (31.3 GiB each) instead of 4 sharded: + 3 x 31.3 - 4 x 3.91 = 78.3 GiB:
+    163.6 GiB, over both."""
+    sharded = 8 * 8192 * 128256 // 8 * 4 / GIB
+    assert sharded == pytest.approx(3.91, abs=0.005)
     lp = ["--layouts", "dp_shard=64,tp=8", "--loss-parallel", "--format", "json", "--memory-reserve-gib", "8"]
     code, text, _ = plan(*BASE, *lp)
     candidate = json.loads(text)["candidates"][0]
-    assert candidate["memory_total_bytes"] / GIB == pytest.approx(73.5, abs=0.05) and not candidate["fits"]
-    assert any(w.startswith("over budget: 73.5 GiB per rank > 71.6 GiB") for w in candidate["warnings"])
-    code, text, _ = plan(*BASE, *lp, "--memory-gib", "80", "--memory-reserve-gib", "0")
+    with_lp = candidate["memory_total_bytes"] / GIB
+    assert with_lp == pytest.approx(73.5 + 3 * sharded, abs=0.05)
+    assert with_lp == pytest.approx(85.3, abs=0.05)
+    assert not candidate["fits"]
+    assert any(w.startswith("over budget: 85.3 GiB per rank > 71.6 GiB") for w in candidate["warnings"])
+    code, text, _ = plan(*BASE, *lp, "--memory-gib", "90", "--memory-reserve-gib", "0")
     assert json.loads(text)["candidates"][0]["fits"]
     code, text, _ = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--format", "json")
     gathered = json.loads(text)["candidates"][0]["memory_total_bytes"] / GIB
-    assert (
-        gathered
-        == pytest.approx(73.5 + 8 * 8192 * 128256 * 4 * 7 / 8 / GIB, abs=0.05)
-        == pytest.approx(100.9, abs=0.05)
-    )
+    assert gathered == pytest.approx(with_lp + 3 * 8 * sharded - 4 * sharded, abs=1e-6)
+    assert gathered == pytest.approx(163.6, abs=0.05)
 
 
 def test_training_knobs_by_hand():
@@ -134,7 +139,8 @@ def test_training_knobs_by_hand():
     FSDP all-gathers and reduce-scatters 8 times. --loss-parallel: the forward TP all-gather loses the
     logits, 8 x 8192 x 128256 x 2 bytes = 15.66 GiB, and gains 3 all-reduces of 8 x 8192 float32.
     --reshard-after-forward false: no backward all-gather. Memory: without loss parallelism every rank
-    holds the all-gathered float32 logits, 8 x 8192 x 128256 x 4 B = 31.3 GiB; with it 1/8 of them."""
+    holds the all-gathered float32 logits, 8 x 8192 x 128256 x 4 B = 31.3 GiB, three times (torch's fused
+    cross entropy); with it 1/8 of them four times (its loss-parallel decomposition): 31.3 x (3 - 4/8)."""
     config = get_model("llama-8b-like")
     dims = DIMS[2]
     base = estimate(config, dims)
@@ -150,7 +156,7 @@ def test_training_knobs_by_hand():
     assert loss[("all_gather", "tp", "forward")].bytes == by_key(base)[("all_gather", "tp", "forward")].bytes - logits
     assert loss[("all_reduce", "tp", "forward")].bytes == 3 * 8 * 8192 * 4
     saved = base.memory.activations - estimate(config.replace(loss_parallel=True), dims).memory.activations
-    assert saved == pytest.approx(8 * 8192 * 128256 * 4 * (1 - 1 / 8), abs=2)
+    assert saved == pytest.approx(8 * 8192 * 128256 * 4 * (3 - 4 / 8), abs=2)
     kept = by_key(estimate(config.replace(reshard_after_forward=False), dims))
     assert ("all_gather", "fsdp", "backward") not in kept
     code, _, err = plan(*BASE, "--layouts", "dp_shard=64,tp=8", "--micro-batch", "3")

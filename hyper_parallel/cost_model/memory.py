@@ -35,18 +35,34 @@ bytes, without activation checkpointing:
                  2 kv (kv = K/V heads per tp rank x head_dim) + the K/V gathered from the other CP ranks
                  2 kv (cp - 1) + q/k norms' inputs (qk_norm) + feed-forward hidden 2 F / tp (w1 output,
                  activation), gated: the stack's F-wide tensors (4 eager: w1, w3, silu, product; 3 fused)
+    scores       stacks without a flash kernel (``Stack.attention_scores`` bytes per score, Megatron-LM's
+                 fused softmax and attention dropout): heads / tp x keys per token, unless checkpointed
+                 selectively
+    embedding    an embedding norm (BLOOM's) keeps its input d / sp per token on the first stage: it sits
+                 outside every layer, so no checkpointing covers it (DeepSpeed's PipelineModule checkpoints
+                 only the transformer layers)
     MLA          instead of q, k, v: the latent inputs (q_lora_rank x 2, kv_lora_rank x 2 + the rotary
                  key), and q, k (n_heads x head_dim / tp), v and the output (n_heads x v_head_dim / tp)
     MoE layer    the attention part, ffn_norm input d / sp, and per token the MoE sees (1/tp of them
                  under SP with etp == 1) its router input d, per routed slot (top_k) the row d, hidden
                  2 F_e / etp (gated: the stack's count) and output d, and the shared expert d + 2 F_s
     head         logits in float32 for the loss: V * 4 bytes per token once TP has all-gathered them,
-                 V / tp * 4 with ``loss_parallel`` (the logits stay sharded over the vocabulary); once
-                 more per multi-token-prediction module (its block counted as a layer)
+                 V / tp * 4 with ``loss_parallel`` (the logits stay sharded over the vocabulary), times
+                 the copies alive at the loss's peak (the stack's ``loss_copies``, ``loss_parallel_copies``)
+                 for the loss being computed, once (its saved log-softmax) for every other loss whose
+                 backward is pending: each other multi-token-prediction module's (its block counted as a
+                 layer) and, under GPipe, every other microbatch's
     MLP          per block 2 d + 2 F (norm and w1 inputs, hidden, ReLU output), plus d_in + d_out
 Activation checkpointing (``ModelConfig.activation_checkpointing``):
-    op           (torchtitan's per-op checkpointing) estimated as selective: what it saves and
-                 recomputes differs per op, the elementwise results are recomputed as here
+    op           torchtitan's per-op checkpointing (``_save_list`` in its parallelize code): a layer keeps
+                 its input d / sp and the outputs of the ops on the list, everything else is recomputed:
+                 every other matmul counted from the layer's first (wq, wv, w1 and, gated, w2: q / tp,
+                 kv, F / tp, d; plain: wq, wv, w1), the attention output q / tp with its logsumexp (one
+                 float32 per head and token: 2 n_heads / tp elements) and, under SP, the two
+                 reduce-scatters' outputs 2 d / sp. Float8 linears keep the same (the mm is dispatched
+                 as aten.mm before the float8 tensor turns it into a scaled mm; the casts' abs on the
+                 list are not counted: torchtitan's float8 peak equals its bfloat16 one, Table 1).
+                 MLA attention and MoE layers fall back to the selective estimate
     selective    the attention output (d / tp) and the feed-forward's elementwise results (silu and
                  product: 2 F / tp gated, the activation F / tp plain; the same in experts) are recomputed
     full         every layer keeps only its input (d / sp); one layer's activations (the largest, as
@@ -146,11 +162,22 @@ def _linear_input(config: ModelConfig) -> float:
     return 0.5 if config.float8 and get_stack(config.stack).fp8_cache else 1.0
 
 
+def _attention_scores(config: ModelConfig, dims: ParallelDims, selective: bool) -> float:
+    """The attention scores a layer keeps per token when the stack's attention is not a flash kernel
+    (``Stack.attention_scores`` bytes per score), in compute-dtype elements: heads of the tp rank x keys."""
+    score_bytes = get_stack(config.stack).attention_scores
+    if selective or not score_bytes:
+        return 0.0
+    heads = config.n_heads / dims.tp
+    return heads * config.attended_keys(-1) * score_bytes / config.precision.compute
+
+
 def _attention_elements(config: ModelConfig, dims: ParallelDims, selective: bool) -> float:
     """Saved elements per token of one layer's attention, its norm and colwise inputs included."""
     d, tp, cp = config.d_model, dims.tp, dims.cp
     sp = tp if config.uses_sequence_parallel(dims) else 1
     lin = _linear_input(config)
+    scores = _attention_scores(config, dims, selective)
     colwise_input = (d if get_stack(config.stack).sp_input == "gathered" else d / sp) * lin
     out = 0 if selective else config.attention_out_dim / tp * (0.75 if lin < 1 else 1)  # DeepSeek's E5M6
     if config.kv_lora_rank:
@@ -158,16 +185,32 @@ def _attention_elements(config: ModelConfig, dims: ParallelDims, selective: bool
         q = config.head_dim * config.n_heads / tp
         kv = (config.head_dim + config.value_head_dim) * config.n_heads / tp
         recomputed = 0.0 if lin < 1 else q + kv  # the fp8 stack recomputes the up-projections
-        return d / sp + colwise_input + latent + recomputed + out + kv * (cp - 1)
+        return d / sp + colwise_input + latent + recomputed + out + kv * (cp - 1) + scores
     kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
     q = config.q_dim / tp
     norms = q + kv_dim if config.qk_norm else 0
-    return d / sp + colwise_input + q + out + 2 * kv_dim + 2 * kv_dim * (cp - 1) + norms
+    return d / sp + colwise_input + q + out + 2 * kv_dim + 2 * kv_dim * (cp - 1) + norms + scores
+
+
+def _op_checkpointed_elements(config: ModelConfig, dims: ParallelDims) -> float:
+    """Elements per token a dense layer keeps under torchtitan's per-op checkpointing (module docstring,
+    "op"): its input, every other matmul's output, the attention output and logsumexp, the SP
+    reduce-scatters' outputs."""
+    d, tp, cp = config.d_model, dims.tp, dims.cp
+    sp = tp if config.uses_sequence_parallel(dims) else 1
+    kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
+    wq, wv, w1 = config.q_dim / tp, kv_dim, config.ffn_hidden / tp
+    w2 = d if config.gated_ffn else 0  # the 7th matmul (gated: wq wk wv wo w1 w3 w2); plain has six
+    attention = config.q_dim / tp + 2 * config.n_heads / tp + 2 * kv_dim * (cp - 1)
+    reduce_scatters = 2 * d / sp if sp > 1 else 0
+    return d / sp + wq + wv + w1 + w2 + attention + reduce_scatters
 
 
 def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: int) -> float:
     """Elements saved per token of this rank by one layer (module docstring)."""
     d, tp, etp = config.d_model, dims.tp, dims.etp
+    if config.activation_checkpointing == "op" and not config.kv_lora_rank and not config.is_moe_layer(layer):
+        return _op_checkpointed_elements(config, dims)
     sp = tp if config.uses_sequence_parallel(dims) else 1
     selective = config.activation_checkpointing in ("selective", "op")
     attention = _attention_elements(config, dims, selective)
@@ -190,11 +233,13 @@ def activation_bytes(
     head: bool = True,
     alive: float = 1.0,
     logits_alive: float = 1.0,
+    first: bool = True,
 ) -> int:
     """Saved activations on this rank (module docstring) of ``alive`` micro-batches over ``layers`` (default
     all, the multi-token-prediction blocks included) and ``logits_alive`` micro-batches' float32 logits
-    when this rank runs the ``head`` (a pipeline's last stage); full checkpointing's recomputed layer is
-    live once whatever the microbatches in flight."""
+    when this rank runs the ``head`` (a pipeline's last stage), an embedding norm's input when it runs the
+    embedding (``first``); full checkpointing's recomputed layer is live once whatever the microbatches in
+    flight."""
     layers = tuple(range(config.total_layers)) if layers is None else layers
     tokens = config.accumulation(dims)[0] * (config.seq_len // dims.cp)
     a = config.precision.compute
@@ -209,8 +254,12 @@ def activation_bytes(
         saved = alive * len(layers) * config.d_model / sp + max(per_kind.values(), default=0.0)
     else:
         saved = alive * (moe_count * per_kind.get(True, 0.0) + (len(layers) - moe_count) * per_kind.get(False, 0.0))
+    if config.embedding_norm and first:
+        saved += alive * config.d_model / (dims.tp if config.uses_sequence_parallel(dims) else 1)
     vocab = config.vocab_size / (dims.tp if config.loss_parallel else 1)
-    logits = logits_alive * (1 + config.mtp_layers) * vocab * 4 if head else 0
+    stack = get_stack(config.stack)
+    copies = stack.loss_parallel_copies if config.loss_parallel and dims.tp > 1 else stack.loss_copies
+    logits = (logits_alive * (1 + config.mtp_layers) - 1 + copies) * vocab * 4 if head else 0
     return int(tokens * (saved * a + logits))
 
 

@@ -31,6 +31,25 @@ behaviour changes memory or time (``memory``, ``work``, ``step_time``, ``stages`
     fp8_cache       with float8 linears, what a linear saves for its backward (its input) and a SwiGLU's input
                     are cached in float8 (1 B), the SwiGLU output and MLA's up-projections and norms are
                     recomputed (DeepSeek-V3 report, sections 3.2.3 and 3.3.3)
+    loss_copies     float32 logits-sized tensors alive at the peak of the loss (its backward): torch's
+                    fused cross_entropy on ``logits.float()`` (torchtitan's loss) holds 3, the saved
+                    log-softmax, its gradient and the input gradient; 1 for Megatron-LM's vocab-parallel
+                    cross entropy, which works in place on the float32 logits (softmax kept, gradient
+                    written over it). Meta's and DeepSeek's stacks are taken as Megatron's
+    loss_parallel_copies  the same under ``loss_parallel``: torch's DTensor decomposition of the loss
+                    (torch.distributed.tensor.parallel.loss) holds 4 in its backward: the saved
+                    log-softmax, the zeros it scatters the targets into, exp of the log-softmax and their sum
+    pp_outputs_kept under a pipeline, the stage outputs the schedule keeps: "all" (torch.distributed.pipelining
+                    before pytorch/pytorch#153383, May 2025: every stage appends every microbatch's output to
+                    ``output_chunks``, released when the next step starts; the last stage's are the logits as
+                    the head emits them) or "none" (Megatron-LM frees an output's data once sent, DeepSpeed's
+                    pipeline engine keeps a 1/tp partition of it: not counted)
+    attention_scores bytes a layer saves per attention score (query x key, per head of the tp rank) when the
+                    attention is not a fused flash kernel: 0 (flash attention: the scores never leave the
+                    kernel) or 5 (Megatron-LM of 2021 and Megatron-DeepSpeed of 2022: the fused scale-mask-
+                    softmax keeps its bf16 output, the attention dropout (0.1, Megatron's default) its 1 B
+                    mask and bf16 output); selective checkpointing recomputes them. The ZeRO-3 baseline
+                    of Narayanan et al. keeps 0: its attention kernel is not stated
     parallelisms    the degrees the stack can run above 1: ``--compare`` ranks only those layouts (a
                     team on Megatron-LM of 2021 chose among TP, PP and DDP, not FSDP or CP)
 """
@@ -52,6 +71,10 @@ class Stack:
     zero3_prefetch: int = 1
     optimizer_gather: str = "exposed"
     fp8_cache: bool = False
+    loss_copies: int = 1
+    loss_parallel_copies: int = 1
+    pp_outputs_kept: str = "none"
+    attention_scores: int = 0
     parallelisms: tuple[str, ...] = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
     def runs(self, degrees: dict[str, int]) -> bool:
@@ -60,11 +83,20 @@ class Stack:
 
 
 STACK_LIST = (
-    Stack("torchtitan", "torchtitan: FSDP2, DTensor TP/SP, torch.distributed.pipelining, eager kernels"),
+    Stack(
+        "torchtitan",
+        "torchtitan: FSDP2, DTensor TP/SP, torch.distributed.pipelining, eager kernels",
+        loss_copies=3,
+        loss_parallel_copies=4,
+        pp_outputs_kept="all",
+    ),
     Stack(
         "torchtitan-compile",
-        "torchtitan with torch.compile: as torchtitan, elementwise ops fused per layer",
+        "torchtitan with torch.compile: as torchtitan, elementwise ops fused per layer (the loss stays eager)",
         elementwise="fused",
+        loss_copies=3,
+        loss_parallel_copies=4,
+        pp_outputs_kept="all",
     ),
     Stack(
         "megatron",
@@ -75,6 +107,7 @@ STACK_LIST = (
         pp_grad_reduce="per_round",
         dp_overlap=False,
         optimizer_gather="hidden",
+        attention_scores=5,
         parallelisms=("dp_replicate", "tp", "pp"),
     ),
     Stack(
@@ -86,6 +119,7 @@ STACK_LIST = (
         elementwise="fused",
         pp_grad_reduce="per_round",
         dp_overlap=False,
+        attention_scores=5,
         parallelisms=("dp_shard", "tp", "pp"),
     ),
     Stack(

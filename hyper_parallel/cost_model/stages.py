@@ -12,6 +12,9 @@ Activations alive at once on pp rank r: its schedule's warm-up forwards (``pipel
 taken in the order the schedule runs them (N microbatches on one of the rank's stages, then the next:
 torch's interleaving), each counting the layers of the stage it runs, so a stage holding only the
 embedding (Llama 3's first) adds nothing; the head's float32 logits of one microbatch (GPipe: all m).
+With the stack's ``pp_outputs_kept`` "all" (torch.distributed.pipelining) every stage of the rank also keeps
+all m microbatches' outputs for the whole step (``kept_output_bytes``): d / sp per token in the compute
+dtype, the last stage's the logits, V (V / tp under loss parallelism) per token.
 
 Memory of a stage: its units' state exactly (``memory.state_bytes``), gathered parameters and unsharded
 gradients as ``memory.pipelined_gathered_bytes``, the activations above. The plan reports the worst stage
@@ -35,6 +38,7 @@ from hyper_parallel.cost_model.pipeline import (
     rank_stage_indices,
     stage_layer_counts,
 )
+from hyper_parallel.cost_model.stacks import get_stack
 from hyper_parallel.cost_model.units import Unit, build_units
 from hyper_parallel.mesh import ParallelDims
 
@@ -98,6 +102,20 @@ def alive_on_rank(config: ModelConfig, pp: int, microbatches: int, rank: int, ch
     ops = round(alive * v)  # forwards in flight, on the rank's stages in turn, per_round at a time
     layers = sum(len(chunks[(op // per_round) % v]) for op in range(ops))
     return layers / total
+
+
+def kept_output_bytes(config: ModelConfig, dims: ParallelDims, stages: int, last: bool, microbatches: int) -> int:
+    """The stage outputs a pp rank keeps all step under the stack's ``pp_outputs_kept`` "all" (module
+    docstring): every microbatch's output of each of the rank's ``stages``, the last stage's being the
+    logits in the compute dtype."""
+    if dims.pp == 1 or get_stack(config.stack).pp_outputs_kept != "all":
+        return 0
+    sp = dims.tp if config.uses_sequence_parallel(dims) else 1
+    hidden = config.d_model / sp
+    logits = config.vocab_size / (dims.tp if config.loss_parallel else 1)
+    per_token = (stages - 1) * hidden + (logits if last else hidden)
+    tokens = config.accumulation(dims)[0] * (config.seq_len // dims.cp)
+    return int(microbatches * tokens * per_token * config.precision.compute)
 
 
 def stage_view(config: ModelConfig, layers: tuple[int, ...]) -> ModelConfig:
@@ -171,7 +189,8 @@ def pipeline_stages(config: ModelConfig, dims: ParallelDims) -> list[StageCost]:
                 gradients=gradients,
                 optimizer=optimizer,
                 gathered=pipelined_gathered_bytes(mine, config),
-                activations=activation_bytes(config, dims, layers, last, alive, logits_alive),
+                activations=activation_bytes(config, dims, layers, last, alive, logits_alive, first)
+                + kept_output_bytes(config, dims, len(chunks), last, microbatches),
             )
         collectives, memory = communication[signature], memories[signature, alive]
         result.append(StageCost(rank, layers, first, last, alive, mine, memory, collectives, chunks, signature))

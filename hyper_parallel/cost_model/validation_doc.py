@@ -41,15 +41,19 @@ LEFT_OUT = (
     "the configurations behind it are in the paper, which was not readable here",
 )
 EXPLANATIONS = {
-    "torchtitan Llama 3.1 70B": "torchtitan publishes max_reserved: the caching allocator's reserve. The model counts "
-    "the tensors a step holds (full checkpointing keeps 80 sequence-sharded layer inputs, 20 GiB, one layer's "
-    "recomputed activations, 9 GiB, the loss-parallel float32 logits, 8 GiB): what the allocator reserves on top "
-    "(about 30 GiB here, 0 to 6 GiB for the FSDP-only 8B runs) is not derived from the layout",
-    "torchtitan Llama 3.1 405B": "The same (max_reserved against the tensors held): 1F1B's peak is published 10 GiB above "
-    "interleaved 1F1B's with the same microbatches in flight, which the tensors held do not explain",
-    "BLOOM 176B": "'60 GB of memory on each GPU' is BigScience's round figure for what a GPU shows (nvidia-smi: the CUDA "
-    "context, NCCL's and DeepSpeed's buffers and the allocator's reserve with it); the model counts the tensors: "
-    "bf16 parameters, DeepSpeed's unsharded float32 and bf16 gradients, ZeRO-1's shards, checkpointed activations",
+    "torchtitan Llama 3.1 405B": "torchtitan publishes max_reserved, the caching allocator's reserve; the model counts "
+    "what the layout holds (FSDP's gathered float8 parameters and float32 unsharded gradients of the stage, the layer "
+    "inputs of the microbatches in flight, every microbatch's stage output kept by torch.distributed.pipelining, the "
+    "loss's four float32 copies on the last rank), which puts interleaved 1F1B within 3 %. 1F1B's peak is published "
+    "10 GiB above interleaved 1F1B's although its first rank holds the same 8 microbatches of the same layers and its "
+    "last rank fewer: what the 1F1B run reserved beyond that is not derived from the layout",
+    "BLOOM 176B": "'60 GB of memory on each GPU' (BigScience's model page as training began) is what a GPU shows, not the "
+    "tensors. The model counts DeepSpeed's BF16_Optimizer as BLOOM ran it (DeepSpeed's olruwase/bf16-updates branch, "
+    "March 2022: bf16 parameters and gradients, an unsharded float32 gradient buffer, the float32 master and Adam "
+    "state sharded over the 8 data-parallel ranks: 9.5 B per local parameter), the per-layer checkpointed inputs of "
+    "the 12 microbatches in flight on the first rank, the embedding LayerNorm's inputs (outside every checkpointed "
+    "layer) and the recomputed layer's unfused attention scores, softmax and dropout. Not counted: the pipeline "
+    "engine's 1/tp output partitions (0.4 GB); the other 11 GB are not derived from the layout",
     "DeepSpeed ZeRO-3": "at micro-batch 1 on 1,536 and 2,240 GPUs the published step is slower than compute plus every "
     "gather and reduce-scatter waited for in full at the link's bandwidth: the per-hop latency of rings over "
     "1,536 ranks (and the fabric's congestion) is not in the model (transcribed figures)",
