@@ -33,7 +33,7 @@ bytes, without activation checkpointing:
                  keeps them all-gathered (torch's DTensor SP), 2 d / sp re-gathered in backward
                  (Megatron-LM's) + q and the attention output (n_heads x head_dim / tp each) + k, v
                  2 kv (kv = K/V heads per tp rank x head_dim) + the K/V gathered from the other CP ranks
-                 2 kv (cp - 1) + q/k norms' inputs (qk_norm) + feed-forward hidden 2 F / tp (w1 output,
+                 2 kv (cp - 1) under all-gather CP (the ring and Ulysses keep none) + q/k norms' inputs (qk_norm) + feed-forward hidden 2 F / tp (w1 output,
                  activation), gated: the stack's F-wide tensors (4 eager: w1, w3, silu, product; 3 fused)
     scores       stacks without a flash kernel (``Stack.attention_scores`` bytes per score, Megatron-LM's
                  fused softmax and attention dropout): heads / tp x keys per token, unless checkpointed
@@ -79,6 +79,7 @@ from hyper_parallel.cost_model.model_configs import ModelConfig
 from hyper_parallel.cost_model.stacks import get_stack
 from hyper_parallel.cost_model.units import Unit
 from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.recipes.workload_facts import SequenceScheme
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,16 @@ def _attention_scores(config: ModelConfig, dims: ParallelDims, selective: bool) 
     return heads * config.attended_keys(-1) * score_bytes / config.precision.compute
 
 
+def _kv_copies(config: ModelConfig, dims: ParallelDims) -> int:
+    """K/V blocks of other cp ranks a layer keeps for backward: all-gather CP keeps the gathered cp - 1; the
+    ring passes the blocks around again in backward and Ulysses attends its heads over the whole sequence,
+    so neither keeps a copy."""
+    return dims.cp - 1 if config.sequence_scheme == SequenceScheme.ALL_GATHER else 0
+
+
 def _attention_elements(config: ModelConfig, dims: ParallelDims, selective: bool) -> float:
     """Saved elements per token of one layer's attention, its norm and colwise inputs included."""
-    d, tp, cp = config.d_model, dims.tp, dims.cp
+    d, tp = config.d_model, dims.tp
     sp = tp if config.uses_sequence_parallel(dims) else 1
     lin = _linear_input(config)
     scores = _attention_scores(config, dims, selective)
@@ -185,23 +193,23 @@ def _attention_elements(config: ModelConfig, dims: ParallelDims, selective: bool
         q = config.head_dim * config.n_heads / tp
         kv = (config.head_dim + config.value_head_dim) * config.n_heads / tp
         recomputed = 0.0 if lin < 1 else q + kv  # the fp8 stack recomputes the up-projections
-        return d / sp + colwise_input + latent + recomputed + out + kv * (cp - 1) + scores
+        return d / sp + colwise_input + latent + recomputed + out + kv * _kv_copies(config, dims) + scores
     kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
     q = config.q_dim / tp
     norms = q + kv_dim if config.qk_norm else 0
-    return d / sp + colwise_input + q + out + 2 * kv_dim + 2 * kv_dim * (cp - 1) + norms + scores
+    return d / sp + colwise_input + q + out + 2 * kv_dim + 2 * kv_dim * _kv_copies(config, dims) + norms + scores
 
 
 def _op_checkpointed_elements(config: ModelConfig, dims: ParallelDims) -> float:
     """Elements per token a dense layer keeps under torchtitan's per-op checkpointing (module docstring,
     "op"): its input, every other matmul's output, the attention output and logsumexp, the SP
     reduce-scatters' outputs."""
-    d, tp, cp = config.d_model, dims.tp, dims.cp
+    d, tp = config.d_model, dims.tp
     sp = tp if config.uses_sequence_parallel(dims) else 1
     kv_dim = config.kv_heads_per_rank(tp) * config.head_dim
     wq, wv, w1 = config.q_dim / tp, kv_dim, config.ffn_hidden / tp
     w2 = d if config.gated_ffn else 0  # the 7th matmul (gated: wq wk wv wo w1 w3 w2); plain has six
-    attention = config.q_dim / tp + 2 * config.n_heads / tp + 2 * kv_dim * (cp - 1)
+    attention = config.q_dim / tp + 2 * config.n_heads / tp + 2 * kv_dim * _kv_copies(config, dims)
     reduce_scatters = 2 * d / sp if sp > 1 else 0
     return d / sp + wq + wv + w1 + w2 + attention + reduce_scatters
 
