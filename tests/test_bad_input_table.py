@@ -1,4 +1,4 @@
-"""Every bad input of the table (tests/bad_input_cases.py: 300+ over the CLI, ``launch.run`` / ``run_many`` /
+"""Every bad input of the table (tests/bad_input_cases.py and bad_input_api_cases.py: 500+ over the CLI, ``launch.run`` / ``run_many`` /
 ``torchrun`` / ``validate`` / ``write_report``, the widgets, ``%%torchrun``, the planner and the environment
 variables) is refused cleanly, and the valid controls are accepted.
 
@@ -27,11 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bad_input_cases import CASES, MAGIC_NAMESPACE, Case, Paths, make_fixtures
+from bad_input_api_cases import API_CASES, MAGIC_NAMESPACE
+from bad_input_cases import CLI_CASES, PLAN_CASES, Case, Paths, make_fixtures
 
 from launch import cli
 from launch.notebook import magic
 
+CASES = [*CLI_CASES, *PLAN_CASES, *API_CASES]
 SECONDS_PER_CASE = 2.0
 HANG_SECONDS = 15
 
@@ -146,8 +148,9 @@ def verdict(case: Case, paths: Paths) -> tuple[str, str]:
     def too_slow(*_):
         raise TooSlow
 
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's alarm, restored after
     previous = signal.signal(signal.SIGALRM, too_slow)
-    signal.alarm(HANG_SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, HANG_SECONDS)
     start = time.monotonic()
     try:
         with sandbox(case, paths), nothing_starts(launched):
@@ -157,8 +160,10 @@ def verdict(case: Case, paths: Paths) -> tuple[str, str]:
     except TooSlow:
         return "slow", f"still running after {HANG_SECONDS} s"
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
     seconds = time.monotonic() - start
     if launched:
         return "launch", launched[0]
@@ -202,7 +207,7 @@ def kernel_variables(monkeypatch):
 
 def test_the_table_covers_every_entry_point():
     entries = collections.Counter(case.entry.split()[0] for case in CASES)
-    assert len(CASES) >= 300, len(CASES)
+    assert len(CASES) >= 500, len(CASES)
     assert {"cli", "launch.run", "run_many", "launch.torchrun", "widgets", "%%torchrun", "environment"} <= set(entries)
     subcommands = {case.argv[0] for case in CASES if case.kind == "cli"}
     assert set(cli.SUBCOMMANDS) - {"list"} <= subcommands
