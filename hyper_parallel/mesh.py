@@ -56,6 +56,23 @@ def dp_shard_left(world_size: int, degrees: Mapping[str, int]) -> int | None:
     return world_size // others if others > 0 and world_size % others == 0 else None
 
 
+MAX_WORLD_SIZE = 2**17
+"""The most ranks a layout may have (131,072, above the largest clusters trained on): ``check`` and the planner
+build every rank's groups, so 2**30 ranks would exhaust memory instead of being refused."""
+
+
+def check_world_size(value: object, name: str = "world_size") -> int:
+    """A number of ranks: a whole number in 1 .. ``MAX_WORLD_SIZE``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if value > MAX_WORLD_SIZE:
+        raise ValueError(
+            f"{name}={value} is above {MAX_WORLD_SIZE:,} ranks (2**17, more than the largest clusters trained on; "
+            f"every rank's groups are built); use at most {MAX_WORLD_SIZE}"
+        )
+    return int(value)
+
+
 @dataclass(frozen=True)
 class ParallelDims:
     """Parallel degrees of one run; constructing an invalid combination raises ``ValueError``.
@@ -83,6 +100,7 @@ class ParallelDims:
             if value < 1 and not (name == MeshDim.DP_SHARD and value == -1):
                 hint = " (or -1 to infer it)" if name == MeshDim.DP_SHARD else ""
                 raise ValueError(f"{name} must be >= 1{hint}, got {name}={value}")
+        check_world_size(self.world_size)
         others = self.dp_replicate * self.cp * self.ulysses * self.tp * self.pp
         if self.dp_shard == -1:
             if dp_shard_left(self.world_size, self.degrees()) is None:

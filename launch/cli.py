@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,13 +40,7 @@ EXIT_INVALID = 2
 EXIT_NO_SPACE = 4
 
 
-class _Once(argparse.Action):
-    """A flag given twice is an error, not "the last one wins" (``--dp-shard 2 --dp-shard 4``)."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        if getattr(namespace, self.dest, None) is not None:
-            parser.error(f"{option_string} given twice; give it once")
-        setattr(namespace, self.dest, values)
+_Once = inputs.Once
 
 
 def _add_degrees(parser: argparse.ArgumentParser, world_flag: str = "--world") -> None:
@@ -181,11 +176,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+_HOST = re.compile(r"\$[A-Za-z_]\w*|\$\{[A-Za-z_]\w*\}|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+")
+"""A host name, an IPv4 or bracketed IPv6 address, or one shell variable (``$MASTER_ADDR``): nothing else the
+printed command's shell would run or split (``$(touch x)``, `` `id` ``, ``a b;c``)."""
+
+
 def _endpoint(value: str) -> str:
     """HOST:PORT (``$MASTER_ADDR:29500`` may stay a shell variable the nodes expand)."""
     host, _, port = value.rpartition(":")
     if not host or not (port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {value!r}")
+    if not _HOST.fullmatch(host):
+        raise ValueError(
+            f"--rdzv-endpoint HOST must be a host name, an address or one shell variable such as $MASTER_ADDR, "
+            f"got {host!r} (the command is printed for a shell to run)"
+        )
     return value
 
 
@@ -217,7 +222,7 @@ def cmd_command(args: argparse.Namespace) -> int:
 def cmd_workbook(args: argparse.Namespace) -> int:
     from launch.notebook.workbook import run_workbook
 
-    return run_workbook(Path(args.out), jobs=inputs.positive_int(args.jobs, "--jobs"))
+    return run_workbook(args.out, jobs=args.jobs)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

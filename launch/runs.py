@@ -166,8 +166,12 @@ def resolve_run(
     """One run as the record every launch path passes to the worker (``given``: degrees and options by
     name; the options resolved here, once), or ``ValueError`` (unknown recipe, invalid mesh, an option
     that does not fit the mesh, a bad steps / seed / overlap / reshard_after_forward / out)."""
+    for name, value in given.items():
+        inputs.whole_number(value, name)
     options = {name: given.pop(name) for name in OPTION_NAMES if name in given}
     row = registry.get(inputs.recipe_name(recipe))
+    if overlap is None:
+        inputs.overlap_env()
     if overlap not in (None, True, False):
         raise ValueError(f"overlap must be True, False or None (HYPER_PARALLEL_OVERLAP decides), got {overlap!r}")
     if row.shapes.get("float8_dims"):
@@ -262,10 +266,16 @@ def run_many(
     size asked for; a fresh process group, reseeded RNGs and a fresh trace per run); ``pool=False`` starts
     a torchrun launch for them and ends it after.
     """
+    if isinstance(runs, (str, bytes, Mapping)) or not isinstance(runs, Sequence):
+        raise ValueError(f"runs must be a list of runs (RunSpec or dicts of launch.run's keywords), got {runs!r}")
     if not runs:
         raise ValueError("run_many needs at least one run")
     timeout = inputs.timeout(timeout)
     out = inputs.out_dir(out)
+    inputs.callback(on_line, "on_line")
+    inputs.callback(on_progress, "on_progress")
+    if inputs.flag(pool, "pool"):
+        inputs.start_timeout()  # the pool's cold-start limit: refused before any folder is made
     specs = [run if isinstance(run, RunSpec) else _resolve_mapping(run) for run in runs]
     for spec in specs:
         inputs.rank_count(spec.dims.world_size, "world_size")  # every rank is a local process
@@ -310,6 +320,10 @@ def _run_batch(
 
 
 def _resolve_mapping(run: Mapping[str, Any]) -> RunSpec:
+    if not isinstance(run, Mapping):
+        raise ValueError(
+            f"each run must be a RunSpec or a dict of launch.run's keywords such as {{'recipe': 'M4'}}, got {run!r}"
+        )
     given = dict(run)
     return resolve_run(given.pop("recipe", None), **given)
 

@@ -45,6 +45,7 @@ Torch-free and no download: the file is read as JSON.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -147,16 +148,57 @@ COST_NOT_MODELLED = {
 """Keys whose cost the model leaves out, with what they would change (a note, not a refusal)."""
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A config.json is a few KiB (DeepSeek-V3's: 1.7 KiB); a larger file (``/dev/zero``) is refused unread."""
+MAX_CONFIG_NUMBER = 2**53
+"""Sizes above this (10**400) are no model's and overflow the cost model's float arithmetic."""
+MAX_CONFIG_DEPTH = 20
+
+
 def load(path: str | Path) -> dict:
-    """The parsed ``config.json`` at ``path``; ``ValueError`` naming the file when it is not one."""
+    """The parsed ``config.json`` at ``path``; ``ValueError`` naming the file when it is not one (unreadable,
+    over ``MAX_CONFIG_BYTES``, not UTF-8, not JSON, nested too deep, not one object, a number not finite or
+    above ``MAX_CONFIG_NUMBER``)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"--model-config {path}: cannot read a JSON config ({error})") from None
+        with open(path, "rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError(f"larger than {MAX_CONFIG_BYTES >> 20} MiB: a config.json is a few KiB")
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as error:  # UnicodeDecodeError, JSONDecodeError are ValueErrors
+        reason = getattr(error, "strerror", None) or (
+            "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
+        )
+        raise ValueError(f"--model-config {path}: cannot read a JSON config ({reason})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--model-config {path}: a config.json holds one JSON object, got {type(data).__name__}")
+    _check_numbers(data, path)
     return data
+
+
+def _out_of_range(value: object) -> bool:
+    """A number no config.json size can be: not finite, or above ``MAX_CONFIG_NUMBER``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) > MAX_CONFIG_NUMBER or (isinstance(value, float) and not math.isfinite(value))
+
+
+def _check_numbers(data: dict, path: Path) -> None:
+    """Every number finite and within ``MAX_CONFIG_NUMBER``, nesting within ``MAX_CONFIG_DEPTH`` (walked
+    without recursion), each named by its key."""
+    pending = [(key, value, 1) for key, value in data.items()]
+    while pending:
+        key, value, depth = pending.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ValueError(f"--model-config {path}: {key!r} is nested more than {MAX_CONFIG_DEPTH} deep")
+        if isinstance(value, dict):
+            pending.extend((f"{key}.{k}", v, depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            pending.extend((f"{key}[{i}]", v, depth + 1) for i, v in enumerate(value))
+        elif _out_of_range(value):
+            shown = repr(value) if isinstance(value, float) else f"a {len(str(abs(value)))}-digit number"
+            raise ValueError(f"--model-config {path}: {key!r} must be a finite number below 2**53, got {shown}")
 
 
 def _int(config: dict, key: str, default: int | None = None, minimum: int = 1) -> int:
@@ -166,6 +208,10 @@ def _int(config: dict, key: str, default: int | None = None, minimum: int = 1) -
             f"config.json ({config.get('model_type')}): {key!r} must be an integer >= {minimum}, got {value!r}"
         )
     return value
+
+
+def _is_layer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _attention(config: dict, d: int, heads: int) -> dict:
@@ -209,7 +255,11 @@ def _moe_layers(n_layers: int, first_dense: int, every: int) -> tuple[int, ...]:
 
 def _qwen_moe(config: dict, model_type: str) -> dict:
     fields = _common(config)
-    dense_only = tuple(config.get("mlp_only_layers") or ())
+    dense_only = config.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or not all(_is_layer(layer) for layer in dense_only):
+        raise ValueError(
+            f"config.json ({model_type}): 'mlp_only_layers' must be a list of layer indices >= 0, got {dense_only!r}"
+        )
     # HF Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: MoE where not in mlp_only_layers and (layer + 1) % step == 0
     step = _int(config, "decoder_sparse_step", 1)
     moe = tuple(layer for layer in range(fields["n_layers"]) if layer not in dense_only and (layer + 1) % step == 0)
@@ -422,7 +472,10 @@ def model_fields(config: dict) -> dict:
     """``ModelConfig`` keyword arguments for a parsed config.json (module docstring); ``precision`` by name."""
     model_type = _model_type(config)
     fields = _family_fields(config, model_type)
-    context = config.get("max_position_embeddings") or config.get("n_positions") or config.get("seq_length")
+    context_key = next(
+        (key for key in ("max_position_embeddings", "n_positions", "seq_length") if config.get(key)), None
+    )
+    context = _int(config, context_key) if context_key else None
     name = config.get("_name_or_path") or model_type
     shape = f"{fields['n_layers']} layers, d {fields['d_model']}, {fields['n_heads']} heads"
     if fields.get("n_kv_heads", fields["n_heads"]) != fields["n_heads"]:

@@ -227,6 +227,13 @@ class ModelConfig:
                 f"expert_shard_dim must be 0 (experts), 1 or 2 (inside each expert [E, d, h]), "
                 f"got {self.expert_shard_dim}"
             )
+        if self.moe_layers and self.num_experts < 1:
+            raise ValueError(f"num_experts must be >= 1 in a model with MoE layers, got {self.num_experts}")
+        if self.moe_layers and not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts} (each token goes to top_k "
+                f"distinct experts); nearest valid top_k: {min(max(self.top_k, 1), self.num_experts)}"
+            )
         for name in ("micro_batch", "grad_accum"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}; nearest valid {name}: 1")

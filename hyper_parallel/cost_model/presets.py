@@ -17,6 +17,7 @@ training settings a config.json does not hold (seq_len, global batch, a descript
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from hyper_parallel.cost_model import hf_config
@@ -29,7 +30,14 @@ CONFIG_DIR = Path(__file__).with_name("configs")
 def load_model_config(path: str | Path, **training) -> ModelConfig:
     """A ``config.json`` file as a ``ModelConfig`` (``training`` keywords and its ``workbook_preset`` applied)."""
     data = hf_config.load(path)
-    preset = dict(data.get("workbook_preset") or {})
+    preset = data.get("workbook_preset") or {}
+    known = {field.name for field in dataclasses.fields(ModelConfig)}
+    if not isinstance(preset, dict) or set(preset) - known:
+        unknown = sorted(set(preset) - known) if isinstance(preset, dict) else preset
+        raise ValueError(
+            f"--model-config {path}: 'workbook_preset' must be an object of ModelConfig fields such as "
+            f'{{"seq_len": 4096, "global_batch": 1024}}, got {unknown!r}'
+        )
     return ModelConfig.from_hf_config(data, **(preset | training))
 
 

@@ -37,8 +37,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_latency(args: argparse.Namespace) -> int:
+    from launch import inputs
     from launch.bench.latency import measure, measure_resources, print_latency, print_resources
 
+    inputs.positive_int(args.repeats, "--repeats")  # both before the first run
+    inputs.positive_int(args.runs, "--runs")
     print_latency(measure(args.repeats), args.repeats)
     print_resources(measure_resources(args.runs))
     return 0

@@ -30,7 +30,8 @@ from hyper_parallel.viz.overlap import exposure
 from hyper_parallel.viz.style import OP_SHORT
 from hyper_parallel.viz.timeline import collectives
 from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
-from launch.processes.run_dirs import new_scratch_dir
+from launch import inputs
+from launch.processes.run_dirs import make_run_dir, new_scratch_dir
 from launch.processes.supervisor import TorchrunResult, torchrun
 
 WORKER_MODULE = "hyper_parallel.benchmark.worker"
@@ -168,9 +169,11 @@ def run_bench(
         raise ValueError(f"unknown configuration(s) {unknown} on {world_size} ranks; choose from {known}")
     if steps < 1 or warmup < 0 or cold < 0:
         raise ValueError(f"--steps must be >= 1, --warmup and --cold >= 0, got {steps}, {warmup} and {cold}")
+    timeout = inputs.timeout(timeout, "--timeout")
+    inputs.callback(on_line, "on_line")
     BenchModel(**(model or {}))  # unknown fields raise TypeError here, not on every rank
-    directory = Path(out) if out is not None else new_scratch_dir("hp-bench-")
-    directory.mkdir(parents=True, exist_ok=True)
+    out = inputs.out_dir(out)
+    directory = make_run_dir(out) if out is not None else new_scratch_dir("hp-bench-")
     (directory / BENCH_FILE).unlink(missing_ok=True)
     args = [
         "--steps",

@@ -37,14 +37,14 @@ USAGE = "usage: %%torchrun -n N [--timeout SECONDS] [--send a,b] [--out NAME]   
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="%%torchrun", add_help=False)
-    parser.add_argument("-n", "--nproc", type=int, help="number of ranks")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before the ranks are ended")
+    parser.add_argument("-n", "--nproc", type=int, action=inputs.Once, help="number of ranks")
+    parser.add_argument("--timeout", type=float, action=inputs.Once, help="seconds before the ranks are ended")
     parser.add_argument("--restart", action="store_true", help="end the warm workers (their names are forgotten)")
     parser.add_argument(
-        "--send", default="", help="comma-separated kernel variables (JSON data) to define on every rank"
+        "--send", action=inputs.Once, help="comma-separated kernel variables (JSON data) to define on every rank"
     )
     parser.add_argument(
-        "--out", default="", help="kernel variable to store the per-rank values in (nothing is displayed)"
+        "--out", action=inputs.Once, help="kernel variable to store the per-rank values in (nothing is displayed)"
     )
     return parser
 
@@ -106,9 +106,14 @@ def torchrun_magic(line: str, cell: str | None = None):
     """The ``%%torchrun`` cell magic and the ``%torchrun --restart`` line magic."""
     try:
         args = _parser().parse_args(shlex.split(line))
+    except ValueError as error:  # shlex: an unclosed quote
+        print(f"{USAGE}\n%%torchrun's line: {error} (close the quotation)", file=sys.stderr)
+        return None
     except SystemExit:
         print(USAGE, file=sys.stderr)
         return None
+    args.timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout
+    args.send, args.out = args.send or "", args.out or ""
     if args.restart:
         shutdown_pool()
         print("warm workers ended; the next %%torchrun cell starts new ones")

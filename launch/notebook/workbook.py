@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hyper_parallel.run_files import NO_SPACE, no_space
+from launch import inputs
 from launch.notebook.workbook_kernel import KERNEL_ARGUMENTS, WorkbookKernel
 from launch.processes.run_dirs import make_run_dir
 
@@ -158,6 +161,18 @@ def run_notebook(path: Path, root: Path, extra: Mapping[str, Any], kernel: Workb
     return NotebookOutcome(path.stem, ok, error, time.monotonic() - began, pngs, written, problems)
 
 
+def _jobs(value: object) -> int:
+    """Notebooks at a time: 1 .. the cores (at least 2): each runs a kernel and its ranks."""
+    jobs = inputs.positive_int(value, "--jobs")
+    cap = max(2, os.cpu_count() or 1)
+    if jobs > cap:
+        raise ValueError(
+            f"--jobs {jobs} is more notebooks at a time than this machine's {os.cpu_count()} cores run "
+            f"(each starts a kernel and its ranks); use at most {cap}"
+        )
+    return jobs
+
+
 def _fresh_workbook_dir(out: Path) -> Path:
     """``out/<timestamp>``, or ``<timestamp>-2``, ``-3``...: a folder no other workbook started in the same
     second writes into (each is created exclusively)."""
@@ -169,6 +184,12 @@ def _fresh_workbook_dir(out: Path) -> Path:
             root.mkdir(mode=0o755)
         except FileExistsError:
             continue
+        except OSError as error:
+            if error.errno in NO_SPACE:
+                raise no_space(parent, error) from None
+            raise ValueError(
+                f"cannot create the workbook folder {root}: {error.strerror}; choose another --out"
+            ) from None
         return root.resolve()
     raise AssertionError("itertools.count() does not end")
 
@@ -190,8 +211,12 @@ def run_workbook(
     ``only`` restricts to notebooks whose name starts with one of the given prefixes; ``parameters``
     maps a notebook name (stem) to extra papermill parameters.
     """
+    jobs = _jobs(jobs)
+    out = inputs.out_dir(out)
+    if out is None:
+        raise ValueError("out must be a folder for the workbook (e.g. runs)")
     only = list(only) if only is not None else None
-    root = _fresh_workbook_dir(Path(out))
+    root = _fresh_workbook_dir(out)
     chosen = [p for p in notebooks(notebooks_dir) if only is None or any(p.stem.startswith(prefix) for prefix in only)]
     if not chosen:
         print(
@@ -202,7 +227,7 @@ def run_workbook(
             file=sys.stderr,
         )
         return 1
-    jobs = max(1, min(int(jobs), len(chosen)))
+    jobs = min(jobs, len(chosen))
     solo = [p for p in chosen if p.stem in SOLO]
     shared = [p for p in chosen if p.stem not in SOLO]
     how = ""

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from hyper_parallel.cost_model import CLI_MODELS, PRECISIONS, ModelConfig, get_model, load_model_config
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, HARDWARE, Hardware, get_hardware
@@ -47,9 +46,11 @@ from hyper_parallel.cost_model.ranking import rank_layouts
 from hyper_parallel.cost_model.review import parse_layouts, review_layouts
 from hyper_parallel.cost_model.stacks import STACKS
 from hyper_parallel.cost_model.validation import check_degrees_divide, check_step_sizes
-from hyper_parallel.mesh import ParallelDims
+from hyper_parallel.mesh import ParallelDims, check_world_size
 from hyper_parallel.mesh_dims import DEGREE_NAMES
 from hyper_parallel.recipes.workload_facts import SequenceScheme
+from hyper_parallel.run_files import NO_SPACE, write_atomic
+from launch import inputs
 from launch.plan.build import make_plan, torchrun_command
 from launch.plan.render import compare_json, plan_json, print_compare, print_plan
 from launch.plan.review_page import FORMATS
@@ -170,6 +171,8 @@ def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) 
     check_step_sizes(args.seq_len, args.batch, list(layouts))
     config = load_model_config(args.model_config) if args.model_config else get_model(args.model)
     schedule = args.pp_schedule.replace("-", "_")
+    if args.virtual_stages is not None and args.virtual_stages < 1:
+        raise ValueError(f"--virtual-stages must be >= 1 (stages per pp rank), got {args.virtual_stages}")
     virtual = args.virtual_stages or (1 if get_schedule(schedule).stages_per_rank == "one" else 2)
     changes = {
         "pp_schedule": schedule,
@@ -237,15 +240,19 @@ def cmd_review(args: argparse.Namespace, config: ModelConfig, hardware: Hardware
     text = render(fmt, reviews, config, hardware, args.world_size, args.gpus_per_node)
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        out = inputs.out_file(args.out)
         if out.suffix.lower() in (".html", ".htm"):
             command = "python -m launch plan " + " ".join(_quoted(a) for a in getattr(args, "argv", []))
-            out.write_text(
-                to_html(reviews, config, hardware, args.world_size, args.gpus_per_node, command), encoding="utf-8"
-            )
+            page = to_html(reviews, config, hardware, args.world_size, args.gpus_per_node, command)
         else:
-            out.write_text(text + "\n", encoding="utf-8")
+            page = text + "\n"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(out, page)
+        except OSError as error:
+            if error.errno in NO_SPACE:
+                raise
+            raise ValueError(f"--out {out}: cannot write the review ({error.strerror})") from None
         print(f"review: {out}", file=sys.stderr)  # stdout stays one parseable document
     return 0
 
@@ -259,6 +266,7 @@ def _quoted(arg: str) -> str:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.world_size is None:
         raise ValueError("--world is required (the number of ranks)")
+    check_world_size(args.world_size, "--world")
     if args.top < 1:
         raise ValueError(f"--top (layouts shown by --compare) must be >= 1, got {args.top}; nearest valid --top: 1")
     hardware = hardware_from_args(args)
@@ -270,6 +278,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     degrees = {k: getattr(args, k) for k in ("world_size", *DEGREE_NAMES)}
     check_degrees_divide(args.world_size, degrees)
     dims = ParallelDims(**{k: v for k, v in degrees.items() if v is not None})
+    if not 0 <= args.rank < dims.world_size:  # before torch is imported to build the groups
+        raise ValueError(f"--rank {args.rank} is outside world_size={dims.world_size}; give 0 .. {dims.world_size - 1}")
     config = model_from_args(args, [dims])
     try:
         plan = make_plan(config, dims, args.gpus_per_node, args.rank, hardware)

@@ -299,7 +299,7 @@ def torchrun(
     gets a fresh scratch directory (``launch.processes.run_dirs``); with one, it must be a folder of
     yours nobody else can write, and no other launch may be using it at the same time (``RunDirError``).
     """
-    _checked(target, nproc, args, timeout)  # before any folder is made
+    inputs.launch(target, nproc, args, timeout, on_line, env)  # before any folder is made
     run_dir = make_run_dir(run_dir) if run_dir else new_scratch_dir("run-")
     with claimed(run_dir):
         return torchrun_claimed(target, nproc, args, timeout, on_line, env, run_dir)
@@ -315,17 +315,8 @@ def torchrun_claimed(
     run_dir: Path | None = None,
 ) -> TorchrunResult:
     """``torchrun`` into ``run_dir``, which the caller has claimed already (``launch.processes.run_dirs.claimed``)."""
-    entry, timeout = _checked(target, nproc, args, timeout)
+    entry, timeout = inputs.launch(target, nproc, args, timeout, on_line, env)
     return _launch(entry, nproc, [str(arg) for arg in args], timeout, on_line, env, Path(run_dir))
-
-
-def _checked(target: str, nproc: int, args: Sequence[str], timeout: float) -> tuple[list[str], float]:
-    """The launch's entry and timeout, or ``ValueError`` naming what is wrong."""
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc must be a positive int (number of worker processes), got {nproc!r}")
-    if isinstance(args, (str, bytes)):
-        raise ValueError(f"args must be a sequence of strings such as ['--steps', '5'], got the string {args!r}")
-    return inputs.launch_target(target), inputs.timeout(timeout)
 
 
 def without_rank_prefix(rank: int, line: str) -> str:

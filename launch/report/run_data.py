@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,13 +118,21 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
     try:
         payload = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
         raise ValueError(
-            f"{path} is not valid JSON ({error}); was the run interrupted while writing it? "
+            f"{path} is not valid JSON ({reason}); was the run interrupted while writing it? "
             f"Re-run it, or remove the file to report on the rest"
-        ) from error
+        ) from None
     if not isinstance(payload, dict):
         raise ValueError(f"{path} holds a {type(payload).__name__}, not the JSON object a run writes")
+    degrees = payload.get("degrees")
+    if degrees is not None and not (
+        isinstance(degrees, dict) and all(isinstance(v, int) and not isinstance(v, bool) for v in degrees.values())
+    ):
+        raise ValueError(
+            f"{path}: 'degrees' must be an object of whole numbers such as {{'dp_shard': 2}}, got {degrees!r}"
+        )
     return payload
 
 
@@ -200,6 +209,8 @@ def read_run(run_dir: str | Path, logs: dict[int, list[str]] | None = None) -> R
 
     Raises ``ValueError`` when ``run_dir`` is missing, is not a run directory or holds broken JSON.
     """
+    if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
+        raise ValueError(f"run_dir must be a run directory's path, got {run_dir!r}")
     run_dir = Path(run_dir).expanduser().resolve()
     _check_run_dir(run_dir)
     ranks = sorted(

@@ -9,6 +9,7 @@ self-contained HTML report (``launch.report``) next to it: the file people attac
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import html
 import os
@@ -67,8 +68,10 @@ class MeshWidget(DegreePicker):
         runner: Callable[..., Any] | None = None,
         **degrees: int,
     ) -> None:
-        self.timeout = timeout
-        self.out = Path(out) if out is not None else None
+        from launch import inputs  # the same rules as launch.run: refused here, not after Launch made a folder
+
+        self.timeout = inputs.timeout(timeout)
+        self.out = inputs.out_dir(out)
         self.figures_dir = Path(figures_dir) if figures_dir is not None else None
         self._runner = runner
         self._busy = False
@@ -250,9 +253,12 @@ class MeshWidget(DegreePicker):
         runner = self._runner or run_spec
         # an explicit folder per run: the result's run_dir is then the folder holding its files
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = self.out / f"{recipe}-{stamp}" if self.out is not None else new_scratch_dir(f"hp-{recipe}-{stamp}-")
         try:
-            spec = resolve_run(recipe, steps=steps, out=run_dir, **degrees, **options)
+            spec = resolve_run(recipe, steps=steps, **degrees, **options)  # validated before a folder is made
+            run_dir = (
+                self.out / f"{recipe}-{stamp}" if self.out is not None else new_scratch_dir(f"hp-{recipe}-{stamp}-")
+            )
+            spec = dataclasses.replace(spec, out=run_dir)
             result = runner(spec, timeout=self.timeout, on_line=self._on_line, on_progress=self._on_progress)
         except Stopped:
             self.run_error = "stopped by the user"

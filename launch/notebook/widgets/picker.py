@@ -18,6 +18,7 @@ from hyper_parallel.mesh_dims import MESH_ORDER, STAGE_DEGREES, MeshDim, degrees
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import microbatch_choices
 from hyper_parallel.viz.style import png_bytes
+from launch import inputs  # the same rules as launch.run and the CLI
 from launch.notebook.widgets.display import BAD_COLOR, INFO_COLOR, OK_COLOR, cli_command
 
 DEGREES = STAGE_DEGREES
@@ -74,11 +75,9 @@ class DegreePicker(widgets.VBox):
         preview: bool = True,
         **degrees: int,
     ) -> None:
-        from launch import inputs  # the same rules as launch.run and the CLI
-
         spec = registry.get(inputs.recipe_name(recipe))
         steps = None if steps is None else inputs.steps(steps)
-        inputs.positive_int(max_world_size, "max_world_size")
+        inputs.widget_selection(steps, microbatches, max_world_size, degrees, PICKER_DEGREES)
         names = [registry.get(name).name for name in (recipes or [spec.name])]
         if spec.name not in names:
             names.insert(0, spec.name)
@@ -104,7 +103,11 @@ class DegreePicker(widgets.VBox):
             description="world_size", style=style, layout=widgets.Layout(width="150px"), tooltip=HELP["world_size"]
         )
         self.steps_selector = widgets.BoundedIntText(
-            value=steps or spec.steps, min=1, max=50, description="steps", layout=widgets.Layout(width="130px")
+            value=steps or spec.steps,
+            min=1,
+            max=inputs.MAX_WIDGET_STEPS,
+            description="steps",
+            layout=widgets.Layout(width="130px"),
         )
         self.microbatches_selector = widgets.Dropdown(
             options=[microbatches] if microbatches is not None else [],
@@ -202,9 +205,7 @@ class DegreePicker(widgets.VBox):
 
     def set(self, **degrees: int) -> None:
         """Select ``world_size`` and/or degrees at once (values no valid mesh uses are allowed and explained)."""
-        unknown = set(degrees) - {"world_size", *PICKER_DEGREES}
-        if unknown:
-            raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {['world_size', *PICKER_DEGREES]}")
+        inputs.widget_degrees(degrees, PICKER_DEGREES)
         merged = {**self.degrees, **degrees}
         self._last_changed = next((name for name in PICKER_DEGREES if name in degrees), None)
         self._load(self.recipe, merged)

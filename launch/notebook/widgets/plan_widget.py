@@ -15,6 +15,7 @@ so every change redraws at once (the bars are ``hyper_parallel.viz.planning.plan
 from __future__ import annotations
 
 import html
+import math
 
 import ipywidgets as widgets
 
@@ -22,10 +23,11 @@ from hyper_parallel.cost_model import CLI_MODELS, CostEstimate, ModelConfig, est
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE
 from hyper_parallel.cost_model.layouts import candidate_layouts, nearest_valid, nodes_spanned
 from hyper_parallel.cost_model.step_time import estimate_step
-from hyper_parallel.mesh import ParallelDims, dp_shard_left
+from hyper_parallel.mesh import ParallelDims, check_world_size, dp_shard_left
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.viz.planning import plan_figure
 from hyper_parallel.viz.style import png_bytes
+from launch import inputs
 from launch.notebook.widgets.picker import DEGREES, HELP
 from launch.plan.build import MESH_DIMS, torchrun_command
 from launch.tables import table
@@ -41,6 +43,20 @@ def _fits(config: ModelConfig, dims: ParallelDims) -> bool:
     return True
 
 
+def _check_settings(
+    model: object, world_size: object, gpus_per_node: object, memory_gib: object, degrees: dict
+) -> None:
+    """``PlanWidget``'s arguments by the planner's rules (``launch plan``'s): a preset, a world within
+    ``MAX_WORLD_SIZE``, whole numbers >= 1 (dp_shard -1: what is left), a positive memory."""
+    inputs.widget_degrees(degrees, DEGREES)
+    if model is not None and (not isinstance(model, str) or model not in CLI_MODELS):
+        raise ValueError(f"model must be one of {', '.join(CLI_MODELS)} (or give model_config=), got {model!r}")
+    check_world_size(world_size, "world_size")
+    inputs.positive_int(gpus_per_node, "gpus_per_node")
+    if isinstance(memory_gib, bool) or not isinstance(memory_gib, (int, float)) or not 0 < memory_gib < math.inf:
+        raise ValueError(f"memory_gib must be a positive number of GiB per GPU such as 80, got {memory_gib!r}")
+
+
 class PlanWidget(widgets.VBox):
     """Model, world size, GPUs per node and degree selectors; live bars, group table and torchrun command."""
 
@@ -53,9 +69,7 @@ class PlanWidget(widgets.VBox):
         model_config: str | None = None,
         **degrees: int,
     ) -> None:
-        unknown = set(degrees) - set(DEGREES)
-        if unknown:
-            raise ValueError(f"unknown degree(s) {sorted(unknown)}; known: {', '.join(DEGREES)}")
+        _check_settings(model if model_config is None else None, world_size, gpus_per_node, memory_gib, degrees)
         self.memory_gib = memory_gib
         self._own_models = {}  # name -> ModelConfig read from a config.json (cost_model.load_model_config)
         if model_config is not None:
