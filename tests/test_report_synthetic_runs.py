@@ -124,3 +124,25 @@ def test_reports_embed_the_figures_a_notebook_saved_and_name_the_rest(tmp_path):
     write_reports(runs)  # without the notebook's files: drawn as before
     drawn = written[0].read_text(encoding="utf-8")
     assert base64.b64encode(saved).decode("ascii") not in drawn and "draws every figure" not in drawn
+
+
+def test_a_pipeline_runs_report_puts_its_measured_bubble_beside_the_formula(tmp_path):
+    """Two stages, two microbatches (1F1B), actions written by hand: rank 0 busy 0-1, 1-2, 4-5, 5-6 and rank 1
+    busy 1-2, 2-3, 3-4, 4-5 of a 0-6 s step, so idle 2/6 on each rank: 33 % measured; the formula
+    (p-1)/(m+p-1) = 1/3 of the schedule."""
+    from hyper_parallel.run_files import METRICS_FILE, TRACE_FILE
+    from launch.report.page import pipeline_bubble
+    from launch.report.run_data import read_run
+
+    busy = {0: [(0, 1), (1, 2), (4, 5), (5, 6)], 1: [(1, 2), (2, 3), (3, 4), (4, 5)]}
+    for rank, spans in busy.items():
+        events = [{"kind": "pipeline", "step": 0, "t_start": a, "t_end": b} for a, b in spans]
+        (tmp_path / TRACE_FILE.format(rank=rank)).write_text(json.dumps({"rank": rank, "events": events}))
+    notes = {"schedule": "1f1b", "microbatches": 2, "stages_per_rank": 1}
+    metrics = {"recipe": "P1", "degrees": {"world_size": 2, "pp": 2}, "notes": notes, "ok": True}
+    (tmp_path / METRICS_FILE).write_text(json.dumps(metrics))
+    text = pipeline_bubble(read_run(tmp_path))
+    assert text.startswith("1f1b: 33% measured") and "(p-1)/(m+p-1)" in text and "33%" in text.split("formula")[1]
+    del metrics["notes"]
+    (tmp_path / METRICS_FILE).write_text(json.dumps(metrics))
+    assert pipeline_bubble(read_run(tmp_path)) is None  # not a pipeline run

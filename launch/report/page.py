@@ -92,6 +92,30 @@ def _error(run: RunData) -> str:
     )
 
 
+def pipeline_bubble(run: RunData) -> str | None:
+    """A pipeline run's measured bubble (the ranks' mean idle share of the last step, from the traces)
+    beside its schedule's formula; None for other runs or when the traces hold no pipeline actions."""
+    notes = run.value("notes") or {}
+    if "schedule" not in notes or not run.trace_ranks:
+        return None
+    from hyper_parallel.run_files import load_traces
+    from hyper_parallel.viz.pipeline import formula_text, measured_bubble
+
+    traces = load_traces(run.run_dir)
+    steps = [e["step"] for events in traces.values() for e in events if e.get("kind") == "pipeline"]
+    if not steps:
+        return None
+    idle = measured_bubble(traces, max(steps))
+    mean = sum(idle.values()) / len(idle)
+    pp = int(run.degrees.get("pp", 1))
+    formula = formula_text(notes["schedule"], pp, notes["microbatches"], notes["stages_per_rank"])
+    return (
+        f"{notes['schedule']}: {mean:.0%} measured (mean idle share of the {len(idle)} ranks' last step) "
+        f"against the formula's {formula}; on shared CPU cores the ranks' compute does not run in parallel, "
+        "so the measured share is not the formula's"
+    )
+
+
 def _run_section(run: RunData) -> str:
     recipe, degrees = run.recipe, run.degrees
     rows = []
@@ -124,6 +148,9 @@ def _run_section(run: RunData) -> str:
     for key in ("steps", "seed", "backend"):
         if run.value(key) is not None:
             rows.append((key, esc(run.value(key))))
+    bubble = pipeline_bubble(run)
+    if bubble:
+        rows.append(("pipeline bubble", esc(bubble)))
     rows.append(("same run from a terminal", f"<code>{esc(rerun_command(run))}</code>"))
     if run.chrome_traces:
         rows.append(
