@@ -318,6 +318,23 @@ def check(key: str, answer: Any, expected: Any, source: str = "the run") -> str:
     return _verdict(key, answer, right, f"{shown}", source)
 
 
+def _answered_mesh(key: str, answer: Any, world_size: int):
+    """The learner's degrees as ``ParallelDims`` of ``world_size`` ranks, or the verdict when there is none to
+    check (unanswered, not a dict, not a valid mesh: each with its sentence printed)."""
+    from hyper_parallel.mesh import ParallelDims
+
+    exercise(key)
+    if answer is None:
+        return _unanswered(key)
+    if not isinstance(answer, Mapping):
+        return _verdict(key, answer, False, "", "a mesh is a dict of degrees")
+    try:
+        return ParallelDims(world_size=world_size, **dict(answer))
+    except (TypeError, ValueError) as error:
+        print(f"✘ {key}: {dict(answer)} is not a valid mesh of {world_size} ranks: {error}")
+        return WRONG
+
+
 def check_fits(
     key: str,
     answer: Mapping[str, int] | None,
@@ -331,20 +348,16 @@ def check_fits(
     and with its training state (parameters + gradients + optimizer state, the cost model's memory)
     within ``budget_gib`` per rank. There are several right answers."""
     from hyper_parallel.cost_model import estimate, get_model
-    from hyper_parallel.mesh import ParallelDims
 
-    exercise(key)
-    if answer is None:
-        return _unanswered(key)
-    if not isinstance(answer, Mapping):
-        return _verdict(key, answer, False, "", "a mesh is a dict of degrees")
+    dims = _answered_mesh(key, answer, world_size)
+    if isinstance(dims, Verdict):
+        return dims
     try:
-        dims = ParallelDims(world_size=world_size, **dict(answer))
         memory = estimate(get_model(model), dims).memory
-        total = memory.parameters + memory.gradients + memory.optimizer
-    except (TypeError, ValueError) as error:
-        print(f"✘ {key}: {dict(answer)} is not a valid mesh of {world_size} ranks: {error}")
+    except ValueError as error:
+        print(f"✘ {key}: {dict(answer)} does not fit {model}: {error}")
         return WRONG
+    total = memory.parameters + memory.gradients + memory.optimizer
     for name, rule in (need or {}).items():
         value = getattr(dims, name)
         if (rule == ">1" and value <= 1) or (isinstance(rule, int) and value != rule):
@@ -361,18 +374,9 @@ def check_layout(key: str, answer: Mapping[str, int] | None, ranked, world_size:
     budget and its modelled step is within ``within`` of the fastest layout that fits (``ranked``:
     ``rank_layouts``' list, best first). Several answers are right; a wrong one is told which step of
     the procedure it fails, or how far it is from the best and where the time goes."""
-    from hyper_parallel.mesh import ParallelDims
-
-    exercise(key)
-    if answer is None:
-        return _unanswered(key)
-    if not isinstance(answer, Mapping):
-        return _verdict(key, answer, False, "", "a layout is a dict of degrees")
-    try:
-        dims = ParallelDims(world_size=world_size, **dict(answer))
-    except (TypeError, ValueError) as error:
-        print(f"✘ {key}: {dict(answer)} is not a valid mesh of {world_size} ranks: {error}")
-        return WRONG
+    dims = _answered_mesh(key, answer, world_size)
+    if isinstance(dims, Verdict):
+        return dims
     position = next((i for i, r in enumerate(ranked) if r.dims == dims), None)
     if position is None:
         print(
