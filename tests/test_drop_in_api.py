@@ -8,6 +8,7 @@ tests/test_drop_in.py; here: classes, errors, roles, meshes.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -22,8 +23,9 @@ from torch.testing._internal.two_tensor import TwoTensor
 from hyper_parallel import ParallelDims, fully_shard
 from hyper_parallel.fsdp import FullyShardModule, UnshardHandle
 from hyper_parallel.fsdp.module import UNSUPPORTED_FSDP2_METHODS
+from hyper_parallel.fsdp.param_group import ShardedState
 from hyper_parallel.fsdp.roles import resolve_roles
-from hyper_parallel.fsdp.step import TrainingState
+from hyper_parallel.fsdp.step import TRANSITIONS, TrainingState
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 
@@ -297,13 +299,53 @@ def test_reduce_scatter_unused_params_reaches_every_unit(world):
 
 
 def test_the_lifecycle_is_data_and_checked(world):
-    """A unit's state is a handful of named records (not loose flags), and a change of training state that the
-    lifecycle does not allow raises (torch FSDP2 asserts its states the same way)."""
+    """A unit's state is a handful of named records (not loose flags); its training state changes only along
+    ``step.TRANSITIONS`` (every other move raises, naming reset_iter_state) and its parameters only around
+    SHARDED -> GATHERING -> UNSHARDED -> SHARDED (torch FSDP2 asserts its states the same way)."""
     state = fully_shard(nn.Linear(8, 8), mesh=world)._hp_state
     assert len(vars(state)) <= 12, sorted(vars(state))
-    state._transition(TrainingState.FORWARD, TrainingState.IDLE)
-    with pytest.raises(RuntimeError, match="cannot go from FORWARD to POST_BACKWARD .*reset_iter_state"):
-        state._transition(TrainingState.POST_BACKWARD, TrainingState.PRE_BACKWARD)
+    for now, to in itertools.product(TrainingState, repeat=2):
+        state.training_state = now
+        if (now, to) in TRANSITIONS:
+            state._transition(to)
+        else:
+            with pytest.raises(RuntimeError, match=f"cannot go from {now.name} to {to.name} .*reset_iter_state"):
+                state._transition(to)
+        state._transition(TrainingState.IDLE, reset=True)  # the end of a step: from anywhere
+        assert state.training_state is TrainingState.IDLE
+    group = state.groups[0]
+    assert group.sharded_state is ShardedState.SHARDED
+    with pytest.raises(RuntimeError, match="cannot go from SHARDED to UNSHARDED"):
+        group._move_to(ShardedState.UNSHARDED)  # an unshard must issue its all-gather first
+
+
+def test_a_forward_that_raises_then_reset_iter_state_leaves_every_unit_idle_and_sharded(world):
+    """The second block raises halfway through the forward: the root and the first block are unsharded, the
+    second in FORWARD. reset_iter_state (FSDP2's name) resets every unit, and the next step trains."""
+
+    class Fails(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear, self.fail = nn.Linear(8, 8), True
+
+        def forward(self, x):
+            if self.fail:
+                raise ValueError("the data loader gave a bad batch")
+            return self.linear(x)
+
+    model = nn.Sequential(nn.Linear(8, 8), Fails(), nn.Linear(8, 8))
+    for unit in (model[0], model[1], model[2], model):
+        fully_shard(unit, mesh=world)
+    with pytest.raises(ValueError, match="bad batch"):
+        model(torch.randn(4, 8))
+    assert model[1]._hp_state.training_state is TrainingState.FORWARD
+    model.reset_iter_state()
+    for unit in (model[0], model[1], model[2], model):
+        assert unit._hp_state.training_state is TrainingState.IDLE
+        assert all(group.sharded_state is ShardedState.SHARDED for group in unit._hp_state.groups)
+    model[1].fail = False
+    model(torch.randn(4, 8)).sum().backward()  # the next step runs
+    assert all(unit._hp_state.training_state is TrainingState.IDLE for unit in (model[0], model[1], model[2], model))
 
 
 def test_to_empty_relinks_a_unit_of_several_modules(world):

@@ -33,6 +33,7 @@ from hyper_parallel.fsdp.param import ShardedParam, placements_str, union_dims
 from hyper_parallel.fsdp.reduction import (
     Contribution,
     GradientReduction,
+    HeldPartialSum,
     ParkedGradient,
     ReduceScatterInFlight,
     ReductionTarget,
@@ -71,6 +72,14 @@ class ShardedState(Enum):
     UNSHARDED = auto()
 
 
+SHARDED_STATE_NEXT = {
+    ShardedState.SHARDED: ShardedState.GATHERING,  # an all-gather issued (unshard, or a prefetch)
+    ShardedState.GATHERING: ShardedState.UNSHARDED,  # the all-gather waited for, the unsharded parameters in
+    ShardedState.UNSHARDED: ShardedState.SHARDED,  # resharded
+}
+"""The cycle a group's parameters go through, the only moves ``ParamGroup._move_to`` allows."""
+
+
 def _outside_functorch(method):
     """Run ``method`` with functorch's transforms off (FSDP2's ``_disable_functorch_if_active``): gathering and
     freeing parameters are bookkeeping a transform such as ``torch.func.jvp`` must not trace through."""
@@ -98,7 +107,7 @@ class ParamGroup:
         self.requires_gradient_sync = True
         self.requires_all_reduce = True
         self.reduce_unused_params = False  # set_reduce_scatter_unused_params(True): zeros where no rank used one
-        self.held: list[Contribution | None] = [None]  # HSDP: reduce-scattered, not yet all-reduced
+        self.held = HeldPartialSum()  # HSDP: reduce-scattered, not yet all-reduced
         self.parked_since_sync = False  # a backward ran with gradient sync off: the next sync reduces it
         self.offsets = []
         total = 0
@@ -169,6 +178,16 @@ class ParamGroup:
     def is_meta(self) -> bool:
         return self.params[0].padded_shard.is_meta
 
+    def _move_to(self, state: ShardedState) -> None:
+        """The one way ``sharded_state`` changes after construction, checked against ``SHARDED_STATE_NEXT``
+        (as torch FSDP2's ``_assert_in_states``)."""
+        if SHARDED_STATE_NEXT[self.sharded_state] is not state:
+            raise RuntimeError(
+                f"fully_shard unit {self.name!r}: its parameters cannot go from {self.sharded_state.name} to "
+                f"{state.name} (only to {SHARDED_STATE_NEXT[self.sharded_state].name})"
+            )
+        self.sharded_state = state
+
     # ----- forward -----
     @property
     def is_unsharded(self) -> bool:
@@ -215,7 +234,7 @@ class ParamGroup:
         elif row is not None:
             gathered = row.buffer.view(1, -1)
         self._gathering = AllGatherInFlight(work, gathered, row)
-        self.sharded_state = ShardedState.GATHERING
+        self._move_to(ShardedState.GATHERING)
 
     @_outside_functorch
     def wait_for_unshard(self) -> None:
@@ -238,7 +257,7 @@ class ParamGroup:
                 param.copy_cast(param.padded_shard)
         for param in self.params:
             param.use_unsharded()
-        self.sharded_state = ShardedState.UNSHARDED
+        self._move_to(ShardedState.UNSHARDED)
         self._trace_placements(sharded_to_unsharded=True)
 
     @_outside_functorch
@@ -256,7 +275,7 @@ class ParamGroup:
             if self.owns_unsharded_storage or param.extension is not None:
                 param.free_unsharded()
             param.use_sharded()
-        self.sharded_state = ShardedState.SHARDED
+        self._move_to(ShardedState.SHARDED)
         self._trace_placements(sharded_to_unsharded=False)
 
     def _post_forward_rows(self) -> torch.Tensor:
@@ -333,7 +352,7 @@ class ParamGroup:
         scatter_needed = backward_ran or self.parked_since_sync
         self.parked_since_sync = False
         offsets, total = self._reduce_layout(ready)
-        if not offsets or not (scatter_needed or self.held[0] is not None):
+        if not offsets or not (scatter_needed or self.held.contribution is not None):
             return
         locally_used = set(ready)  # before _reduce_scatter empties ``ready``
         partial_dims = {}
@@ -375,7 +394,7 @@ class ParamGroup:
         if self.reduction is not None:
             self.reduction.discard()
             self.reduction = None
-        self.held[0] = None
+        self.held.contribution = None
         self.parked_since_sync = False
         for param in self.params:
             param.parked = None
@@ -429,5 +448,5 @@ class ParamGroup:
 
     def has_pending_grads(self) -> bool:
         """Gradients parked by an earlier micro-step, or an HSDP partial sum due now."""
-        due = self.held[0] is not None and self.requires_all_reduce and self.requires_gradient_sync
+        due = self.held.contribution is not None and self.requires_all_reduce and self.requires_gradient_sync
         return due or (self.parked_since_sync and self.requires_gradient_sync)

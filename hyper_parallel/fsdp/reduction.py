@@ -91,9 +91,22 @@ class ReductionStage(Enum):
 
 
 @dataclass
+class HeldPartialSum:
+    """HSDP with the all-reduce off (gradient accumulation): the reduce-scattered sum a unit keeps until a
+    later micro-step all-reduces it. One record, shared by the unit and its reduction in flight."""
+
+    contribution: Contribution | None = None
+
+    def take(self) -> Contribution | None:
+        """The sum kept so far, which the caller now owns (None when there is none)."""
+        earlier, self.contribution = self.contribution, None
+        return earlier
+
+
+@dataclass
 class ReductionTarget:
     """Where a reduction ends: the unit's groups, divide factor and dtype, and the HSDP partial sum it adds
-    to or is kept as (``held``: a one-element list shared with the unit, so the reduction can update it)."""
+    to or is kept as (``held``, the unit's own record)."""
 
     name: str
     unsharded_group: GroupInfo
@@ -102,7 +115,7 @@ class ReductionTarget:
     orig_dtype: torch.dtype
     requires_all_reduce: bool
     reduce_unused: bool
-    held: list[Contribution | None]
+    held: HeldPartialSum
 
 
 class GradientReduction:
@@ -127,12 +140,11 @@ class GradientReduction:
                 comm.release(self._scatter.reduce_in)
                 self._scatter = None
             if target.dp_size > 1:
-                earlier = target.held[0]
-                target.held[0] = None
+                earlier = target.held.take()
                 if earlier is not None:
                     self.contribution.add(earlier)
                 if not target.requires_all_reduce:
-                    target.held[0] = self.contribution  # HSDP accumulation: all-reduced by a later step
+                    target.held.contribution = self.contribution  # HSDP accumulation: all-reduced by a later step
                     self.stage = ReductionStage.DONE
                     return True
                 reduced = self.contribution.reduced

@@ -28,7 +28,15 @@ from torch.autograd import Variable
 
 from hyper_parallel import trace
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
-from hyper_parallel.fsdp.step import BackwardProgress, TrainingState, check_transition
+from hyper_parallel.fsdp.step import (
+    FORWARD,
+    IDLE,
+    POST_BACKWARD,
+    PRE_BACKWARD,
+    BackwardProgress,
+    TrainingState,
+    check_transition,
+)
 from hyper_parallel.fsdp.unit_io import cast_floating, hook_inputs, hook_outputs
 
 
@@ -50,10 +58,6 @@ def _not_traced(hook):
 
     set_code_exec_strategy(wrapper.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
     return wrapper
-
-
-IDLE, FORWARD = TrainingState.IDLE, TrainingState.FORWARD
-PRE_BACKWARD, POST_BACKWARD = TrainingState.PRE_BACKWARD, TrainingState.POST_BACKWARD
 
 
 def overlap_default() -> bool:
@@ -134,8 +138,9 @@ class FullyShardState:
             return not self.is_root
         return bool(self.settings.reshard_after_forward)
 
-    def _transition(self, to: TrainingState, *allowed_from: TrainingState) -> None:
-        check_transition(self.name, self.training_state, to, allowed_from)
+    def _transition(self, to: TrainingState, reset: bool = False) -> None:
+        """The one way ``training_state`` changes (``step.TRANSITIONS``; ``reset``: back to IDLE from anywhere)."""
+        check_transition(self.name, self.training_state, to, reset)
         self.training_state = to
 
     # ----- forward -----
@@ -189,7 +194,7 @@ class FullyShardState:
                         param.sync_requires_grad()
                 self.progress.modules_run.clear()
                 self._record_order(context.forward_order)
-            self._transition(FORWARD, IDLE, FORWARD, POST_BACKWARD)
+            self._transition(FORWARD)
             self._outer_module_label = trace.set_module(self.name)
             for group in self.groups:
                 group.unshard()
@@ -229,7 +234,7 @@ class FullyShardState:
         if not training or self.reshards_after_forward:
             for group in self.groups:
                 group.reshard(keep_post_forward_shard=training)
-        self._transition(IDLE, FORWARD)
+        self._transition(IDLE)
         return hook_outputs(self, output) if training else output
 
     def _end_partial_passes(self, output):
@@ -283,7 +288,7 @@ class FullyShardState:
     def _pre_backward(self, grad):
         if self.training_state in (PRE_BACKWARD, POST_BACKWARD):
             return grad
-        self._transition(PRE_BACKWARD, IDLE, FORWARD)
+        self._transition(PRE_BACKWARD)
         with trace.outside_compute():
             self._queue_end_of_backward()
             trace.set_module(self.name)
@@ -313,7 +318,7 @@ class FullyShardState:
         """Start this unit's gradient reduction and reshard. With overlap, the reductions already in flight
         move one stage on first (their reduce-scatters are waited for and their all-reduces issued), then
         this unit's reduce-scatter is issued and left in flight behind the next unit's backward."""
-        self._transition(POST_BACKWARD, IDLE, FORWARD, PRE_BACKWARD)
+        self._transition(POST_BACKWARD)
         context = self.context
         overlap = self.settings.overlap
         for group in self.groups:
@@ -358,7 +363,7 @@ class FullyShardState:
                     if state.settings.reshard_after_backward:
                         group.reshard()
                 state.progress.modules_run.clear()
-                state.training_state = IDLE
+                state._transition(IDLE, reset=True)
             context.callback_queued = False
             context.order_recorded = True
             trace.set_phase("other")
@@ -377,7 +382,7 @@ class FullyShardState:
                 group.discard_gradients()
                 group.reshard()
             state.progress.reset()
-            state.training_state = IDLE
+            state._transition(IDLE, reset=True)
         trace.set_phase("other")
         trace.set_module("")
 

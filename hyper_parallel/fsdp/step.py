@@ -22,14 +22,37 @@ class TrainingState(Enum):
     POST_BACKWARD = auto()  # backward is done with the unit: gradients reduced (or in flight)
 
 
-def check_transition(unit: str, now: TrainingState, to: TrainingState, allowed_from: tuple[TrainingState, ...]) -> None:
-    """Raise when ``now -> to`` is not a step of the lifecycle (a hook ran out of order: a bug here, or a
-    training loop that calls backward twice on one forward)."""
-    if now not in allowed_from:
+IDLE, FORWARD = TrainingState.IDLE, TrainingState.FORWARD
+PRE_BACKWARD, POST_BACKWARD = TrainingState.PRE_BACKWARD, TrainingState.POST_BACKWARD
+
+TRANSITIONS: frozenset[tuple[TrainingState, TrainingState]] = frozenset(
+    {
+        (IDLE, FORWARD),  # a forward starts
+        (FORWARD, FORWARD),  # the next module of a unit of several, or a unit called twice in one forward
+        (POST_BACKWARD, FORWARD),  # the next microbatch's forward (a pipeline schedule) after this one's backward
+        (FORWARD, IDLE),  # the unit's forward ends
+        (IDLE, PRE_BACKWARD),  # backward reaches the unit's outputs
+        (FORWARD, PRE_BACKWARD),  # ... of a call whose pass is still open (a unit used twice)
+        (IDLE, POST_BACKWARD),  # backward done with a unit whose outputs it never reached (the embedding)
+        (FORWARD, POST_BACKWARD),
+        (PRE_BACKWARD, POST_BACKWARD),  # backward done with the unit: its gradients reduced
+    }
+)
+"""Every change of a unit's ``TrainingState`` the lifecycle allows, (from, to). The one move outside it is the
+reset to IDLE at the end of a step or after a step that raised (``check_transition(..., reset=True)``)."""
+
+
+def check_transition(unit: str, now: TrainingState, to: TrainingState, reset: bool = False) -> None:
+    """Raise when ``now -> to`` is not in ``TRANSITIONS`` (a hook ran out of order: a bug here, or a training
+    loop that calls backward twice on one forward). ``reset``: the end of a step or ``reset_iter_state``, which
+    return every unit to IDLE from wherever it is."""
+    if reset and to is IDLE:
+        return
+    if (now, to) not in TRANSITIONS:
+        sources = sorted(state.name for state, target in TRANSITIONS if target is to)
         raise RuntimeError(
             f"fully_shard unit {unit!r}: cannot go from {now.name} to {to.name} (only from "
-            f"{', '.join(state.name for state in allowed_from)}); if a forward or backward raised before, "
-            "call reset_iter_state() on the root module"
+            f"{', '.join(sources)}); if a forward or backward raised before, call reset_iter_state() on the root module"
         )
 
 
