@@ -282,3 +282,21 @@ def test_design_review_example_documents_are_current():
 
     docs = Path(__file__).resolve().parents[1] / "docs"
     assert review_example.is_current(docs), "docs/design_review_512.* are not the planner's output: run make docs"
+
+
+def test_the_plan_figure_keeps_every_memory_kind_visible_under_a_far_budget():
+    """11's plan: about 13 GiB of memory per rank on an 80 GiB part. On an axis up to the budget the kinds
+    below the activations were a few pixels high; the axis follows the bars once the budget is over twice
+    them, and says the budget in words. Near the budget, the budget line is drawn."""
+    from hyper_parallel.cost_model.step_time import estimate_step
+    from hyper_parallel.viz.planning import budget_axis_top, plan_figure
+
+    assert budget_axis_top(13.0, 80.0) == pytest.approx(13.0 * 1.7)
+    assert budget_axis_top(60.0, 80.0) == pytest.approx(80.0 * 1.7)
+    config = get_model("llama-8b-like")
+    cost = estimate(config, ParallelDims(world_size=4096, dp_shard=512, tp=8))
+    step = estimate_step(cost, 8, get_hardware("h100-sxm"))
+    memory_axis = next(ax for ax in plan_figure(cost, step.timed, 80.0).axes if ax.get_label() == "memory")
+    total = cost.memory.total / 2**30
+    assert memory_axis.get_ylim()[1] == pytest.approx(total * 1.7)
+    assert any("80 GiB" in text.get_text() and "above the axis" in text.get_text() for text in memory_axis.texts)

@@ -16,6 +16,15 @@ MEMORY_PARTS = ("parameters", "gradients", "optimizer", "gathered", "activations
 MEMORY_COLORS = ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974")
 
 
+def budget_axis_top(total_gib: float, budget_gib: float | None) -> float:
+    """The memory bar's axis: room for the legend above the bars and the budget line, unless the budget is
+    over twice the bars (13 GiB on an 80 GiB part), where the axis follows the bars so each kind stays
+    visible and the budget is named in words."""
+    if budget_gib and total_gib and budget_gib > 2 * total_gib:
+        return total_gib * 1.7
+    return max(total_gib, budget_gib or 0) * 1.7 or 1.0
+
+
 def plan_figure(cost: CostEstimate, timed: list[TimedCollective], memory_gib: float | None = 80.0) -> Figure:
     """Left: per-rank memory stacked by kind (and the budget). Right: the step's communication time per
     (op, group), both phases, hatched by group, with its bytes; bars of groups that cross nodes are outlined red."""
@@ -28,12 +37,15 @@ def plan_figure(cost: CostEstimate, timed: list[TimedCollective], memory_gib: fl
         value = getattr(cost.memory, part) / GIB
         ax.bar(0, value, 0.6, bottom=bottom, color=color, label=f"{part} {fmt_bytes(value * GIB)}", gid=part)
         bottom += value
-    if memory_gib:
+    top = budget_axis_top(bottom, memory_gib)
+    if memory_gib and memory_gib <= top:
         ax.axhline(memory_gib, color="#cf222e", linestyle="--", linewidth=1)
         ax.text(0.32, memory_gib, f"{memory_gib:g} GiB", color="#cf222e", fontsize=8, va="bottom")
+    elif memory_gib:  # far above the bars: on the axis it would flatten them
+        ax.text(0.32, top, f"budget {memory_gib:g} GiB\n(above the axis)", color="#cf222e", fontsize=8, va="top")
     ax.set_xticks([])
     ax.set_ylabel("GiB per rank")
-    ax.set_ylim(0, max(bottom, memory_gib or 0) * 1.7 or 1)  # room for the legend above the budget line
+    ax.set_ylim(0, top)
     ax.set_title(f"memory per rank: {fmt_bytes(cost.memory.total)}", fontsize=10)
     ax.legend(fontsize=7.5, loc="upper left")
     cax = fig.add_subplot(grid[0, 1])
