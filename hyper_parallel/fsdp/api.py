@@ -22,29 +22,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
-from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp.layouts import MANAGED_BY_ATTR, SHARDED_BY_ATTR, layout_of, requested_axis, unmanaged_params
 from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.param import ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
-from hyper_parallel.fsdp.roles import MeshRoles, named_mesh, resolve_roles
 from hyper_parallel.fsdp.state import FullyShardState
 from hyper_parallel.fsdp.torch_interop import TorchStateView, register_with_torch
-from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.fsdp.unit_mesh import UnitMesh
 
 _WRAPPER_CLASSES: dict[type, type] = {}
 """One ``FSDP<Class>`` per user class, named and cached as torch FSDP2 names and caches its own."""
-
-
-def _default_mesh() -> DeviceMesh:
-    if not dist.is_initialized():
-        raise RuntimeError("fully_shard needs torch.distributed initialised (init_process_group) first")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=(MeshDim.FSDP,))
 
 
 def fully_shard(
@@ -69,34 +59,20 @@ def fully_shard(
     """
     modules = _validated_modules(module)
     _refuse_unsupported(offload_policy)
-    mesh = named_mesh(mesh) if mesh is not None else _default_mesh()
-    roles = resolve_roles(mesh, enable_param_shard, dp_mesh_dims)
-    device = (
-        torch.device(mesh.device_type, torch.cuda.current_device())
-        if mesh.device_type == "cuda"
-        else torch.device(mesh.device_type)
-    )
-    sharded_group = GroupInfo.from_mesh(mesh, (roles.shard_dim,) if roles.shard_dim else ())
-    unsharded_group = GroupInfo.from_mesh(mesh, roles.replicate_dims)
+    unit_mesh = UnitMesh.resolve(mesh, enable_param_shard, dp_mesh_dims)
     ignored = {id(p) for p in (ignored_params or ())}
     prefix = type(modules[0]).__name__
     params = unmanaged_params(modules, ignored)
     managed = []
-    groups: dict[tuple[str, tuple[int, ...]], GroupInfo] = {}
     for fqn, owners, param in params:
         original = param
-        if param.device != device and param.device.type != "meta":
-            param = _moved(param, device)
-        layout = layout_of(mesh, roles, param, fqn)
+        if param.device != unit_mesh.device and param.device.type != "meta":
+            param = _moved(param, unit_mesh.device)
+        layout = layout_of(unit_mesh.mesh, unit_mesh.roles, param, fqn)
         if shard_placement_fn is not None:
-            layout = replace(layout, fsdp_axis=requested_axis(shard_placement_fn(original), original, fqn, mesh))
-        mp_groups = {}
-        for dim in layout.mp_dims:
-            ranks = tuple(int(r) for r in layout.combined[dim].mesh.flatten().tolist())
-            if (dim, ranks) not in groups:
-                groups[(dim, ranks)] = GroupInfo.from_mesh(layout.combined, (dim,))
-            mp_groups[dim] = groups[(dim, ranks)]
-        managed.append(ShardedParam(fqn, owners, param, roles, sharded_group, unsharded_group, layout, mp_groups))
+            axis = requested_axis(shard_placement_fn(original), original, fqn, unit_mesh.mesh)
+            layout = replace(layout, fsdp_axis=axis)
+        managed.append(ShardedParam(fqn, owners, param, unit_mesh, layout))
         setattr(original, MANAGED_BY_ATTR, f"{fqn} of the fully_shard unit {prefix}")
     if any(not p.orig_dtype.is_floating_point for p in managed):
         raise ValueError(
@@ -106,8 +82,8 @@ def fully_shard(
     by_kind: dict[tuple[torch.dtype, bool], list[ShardedParam]] = {}
     for param in managed:  # one flat buffer per dtype (and meta or not): what one all-gather can carry
         by_kind.setdefault((param.orig_dtype, param.is_meta), []).append(param)
-    groups = [ParamGroup(prefix, members, mp_policy, device) for members in by_kind.values()]
-    reshard_after_forward, post_forward_group = _post_forward(mesh, roles, reshard_after_forward)
+    groups = [ParamGroup(prefix, members, mp_policy, unit_mesh.device) for members in by_kind.values()]
+    reshard_after_forward, post_forward_group = unit_mesh.post_forward(reshard_after_forward)
     for group in groups:
         group.post_forward_group = post_forward_group
         for param in group.params:
@@ -157,31 +133,6 @@ def _validated_modules(module) -> list[nn.Module]:
                 f"rule): fully_shard has already been applied to this {type(each).__name__}; apply it once per module"
             )
     return modules
-
-
-def _post_forward(mesh: DeviceMesh, roles: MeshRoles, reshard_after_forward) -> tuple[bool | None, GroupInfo | None]:
-    """``reshard_after_forward`` as a bool/None, and for an int k the group of k ranks to reshard to.
-
-    As FSDP2: k must divide the shard group's size n; k = 1 means False, k = n means True; otherwise
-    after forward each rank keeps n/k of the n shards, and backward all-gathers over k consecutive
-    ranks of the shard group (e.g. one node) instead of all n.
-    """
-    if reshard_after_forward is None or isinstance(reshard_after_forward, bool):
-        return reshard_after_forward, None
-    if not isinstance(reshard_after_forward, int):
-        raise ValueError(f"reshard_after_forward must be a bool, None or an int, got {reshard_after_forward!r}")
-    size, k = roles.shard_size, reshard_after_forward
-    if k < 1 or size % k:
-        raise ValueError(
-            f"reshard_after_forward={k}: an int must divide the shard group's size {size} "
-            f"(the ranks of {roles.shard_dim or 'no shard dim'}); use one of "
-            f"{[d for d in range(1, size + 1) if size % d == 0]}, True or False"
-        )
-    if k in (1, size):
-        return k == size, None
-    names = (f"{roles.shard_dim}_post_forward_replica", f"{roles.shard_dim}_post_forward")
-    inner = mesh[roles.shard_dim]._unflatten(0, (size // k, k), names)
-    return True, GroupInfo.from_mesh(inner, (names[1],))
 
 
 def _refuse_unsupported(offload_policy) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -36,8 +37,11 @@ from torch.distributed.tensor.placement_types import Partial, Placement, _Stride
 
 from hyper_parallel.comm import GroupInfo
 from hyper_parallel.fsdp.extension import GatheredExtension, has_extension, pre_all_gather
-from hyper_parallel.fsdp.roles import MeshRoles, without_size_one_dims
+from hyper_parallel.fsdp.roles import without_size_one_dims
 from hyper_parallel.partial_grad import marked_partial_dims
+
+if TYPE_CHECKING:
+    from hyper_parallel.fsdp.unit_mesh import UnitMesh
 
 
 def union_dims(dims: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:
@@ -68,17 +72,14 @@ class ShardedParam:
         fqn: str,
         owners: list[tuple[nn.Module, str]],
         param: nn.Parameter,
-        roles: MeshRoles,
-        sharded_group: GroupInfo,
-        unsharded_group: GroupInfo,
+        unit_mesh: UnitMesh,
         layout: ParamLayout,
-        model_parallel_groups: dict[str, GroupInfo],
     ) -> None:
         self.fqn = fqn
         self.owners = owners  # (module, attribute) of every place the parameter is registered (tied weights)
-        self.roles = roles
-        self.sharded_group_info = sharded_group
-        self.unsharded_group_info = unsharded_group
+        self.roles = roles = unit_mesh.roles
+        self.sharded_group_info = sharded_group = unit_mesh.sharded_group
+        self.unsharded_group_info = unit_mesh.unsharded_group
         self.layout = layout
         self.combined_mesh = layout.combined
         self.mp_placements = layout.mp_placements
@@ -100,7 +101,7 @@ class ShardedParam:
         index = sharded_group.index if shard_size > 1 else 0
         self.local_len = max(0, min(self.chunk, axis_len - index * self.chunk))
         self.shard_index = index
-        self.model_parallel_groups = model_parallel_groups
+        self.model_parallel_groups = unit_mesh.model_parallel_groups(layout.combined, layout.mp_dims)
         self.marked_partial_dims = self._marked_partial_dims(param)
         self.sharded_placements = self._placements(sharded=True)
         self.unsharded_placements = self._placements(sharded=False)
