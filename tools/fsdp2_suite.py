@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,9 +45,14 @@ _REWRITES = (
     (re.compile(r"torch\.get_device_module\([^()]*\)\.device_count\(\)"), "4"),
     (re.compile(r"torch\.accelerator\.device_count\(\)"), "4"),
     (re.compile(r"device_ids=\[self\.rank\]"), "device_ids=None"),
+    (re.compile(r"torch\.cuda\.device_count\(\)"), "4"),
+    (re.compile(r"\.cuda\(\)"), ".cpu()"),
+    (re.compile(r"([\"'])cuda\1"), '"cpu"'),
+    (re.compile(r"\btest_compiled_fsdp\b"), "compiled_fsdp_test"),
 )
 """GPU spellings -> CPU: the accelerator (None on a CPU build), the device count (gloo ranks are not devices),
-DDP's ``device_ids`` (a CPU module takes None)."""
+DDP's ``device_ids`` (a CPU module takes None), and the older files' literal ``"cuda"`` / ``.cuda()``, and
+their ``test_compiled_fsdp`` (``compiled_fsdp_test`` since)."""
 
 
 def _rewrite(source: str) -> str:
@@ -79,8 +85,23 @@ def prepare(suite: Path, scratch: Path, names: list[str] | None) -> list[Path]:
     return copies
 
 
+_ERROR_LINE = re.compile(r"^(?:E\s+)?((?:\w+\.)*\w*(?:Error|Exception|Unsupported)\b:?.*)$")
+_TEST_FRAME = re.compile(r'File "[^"]*/(test_fully_shard_\w+\.py)", line (\d+)')
+
+
+def _reason(text: str) -> str:
+    """The error a failure ended in and the line of torch's test that raised it: the ranks' traceback is nested
+    in the junit text, so the last error line and the last frame in a test file are the informative ones."""
+    errors = [m.group(1).strip() for line in text.splitlines() if (m := _ERROR_LINE.match(line.strip()))]
+    errors = [e for e in errors if not e.startswith("RuntimeError: Process")] or errors
+    frames = _TEST_FRAME.findall(text)
+    where = f" ({frames[-1][0]}:{frames[-1][1]})" if frames else ""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return ((errors[-1] if errors else first)[:240] + where).strip()
+
+
 def _outcomes(junit: Path, file_stem: str) -> dict[str, dict]:
-    """``file::Class::test`` -> {"outcome": passed|failed|skipped, "message": first line of the reason}."""
+    """``file::Class::test`` -> {"outcome": passed|failed|skipped, "message": why, for the others}."""
     results = {}
     if not junit.exists():
         return results
@@ -90,8 +111,7 @@ def _outcomes(junit: Path, file_stem: str) -> dict[str, dict]:
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = "skipped" if child.tag == "skipped" else "failed"
-                message = (child.get("message") or child.text or "").strip().splitlines()[0:1]
-                message = message[0][:300] if message else ""
+                message = _reason(f"{child.get('message') or ''}\n{child.text or ''}")
                 break
         results[test_id] = {"outcome": outcome, "message": message}
     return results
@@ -112,6 +132,20 @@ def run_file(copy: Path, side: str, timeout: float) -> dict[str, dict]:
         results[f"{copy.stem}::*"] = {"outcome": "failed", "message": f"file timed out after {timeout:.0f} s"}
         return results
     return _outcomes(junit, copy.stem)
+
+
+def run_all(copies: list[Path], sides: list[str], timeout: float, jobs: int) -> dict[str, dict[str, dict]]:
+    """Every (side, file) pair, ``jobs`` at a time (each test starts its own ranks: 2 jobs keep 2 cores busy)."""
+    runs: dict[str, dict[str, dict]] = {side: {} for side in sides}
+    pairs = [(side, copy) for copy in copies for side in sides]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_file, copy, side, timeout): (side, copy) for side, copy in pairs}
+        for future in as_completed(futures):
+            side, copy = futures[future]
+            runs[side].update(future.result())
+            passed = sum(1 for t, r in runs[side].items() if t.startswith(copy.stem) and r["outcome"] == "passed")
+            print(f"{side:5} {copy.stem}: {passed} passed", flush=True)
+    return runs
 
 
 def compare(runs: dict[str, dict[str, dict]]) -> dict:
@@ -140,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", default="", help="comma-separated file names (frozen,training,...); all if empty")
     parser.add_argument("--sides", default="torch,ours", help="torch, ours or both (torch,ours)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per test file and side")
+    parser.add_argument("--jobs", type=int, default=2, help="test files run at once")
     parser.add_argument("--scratch", type=Path, default=None, help="where the copies and results go")
+    parser.add_argument("--merge", type=Path, nargs="*", default=None, help="fsdp2_suite.json files to combine")
     args = parser.parse_args(argv)
+    if args.merge is not None:
+        return report(merge_results(args.merge), args.scratch)
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="fsdp2-suite-"))
     scratch.mkdir(parents=True, exist_ok=True)
     try:
@@ -149,20 +187,29 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
+    runs = run_all(copies, args.sides.split(","), args.timeout, args.jobs)
+    return report(runs, scratch)
+
+
+def merge_results(paths: list[Path]) -> dict[str, dict[str, dict]]:
+    """The runs of several ``fsdp2_suite.json`` (one per group of test files), as one."""
     runs: dict[str, dict[str, dict]] = {}
-    for side in args.sides.split(","):
-        runs[side] = {}
-        for copy in copies:
-            runs[side].update(run_file(copy, side, args.timeout))
-            passed = sum(1 for t, r in runs[side].items() if t.startswith(copy.stem) and r["outcome"] == "passed")
-            print(f"{side:5} {copy.stem}: {passed} passed", flush=True)
+    for path in paths:
+        for side, outcomes in json.loads(path.read_text())["runs"].items():
+            runs.setdefault(side, {}).update(outcomes)
+    return runs
+
+
+def report(runs: dict[str, dict[str, dict]], scratch: Path | None) -> int:
+    """Prints the counts and every runnable test ours fails; writes them beside the copies."""
     summary = compare(runs) if "torch" in runs else {}
-    (scratch / "fsdp2_suite.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
+    if scratch is not None:
+        (scratch / "fsdp2_suite.json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=1))
+        print(f"results: {scratch / 'fsdp2_suite.json'}")
     if summary:
         print(json.dumps({k: v for k, v in summary.items() if k not in ("failing", "not_runnable")}, indent=1))
         for test, failure in summary["failing"].items():
-            print(f"{failure['category']:18} {test}  {failure['reason'] or failure['message']}")
-    print(f"results: {scratch / 'fsdp2_suite.json'}")
+            print(f"| `{test}` | {failure['category']} | {failure['reason'] or failure['message']} |")
     return 0
 
 
