@@ -117,29 +117,47 @@ def _outcomes(junit: Path, file_stem: str) -> dict[str, dict]:
     return results
 
 
-def run_file(copy: Path, side: str, timeout: float) -> dict[str, dict]:
-    """One test file under one side; a file that outlives ``timeout`` counts its unreported tests as failed."""
-    junit = copy.parent / f"{copy.stem}.{side}.xml"
+_VERBOSE_LINE = re.compile(r"^(test_fully_shard_\w+)\.py::(\w+)::(\w+) (PASSED|FAILED|ERROR|SKIPPED)")
+
+
+def _outcomes_so_far(log: Path) -> dict[str, dict]:
+    """The outcomes pytest's verbose log names, for a file stopped before its junit report was written."""
+    results = {}
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if match := _VERBOSE_LINE.match(line):
+            stem, cls, name, word = match.groups()
+            outcome = {"PASSED": "passed", "SKIPPED": "skipped"}.get(word, "failed")
+            results[f"{stem}::{cls}::{name}"] = {"outcome": outcome, "message": "" if outcome == "passed" else word}
+    return results
+
+
+def run_file(copy: Path, side: str, timeout: float, test_timeout: float) -> dict[str, dict]:
+    """One test file under one side; a file that outlives ``timeout`` keeps the outcomes its log reached and
+    counts the rest as failed (``file::*``)."""
+    junit, log = copy.parent / f"{copy.stem}.{side}.xml", copy.parent / f"{copy.stem}.{side}.log"
     junit.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(copy.parent), str(ROOT)]))
     env["HP_FSDP2_SUITE_SIDE"] = side
-    command = [sys.executable, "-m", "pytest", str(copy), "-q", "-p", "no:cacheprovider", "--rootdir", str(copy.parent)]
-    command += ["-o", "addopts=", "--timeout", "300", f"--junitxml={junit}"]
-    try:
-        subprocess.run(command, cwd=copy.parent, env=env, timeout=timeout, capture_output=True, check=False)
-    except subprocess.TimeoutExpired:
-        results = _outcomes(junit, copy.stem)
-        results[f"{copy.stem}::*"] = {"outcome": "failed", "message": f"file timed out after {timeout:.0f} s"}
-        return results
-    return _outcomes(junit, copy.stem)
+    command = [sys.executable, "-m", "pytest", str(copy), "-v", "-p", "no:cacheprovider", "--rootdir", str(copy.parent)]
+    command += ["-o", "addopts=", "--timeout", str(int(test_timeout)), f"--junitxml={junit}"]
+    with log.open("w") as out:
+        try:
+            subprocess.run(command, cwd=copy.parent, env=env, timeout=timeout, stdout=out, stderr=out, check=False)
+        except subprocess.TimeoutExpired:
+            results = _outcomes_so_far(log)
+            results[f"{copy.stem}::*"] = {"outcome": "failed", "message": f"file timed out after {timeout:.0f} s"}
+            return results
+    return _outcomes(junit, copy.stem) or _outcomes_so_far(log)
 
 
-def run_all(copies: list[Path], sides: list[str], timeout: float, jobs: int) -> dict[str, dict[str, dict]]:
+def run_all(
+    copies: list[Path], sides: list[str], timeout: float, jobs: int, test_timeout: float = 300
+) -> dict[str, dict[str, dict]]:
     """Every (side, file) pair, ``jobs`` at a time (each test starts its own ranks: 2 jobs keep 2 cores busy)."""
     runs: dict[str, dict[str, dict]] = {side: {} for side in sides}
     pairs = [(side, copy) for copy in copies for side in sides]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_file, copy, side, timeout): (side, copy) for side, copy in pairs}
+        futures = {pool.submit(run_file, copy, side, timeout, test_timeout): (side, copy) for side, copy in pairs}
         for future in as_completed(futures):
             side, copy = futures[future]
             runs[side].update(future.result())
@@ -174,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", default="", help="comma-separated file names (frozen,training,...); all if empty")
     parser.add_argument("--sides", default="torch,ours", help="torch, ours or both (torch,ours)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per test file and side")
+    parser.add_argument("--test-timeout", type=float, default=300, help="seconds per test (pytest-timeout)")
     parser.add_argument("--jobs", type=int, default=2, help="test files run at once")
     parser.add_argument("--scratch", type=Path, default=None, help="where the copies and results go")
     parser.add_argument("--merge", type=Path, nargs="*", default=None, help="fsdp2_suite.json files to combine")
@@ -187,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
-    runs = run_all(copies, args.sides.split(","), args.timeout, args.jobs)
+    runs = run_all(copies, args.sides.split(","), args.timeout, args.jobs, args.test_timeout)
     return report(runs, scratch)
 
 
