@@ -147,8 +147,8 @@ def test_weight_shared_by_two_units_names_both(world):
     fully_shard(model.embed, mesh=world)
     with pytest.raises(
         ValueError,
-        match=r"parameter head.weight is shared with weight of the fully_shard unit "
-        r"Embedding.*one unit holds every module using it",
+        match=r"parameter head.weight is already managed by another fully_shard unit \(FSDP2's words; weight of "
+        r"the fully_shard unit Embedding.*one unit holds every module using it",
     ):
         fully_shard(model, mesh=world)
 

@@ -138,8 +138,8 @@ def unmanaged_params(
             elsewhere = getattr(param, MANAGED_BY_ATTR, None)
             if elsewhere is not None:
                 raise ValueError(
-                    f"parameter {prefix}{name} is shared with {elsewhere}: a parameter held by two fully_shard "
-                    "units would have its gradient reduced twice. Apply fully_shard so that one unit holds "
+                    f"parameter {prefix}{name} is already managed by another fully_shard unit (FSDP2's words; "
+                    f"{elsewhere}): a parameter held by two fully_shard units would have its gradient reduced twice. Apply fully_shard so that one unit holds "
                     "every module using it (e.g. leave both in the root, or fully_shard([module_a, module_b]))"
                 )
             found[id(param)] = (f"{prefix}{name}", [(mod, name)], param)

@@ -20,7 +20,6 @@ UNSUPPORTED_FSDP2_METHODS = {
     "set_custom_all_gather": "custom all-gather implementations",
     "set_custom_reduce_scatter": "custom reduce-scatter implementations",
     "set_all_reduce_hook": "all-reduce hooks",
-    "set_post_optim_event": "CUDA post-optimizer events",
     "set_force_sum_reduction_for_comms": "forced SUM reductions",
     "set_reduce_scatter_max_input_buffers": "several reduce-scatter input buffers",
     "set_separate_reduce_scatter_group": "a separate reduce-scatter process group",
@@ -96,6 +95,14 @@ class FullyShardModule(FSDPModule):
         """All-gather this unit's parameters now (only the FSDP dim; TP/EP placements stay)."""
         self._hp_state.unshard()
         return UnshardHandle() if async_op else None
+
+    def set_post_optim_event(self, event) -> None:
+        """FSDP2 lets the next all-gather wait on ``event`` (recorded after the optimizer step) instead of on
+        the whole current stream. Ours issues every all-gather from the current stream, so it already runs
+        after the optimizer's work; the current stream waits on the event here, which is all that is left
+        of it. ``None`` (what a CPU stream's ``record_event`` gives) is accepted, as FSDP2 accepts it."""
+        if event is not None:
+            event.wait()
 
     def reshard(self) -> None:
         """Free the unsharded parameters; the module holds its sharded DTensors again."""
