@@ -40,6 +40,15 @@ def fresh_pool():
     shutdown_pool()
 
 
+@pytest.fixture
+def interruptible():
+    """SIGINT raising KeyboardInterrupt in this process, as in a kernel: a shell starts a background job
+    (``cmd &`` without job control: CI scripts, ``nohup``) with SIGINT ignored, and the process inherits it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_when(condition, delay: float) -> threading.Thread:
     """SIGINT this process ``delay`` s after ``condition()`` first holds (checked every 50 ms)."""
 
@@ -55,7 +64,7 @@ def _interrupt_when(condition, delay: float) -> threading.Thread:
     return thread
 
 
-def test_sigint_during_the_cold_start_leaves_nothing_and_the_next_run_starts_afresh(fresh_pool):
+def test_sigint_during_the_cold_start_leaves_nothing_and_the_next_run_starts_afresh(fresh_pool, interruptible):
     runs_before = fresh_pool.runs
     _interrupt_when(lambda: fresh_pool._proc is not None, 1.0)  # the agent is up, its ranks import torch
     with pytest.raises(KeyboardInterrupt):
@@ -65,7 +74,7 @@ def test_sigint_during_the_cold_start_leaves_nothing_and_the_next_run_starts_afr
     assert [magic.decode(r) for r in fresh_pool.run(2, {"kind": "code", "code": "rank + 1"}, 60)[0]] == [1, 2]
 
 
-def test_sigint_during_a_run_ends_the_pool_and_the_next_run_says_the_names_are_gone(fresh_pool, capsys):
+def test_sigint_during_a_run_ends_the_pool_and_the_next_run_says_the_names_are_gone(fresh_pool, capsys, interruptible):
     magic.run_cell("kept = 7", 2)
     _interrupt_when(lambda: True, 2.0)
     with pytest.raises(KeyboardInterrupt):
@@ -77,7 +86,7 @@ def test_sigint_during_a_run_ends_the_pool_and_the_next_run_says_the_names_are_g
     assert f"KeyboardInterrupt during run {interrupted_run}, so earlier names are gone" in capsys.readouterr().err
 
 
-def test_sigint_between_runs_keeps_the_workers_and_their_names(fresh_pool):
+def test_sigint_between_runs_keeps_the_workers_and_their_names(fresh_pool, interruptible):
     magic.run_cell("kept = 7", 2)
     pids = fresh_pool.worker_pids
     _interrupt_when(lambda: True, 0.5)
