@@ -52,6 +52,12 @@ class Schedule:
     bubble_per_hop: float  # bubble = (p - 1) x t x this (v folded in by ``bubble_factor``)
     hides: tuple[str, ...] = ()  # critical groups the schedule overlaps with compute
 
+    @property
+    def default_stages_per_rank(self) -> int:
+        """Stages per rank when none is given: one, or two for the schedules that run several (interleaved) or
+        exactly two (the V schedules)."""
+        return 1 if self.stages_per_rank == "one" else 2
+
     def check_stages(self, stages_per_rank: int) -> None:
         wanted = {"one": stages_per_rank == 1, "several": stages_per_rank >= 2, "two": stages_per_rank == 2}
         if not wanted[self.stages_per_rank]:

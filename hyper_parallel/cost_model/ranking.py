@@ -41,9 +41,7 @@ def variants(config: ModelConfig, dims: ParallelDims) -> list[tuple[str, ModelCo
     out = []
     for scheme in schemes:
         for schedule in schedules:
-            virtual = (
-                config.virtual_stages if dims.pp == 1 else (1 if get_schedule(schedule).stages_per_rank == "one" else 2)
-            )
+            virtual = config.virtual_stages if dims.pp == 1 else get_schedule(schedule).default_stages_per_rank
             label = " ".join(x for x in (scheme if dims.cp > 1 else "", schedule if dims.pp > 1 else "") if x)
             out.append((label, config.replace(sequence_scheme=scheme, pp_schedule=schedule, virtual_stages=virtual)))
     return out
@@ -77,9 +75,9 @@ def rank_layouts(
         options = variants(candidate, dims) if choose else [("", candidate)]
         costed = [r for r in (_costed(c, dims, gpus_per_node, hardware, label) for label, c in options) if r]
         if costed:
-            ranked.append(min(costed, key=lambda r: (not r.fits, r.step_seconds, r.memory_bytes)))
+            ranked.append(min(costed, key=_fitting_then_fastest))
     if sort == "time":
-        return sorted(ranked, key=lambda r: (not r.fits, r.step_seconds, r.memory_bytes))
+        return sorted(ranked, key=_fitting_then_fastest)
     return sorted(ranked, key=lambda r: (not r.fits, r.memory_bytes, r.step_seconds))
 
 
@@ -104,3 +102,8 @@ def _costed(config: ModelConfig, dims: ParallelDims, gpus_per_node: int, hardwar
         step.bubble_seconds,
         choice,
     )
+
+
+def _fitting_then_fastest(layout: RankedLayout) -> tuple[bool, float, int]:
+    """Within the memory budget first, then the shorter step, then the smaller memory."""
+    return (not layout.fits, layout.step_seconds, layout.memory_bytes)

@@ -173,7 +173,7 @@ def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) 
     schedule = args.pp_schedule.replace("-", "_")
     if args.virtual_stages is not None and args.virtual_stages < 1:
         raise ValueError(f"--virtual-stages must be >= 1 (stages per pp rank), got {args.virtual_stages}")
-    virtual = args.virtual_stages or (1 if get_schedule(schedule).stages_per_rank == "one" else 2)
+    virtual = args.virtual_stages or get_schedule(schedule).default_stages_per_rank
     changes = {
         "pp_schedule": schedule,
         "virtual_stages": virtual,
