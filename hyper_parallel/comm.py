@@ -102,6 +102,17 @@ class PendingCollective:
         self._works = []
 
 
+def _all_gather_single():
+    """torch 2.13's name (its old one warns), or the old one where the torch predates it (the CUDA images
+    ``make gpu-smoke`` meets ship 2.11). Looked up per call, so a wrapper installed on ``dist`` sees it."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _reduce_scatter_single():
+    """As ``_all_gather_single``, for reduce-scatter."""
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _chunk_field(chunk: int | None) -> dict[str, int]:
     return {} if chunk is None else {"chunk": chunk}
 
@@ -152,7 +163,7 @@ def all_gather_into_tensor(
         output.dtype,
         module,
         async_op,
-        lambda run_async: dist.all_gather_single(output, shard, group=info.group, async_op=run_async),
+        lambda run_async: _all_gather_single()(output, shard, group=info.group, async_op=run_async),
         **_chunk_field(chunk),
     )
 
@@ -178,7 +189,7 @@ def reduce_scatter_tensor(
     else:
 
         def call(run_async: bool):
-            return dist.reduce_scatter_single(output, full, op=dist.ReduceOp.SUM, group=info.group, async_op=run_async)
+            return _reduce_scatter_single()(output, full, op=dist.ReduceOp.SUM, group=info.group, async_op=run_async)
 
         finish = None
     return _issue(

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 RTOL, ATOL = 1e-5, 1e-6  # hyper_parallel.recipes.training's
 BF16_LOSS_RTOL = 2**-4  # a sanity bound: a few bf16 roundings (2^-8 each) through a small transformer
 QUICK_WORLD_ONE = ("A-FSDP2", "B-3", "C-MoE")
-THREADED = ("M1", "M4", "M2", "M3", "M5", "M5-U", "M6", "M7", "S1", "S2", "S3")
+THREADED = ("M1", "M4", "M2", "M3", "M3-A", "M5", "M5-U", "M6", "M6-A", "M7", "S1", "S2", "S3")
 QUICK_THREADED = ("M4", "M2")
 
 
@@ -164,7 +164,8 @@ def _threaded_run_in(recipe, device_type: str, multi_threaded_pg, out: Path) -> 
         try:
             dist.init_process_group("threaded", rank=rank, world_size=world, store=store)
             run_one(spec, device_type)
-            dist.destroy_process_group()
+            with contextlib.suppress(AttributeError):  # torch 2.11's threaded world has no `comms` to destroy
+                dist.destroy_process_group()
         except Exception:
             errors.append(traceback.format_exc(limit=4))
             multi_threaded_pg.ProcessLocalGroup.exception_handle(None)
@@ -238,14 +239,19 @@ def main(argv: list[str] | None = None) -> int:
         "device": "cpu (rehearsal)" if args.rehearse_on_cpu else torch.cuda.get_device_name(device),
         "torch": torch.__version__,
     }
-    report["references"] = references(device)
-    report["world_one"] = world_one(list(QUICK_WORLD_ONE) if args.quick else one_rank_recipes())
-    report["threaded"] = threaded(list(QUICK_THREADED if args.quick else THREADED), device_type)
-    report["bench_compute"] = bench_compute(device, steps=3 if args.quick else 20)
-    report["seconds"] = time.perf_counter() - start
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    sections = (
+        ("references", lambda: references(device)),
+        ("world_one", lambda: world_one(list(QUICK_WORLD_ONE) if args.quick else one_rank_recipes())),
+        ("threaded", lambda: threaded(list(QUICK_THREADED if args.quick else THREADED), device_type)),
+        ("bench_compute", lambda: bench_compute(device, steps=3 if args.quick else 20)),
+    )
+    for name, check in sections:  # the JSON after each: a run cut short by a lease still says what it found
+        report[name] = check()
+        report["seconds"] = time.perf_counter() - start
+        Path(args.out).write_text(json.dumps(report, indent=1))
     checks = [*report["references"], *report["world_one"], *report["threaded"], report["bench_compute"]]
     report["ok"] = all(check["ok"] for check in checks)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     failed = [c.get("recipe") or c.get("model") or "bench_compute" for c in checks if not c["ok"]]
     print(

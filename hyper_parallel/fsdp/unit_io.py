@@ -18,8 +18,25 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
 from torch.distributed.utils import _apply_to_tensors
+
+
+def walk_collect_grad_tensors(tree: Any) -> tuple[torch.Tensor, ...]:
+    """torch's ``collect_grad_tensors`` (2.13) by ``_apply_to_tensors``' walk, for a torch that lacks it."""
+    found: list[torch.Tensor] = []
+    _apply_to_tensors(lambda t: found.append(t) or t if t.requires_grad else t, tree)
+    return tuple(found)
+
+
+def walk_replace_grad_tensors(tree: Any, replacements) -> Any:
+    """torch's ``replace_grad_tensors`` (2.13) by the same walk as ``walk_collect_grad_tensors``."""
+    return _apply_to_tensors(lambda t: next(replacements) if t.requires_grad else t, tree)
+
+
+try:
+    from torch.distributed.fsdp._common_utils import collect_grad_tensors, replace_grad_tensors
+except ImportError:  # torch < 2.13 (the CUDA images `make gpu-smoke` meets ship 2.11)
+    collect_grad_tensors, replace_grad_tensors = walk_collect_grad_tensors, walk_replace_grad_tensors
 
 
 class RunAfterInputGradients(torch.autograd.Function):

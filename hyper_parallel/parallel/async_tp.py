@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
@@ -58,8 +59,8 @@ def check_chunks(shard_len: int, chunks: int) -> None:
 
 def _symmetric_memory_group(info: GroupInfo, tensor: torch.Tensor) -> str | None:
     """The process group's name when torch's fused symmetric-memory kernels can run it (CUDA, NCCL)."""
-    if tensor.device.type != "cuda" or info.group is None:
-        return None
+    if tensor.device.type != "cuda" or info.group is None or dist.get_backend(info.group) != "nccl":
+        return None  # e.g. torch's threaded test group, whose ranks share one process: no symmetric memory
     try:
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 

@@ -33,6 +33,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStoreInfo,
     rendezvous_handler_registry,
 )
+from torch.distributed.run import get_args_parser
 from torch.distributed.run import main as torchrun_main
 
 from hyper_parallel.rank_lifetime import AGENT_PID_ENV, die_with_parent
@@ -102,7 +103,16 @@ def main(argv: list[str]) -> None:
         die_with_parent(int(launcher))
     os.environ[AGENT_PID_ENV] = str(os.getpid())  # inherited by the workers, which watch this process
     rendezvous_handler_registry.register(RENDEZVOUS_BACKEND, create_handler)
-    torchrun_main(argv)
+    torchrun_main(without_unknown_shutdown_timeout(argv))
+
+
+def without_unknown_shutdown_timeout(argv: list[str]) -> list[str]:
+    """``argv`` less ``--shutdown-timeout N`` where this torchrun has no such flag (torch 2.11's, which the
+    CUDA images ``make gpu-smoke`` meets ship): its workers then get torchrun's default grace."""
+    if "--shutdown-timeout" not in argv or "--shutdown-timeout" in get_args_parser()._option_string_actions:
+        return argv
+    at = argv.index("--shutdown-timeout")
+    return argv[:at] + argv[at + 2 :]
 
 
 if __name__ == "__main__":
