@@ -20,7 +20,7 @@ from launch.notebook.exercises import EXERCISES
 from launch.notebook.workbook import notebooks
 
 NOTEBOOKS = {path.stem: path for path in notebooks()}
-CHECKERS = {"check", "check_fits", "check_layout"}
+CHECKERS = {"check", "check_fits", "check_layout", "check_within"}
 """The calls that check an exercise (``launch.notebook.exercises``)."""
 
 SILENT_CALLS = {
@@ -28,6 +28,7 @@ SILENT_CALLS = {
     "check",  # another exercise's check
     "check_fits",
     "check_layout",
+    "check_within",
     "show_solution",  # only another exercise's (checked below)
     "widget_help",
     "MeshWidget",

@@ -285,6 +285,7 @@ def test_every_exercise_is_tested_and_unanswered_passes(capsys):
     tested |= {"09.1"}  # tests/test_lesson_texts.py
     tested |= {"11.1", "12.1"}
     tested |= {"04.2", "04.3", "09.2"}  # tests/test_sequence_lessons.py
+    tested |= {"00b.1", "00b.2"}  # tests/test_alpha_beta.py
     assert tested == {key for key in EXERCISES if not key.startswith("02.")}  # 02: the memory notebook's tests
     for key in EXERCISES:
         assert check(key, None, 1) == UNANSWERED

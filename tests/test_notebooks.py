@@ -23,6 +23,7 @@ from launch.notebook.workbook import READING_ORDER, execute_notebook, notebooks
 NOTEBOOKS = {path.stem: path for path in notebooks()}
 EXPECTED = [  # in reading order: name: (text the closing cell prints, minimum image/png outputs)
     ("00_start_here", "numerics check passed", 3),
+    ("00b_collectives", "collectives checks passed", 2),
     ("01_ddp_fsdp", "numerics check passed", 15),
     ("02_memory", "memory checks passed", 1),
     ("03_tensor_sequence_parallel", "numerics check passed", 14),
@@ -77,18 +78,20 @@ def test_notebooks_come_in_reading_order_and_link_the_next_one():
 
 
 def test_titles_and_the_map_number_each_notebook_as_its_file_does():
-    """A title ("# 05 · HSDP ...") and a row of 00's map carry the file's number, and "You need:" names only
-    notebooks before it: all three outlived a renumbering once (titles said 13 for 05_hsdp)."""
+    """A title ("# 05 · HSDP ...") and a row of 00's map carry the file's number ("00b" for 00b_collectives),
+    and "You need:" names only notebooks before it: all three outlived a renumbering once (titles said 13
+    for 05_hsdp)."""
     start = nbformat.read(NOTEBOOKS["00_start_here"], as_version=4).cells[0].source
     for name in READING_ORDER[1:]:
-        number = name[:2]
+        number = name.split("_")[0]  # "05", or "00b" for a notebook slotted in after 00
         nb = nbformat.read(NOTEBOOKS[name], as_version=4)
         assert nb.cells[0].source.startswith(f"# {number} · "), (name, nb.cells[0].source.splitlines()[0])
         assert f"| {number} | `{name}` |" in start, f"00's map numbers {name} otherwise"
         opening = " ".join(cell.source for cell in nb.cells[:2])
         needs = opening[opening.index("**You need:**") :].split("\n\n")[0]
         mentioned = {int(n) for n in re.findall(r"(?<![\w.])(\d\d)(?=_[a-z]|\b(?! ?(?:%|s\b|ms\b)))", needs)}
-        assert all(n < int(number) for n in mentioned), f"{name} needs a later notebook: {needs!r}"
+        position = (int(number[:2]), number[2:])
+        assert all((n, "") < position for n in mentioned), f"{name} needs a later notebook: {needs!r}"
 
 
 def test_no_notebook_cites_documents_a_learner_does_not_have():

@@ -49,6 +49,23 @@ EXERCISES: dict[str, Exercise] = {
         "one per fully_shard unit: count the units.",
         "3: every unit reduce-scatters its gradients once in backward (block 0, block 1, root).",
     ),
+    "00b.1": Exercise(
+        "A GPU node: 8 GPUs on NVLink, the `nvlink` link below (alpha = 1 us per step, beta = 360 GB/s per GPU, "
+        "the planner's h100-sxm preset). Predict the time of a **ring all-reduce of 1 GiB** (2**30 bytes) over "
+        "the 8 GPUs, in **milliseconds**.",
+        "a ring all-reduce takes 2(n-1) steps and each rank sends 2(n-1)/n of the buffer: "
+        "t = 2(n-1) alpha + 2(n-1)/n x bytes / beta.",
+        "5.23 ms = 14 x 1 us + 1.75 x 2**30 B / 360e9 B/s: 0.014 ms of latency and 5.22 ms of bandwidth, so at "
+        "1 GiB only beta matters.",
+    ),
+    "00b.2": Exercise(
+        "Still on those 8 GPUs: which all-reduce is cheaper, `'ring'` or `'tree'`, for **1 KiB** and for "
+        '**1 GiB**? Answer a dict, e.g. `{"1 KiB": "ring", "1 GiB": "ring"}`.',
+        "the ring takes 2(n-1) = 14 steps, the tree 2 log2(n) = 6; the ring sends 2(n-1)/n = 1.75 bytes per "
+        "byte of buffer, the tree 2. Which term dominates at 1 KiB, which at 1 GiB?",
+        "tree for 1 KiB (latency-bound: 6 steps instead of 14), ring for 1 GiB (bandwidth-bound: 1.75 bytes "
+        "sent per byte instead of 2); they cost the same at n (n - 1 - log2 n) alpha beta = 11.0 MiB.",
+    ),
     "01.1": Exercise(
         "Predict: how many **all-gathers** does rank 0 of M4 issue per step (2 blocks + root, blocks "
         "reshard after forward, the root keeps its parameters)?",
@@ -316,6 +333,18 @@ def check(key: str, answer: Any, expected: Any, source: str = "the run") -> str:
         right = answer == expected
     shown = sorted(map(str, expected)) if isinstance(expected, (set, frozenset)) else expected
     return _verdict(key, answer, right, f"{shown}", source)
+
+
+def check_within(key: str, answer: Any, expected: float, within: float = 0.05, unit: str = "") -> str:
+    """A number predicted by hand from a model: right within ``within`` (relative) of ``expected``."""
+    exercise(key)
+    if answer is None:
+        return _unanswered(key)
+    try:
+        right = abs(float(answer) - expected) <= within * abs(expected)
+    except (TypeError, ValueError):
+        right = False
+    return _verdict(key, answer, right, f"{expected:.4g} {unit}".strip(), f"the alpha-beta model, within {within:.0%}")
 
 
 def _answered_mesh(key: str, answer: Any, world_size: int):

@@ -45,6 +45,7 @@ FIGURE_PARAMETER, RUNS_PARAMETER = "figures_dir", "runs_dir"
 
 READING_ORDER = (
     "00_start_here",
+    "00b_collectives",
     "01_ddp_fsdp",
     "02_memory",
     "03_tensor_sequence_parallel",
@@ -61,7 +62,8 @@ READING_ORDER = (
     "91_performance",
     "92_recipe_matrix",
 )
-"""The learning path, which the file names follow: concepts before mechanics, each notebook after every one
+"""The learning path, which the file names follow: concepts before mechanics (00b, what a collective costs,
+slotted in after 00 without renumbering the rest), each notebook after every one
 it builds on (05's second run stacks 04's CP under HSDP; 08's dual-stack meshes need 06's efsdp and 07's
 GroupInfo; pipelines, 09, once the mesh of 06 is known), the appendix last (90-92). 00 and every
 notebook's "Next:" link give this order; an exercise's id starts with its notebook's number ("05.2")."""

@@ -11,11 +11,13 @@
     mesh_widget.py  MeshWidget: the picker plus Launch / Stop / progress / logs / figures / Export report
     plan_widget.py  PlanWidget: a layout at scale with the cost model's memory / communication bars
     bench_widget.py BenchWidget: world size, configurations and pairs of ``python -m launch bench``
+    alpha_beta_widget.py AlphaBetaWidget: a collective's time from the alpha-beta model on a chosen link
     display.py      recipe_card, cli_command, widget_help: what the notebooks show (``table``: launch.tables)
 
 Nothing here starts a worker until Launch is clicked (or ``launch()`` called).
 """
 
+from launch.notebook.widgets.alpha_beta_widget import AlphaBetaWidget
 from launch.notebook.widgets.bench_widget import BenchWidget
 from launch.notebook.widgets.display import WIDGET_HELP, cli_command, recipe_card, widget_help
 from launch.notebook.widgets.mesh_widget import MeshWidget, Stopped
@@ -27,6 +29,7 @@ __all__ = [
     "DEGREES",
     "HELP",
     "WIDGET_HELP",
+    "AlphaBetaWidget",
     "BenchWidget",
     "DegreePicker",
     "MeshWidget",
