@@ -12,10 +12,10 @@ fastest of ``repeats`` calls, each timed on its slowest rank (on a shared machin
 for a core, not for the wire); one untimed call of each size first warms gloo's buffers. ``send_recv`` is a ring shift (``comm.ring_exchange``): every rank sends ``bytes`` to the next
 and receives as much from the previous.
 
-``identity``: ring all-reduce = reduce-scatter + all-gather, on the same random buffer of each size: the
-all-reduce's time and result against those of a reduce-scatter followed by an all-gather of its output
-(on gloo our reduce-scatter sums in gloo's all-reduce order, ``hyper_parallel.gloo_sum``: the two results
-agree bit for bit).
+``identity``: ring all-reduce = reduce-scatter + all-gather, on the same random buffer of the smallest and
+the largest size: the all-reduce's time and result against those of a reduce-scatter followed by an
+all-gather of its output (on gloo our reduce-scatter sums in gloo's all-reduce order,
+``hyper_parallel.gloo_sum``: the two results agree bit for bit).
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def _timed(op: str, full: torch.Tensor, chunk: torch.Tensor, info: comm.GroupInf
 
 def time_collectives(sizes: Sequence[int], ops: Sequence[str] = OPS, repeats: int = 5) -> tuple[list[dict], list[dict]]:
     """Rows {op, n, bytes, seconds} per op and size (``bytes``: the full buffer, rounded to float32 chunks),
-    and the ring identity per size {bytes, all_reduce, reduce_scatter, all_gather (seconds), max_abs_diff}."""
+    and the ring identity at the smallest and the largest size {bytes, n, all_reduce, reduce_scatter, all_gather
+    (seconds), max_abs_diff}."""
     if repeats < 1 or not sizes:
         raise ValueError(f"need at least one size and repeats >= 1, got {list(sizes)} and {repeats}")
     info, device = _world(), torch.device(default_device_type())
@@ -97,7 +98,8 @@ def time_collectives(sizes: Sequence[int], ops: Sequence[str] = OPS, repeats: in
             _issue(op, full, chunk, info)  # warm-up, untimed
             seconds = _slowest(_timed(op, full, chunk, info, repeats), device)
             rows.append({"op": op, "n": info.size, "bytes": full.numel() * 4, "seconds": min(seconds)})
-    return rows, [ring_identity(int(nbytes), repeats) for nbytes in sizes]
+    ends = sorted({int(min(sizes)), int(max(sizes))})  # the latency end and the bandwidth end
+    return rows, [ring_identity(nbytes, repeats) for nbytes in ends]
 
 
 def ring_identity(nbytes: int, repeats: int = 5) -> dict:
