@@ -12,8 +12,9 @@ of every collective of one step), ``memory`` (sharded state exactly, activations
 ``layouts`` (node placement, a bandwidth model, ranking several layouts), ``compute`` (FLOPs per rank,
 recomputation included), ``hardware`` (machine presets), ``step_time`` (overlap, exposed communication,
 a step-time range and MFU), ``review`` (named layouts side by side: ranks with ties, Pareto front,
-warnings). Training knobs (micro-batch, activation checkpointing, loss parallel, ...) are
-``ModelConfig`` fields, so every view honours them. For the recipes' tiny models
+warnings), ``alpha_beta`` (a collective's time as latency x steps + bytes / bandwidth: fitted to timed
+collectives in notebook 00b, applied to the presets' links). Training knobs (micro-batch, activation
+checkpointing, loss parallel, ...) are ``ModelConfig`` fields, so every view honours them. For the recipes' tiny models
 (``recipe_model("M6")``) the bytes equal the traced runs' exactly (tests/test_cost_model.py).
 """
 
