@@ -50,6 +50,13 @@ behaviour changes memory or time (``memory``, ``work``, ``step_time``, ``stages`
                     softmax keeps its bf16 output, the attention dropout (0.1, Megatron's default) its 1 B
                     mask and bf16 output); selective checkpointing recomputes them. The ZeRO-3 baseline
                     of Narayanan et al. keeps 0: its attention kernel is not stated
+    reduce_copy     bytes per element of a copy the stack's data-parallel reduction makes of the gradients after
+                    the backward: 0 (the reduction works on the buffer the gradients accumulate in) or 2
+                    (Megatron-DeepSpeed of 2022: DeepSpeed's pipeline engine all-reduces BF16_Optimizer's
+                    float32 gradient buffer in ``communication_data_type``, bfloat16 by default with bf16 on
+                    from DeepSpeed #1487, Nov 2021, to #2970, Mar 2023; ``allreduce_bucket`` casts the flat
+                    buffer of a parameter group, nearly every weight of the stage, to it in one tensor: a
+                    5e8-element bucket closes on the first tensor that overflows it)
     parallelisms    the degrees the stack can run above 1: ``--compare`` ranks only those layouts (a
                     team on Megatron-LM of 2021 chose among TP, PP and DDP, not FSDP or CP)
 """
@@ -75,6 +82,7 @@ class Stack:
     loss_parallel_copies: int = 1
     pp_outputs_kept: str = "none"
     attention_scores: int = 0
+    reduce_copy: int = 0
     parallelisms: tuple[str, ...] = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
     def runs(self, degrees: dict[str, int]) -> bool:
@@ -120,6 +128,7 @@ STACK_LIST = (
         pp_grad_reduce="per_round",
         dp_overlap=False,
         attention_scores=5,
+        reduce_copy=2,
         parallelisms=("dp_shard", "tp", "pp"),
     ),
     Stack(

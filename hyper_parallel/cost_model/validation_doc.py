@@ -47,13 +47,6 @@ EXPLANATIONS = {
     "loss's four float32 copies on the last rank), which puts interleaved 1F1B within 3 %. 1F1B's peak is published "
     "10 GiB above interleaved 1F1B's although its first rank holds the same 8 microbatches of the same layers and its "
     "last rank fewer: what the 1F1B run reserved beyond that is not derived from the layout",
-    "BLOOM 176B": "'60 GB of memory on each GPU' (BigScience's model page as training began) is what a GPU shows, not the "
-    "tensors. The model counts DeepSpeed's BF16_Optimizer as BLOOM ran it (DeepSpeed's olruwase/bf16-updates branch, "
-    "March 2022: bf16 parameters and gradients, an unsharded float32 gradient buffer, the float32 master and Adam "
-    "state sharded over the 8 data-parallel ranks: 9.5 B per local parameter), the per-layer checkpointed inputs of "
-    "the 12 microbatches in flight on the first rank, the embedding LayerNorm's inputs (outside every checkpointed "
-    "layer) and the recomputed layer's unfused attention scores, softmax and dropout. Not counted: the pipeline "
-    "engine's 1/tp output partitions (0.4 GB); the other 11 GB are not derived from the layout",
     "DeepSpeed ZeRO-3": "at micro-batch 1 on 1,536 and 2,240 GPUs the published step is slower than compute plus every "
     "gather and reduce-scatter waited for in full at the link's bandwidth: the per-hop latency of rings over "
     "1,536 ranks (and the fabric's congestion) is not in the model (transcribed figures)",
