@@ -25,6 +25,16 @@ from hyper_parallel.mesh import ParallelDims, valid_choices
 GIB = 1024**3
 
 
+def fmt_bytes(n: float) -> str:
+    """Bytes as the plan, the figures and the lessons print them (B, KiB, MiB, GiB); here, beside ``GIB``, so a
+    text plan needs no plotting library."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 @dataclass(frozen=True)
 class Bandwidth:
     """Bytes per second one rank can send."""
