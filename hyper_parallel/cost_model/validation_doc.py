@@ -41,9 +41,6 @@ LEFT_OUT = (
     "the configurations behind it are in the paper, which was not readable here",
 )
 EXPLANATIONS = {  # a text, or a function of the run that computes its numbers from the model
-    "DeepSpeed ZeRO-3": "at micro-batch 1 on 1,536 and 2,240 GPUs the published step is slower than compute plus every "
-    "gather and reduce-scatter waited for in full at the link's bandwidth: the per-hop latency of rings over "
-    "1,536 ranks (and the fabric's congestion) is not in the model (transcribed figures)",
 }
 
 
