@@ -54,6 +54,7 @@ received once).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -166,10 +167,29 @@ def _unit_collectives(unit: Unit, config: ModelConfig, dims: ParallelDims, warmu
         rounds = pipeline.rounds(dims.pp, m) if handling == "per_round" else m
         reshard = unit.reshard_after_forward
         result = fsdp_collectives(*sizes, reshard, *groups, rounds, reduce_once=handling == "once", warmup=warmup)
+        if get_stack(config.stack).zero3_calls == "module":
+            result = [_per_module_calls(c, unit) for c in result]
     partial = unit.partial_numel()
     if dims.tp > 1 and partial:
         result.append(Collective("all_reduce", "tp", "backward", partial * precision.reduce, 1, dims.tp))
     return result
+
+
+FUSED_QKV = {"attention.wq": "attention.wqkv", "attention.wk": "attention.wqkv", "attention.wv": "attention.wqkv"}
+
+
+def _per_module_calls(collective: Collective, unit: Unit) -> Collective:
+    """A unit's ZeRO-3 collective issued as DeepSpeed of 2021 did (``Stack.zero3_calls`` "module"): an
+    all-gather per module holding parameters, a reduce-scatter per parameter, for the same bytes."""
+    if collective.group != unit.sharded_group or collective.op not in ("all_gather", "reduce_scatter"):
+        return collective
+    names = set()
+    for param in unit.params:
+        module, _, kind = param.name.rpartition(".")
+        module = FUSED_QKV.get(module, module)
+        names.add(module if collective.op == "all_gather" else f"{module}.{kind}")
+    calls = collective.count * len(names)
+    return dataclasses.replace(collective, count=calls)
 
 
 def _units_collectives(units: list[Unit], config: ModelConfig, dims: ParallelDims, warmup: int) -> list[Collective]:

@@ -8,6 +8,13 @@ crosses nodes when its ranks fall into more than one such block. TP is the inner
 Time model of one collective (stated wherever a time is shown): ring collectives, each rank sends
 ``bytes * wire_factor(op, n)`` (``communication.wire_factor``) at the bandwidth of the slowest link
 its group uses: ``intra_node`` if every rank of the group is on one node, else ``inter_node``.
+A ring all-gather or reduce-scatter also waits one latency per ring step, as NCCL models it (NVIDIA/nccl
+src/graph/tuning.cc at 01afd20, ``ncclTopoTuneModel``): a call on n ranks over k nodes takes n - 1 steps,
+k - 1 of them across nodes, and costs base + (n - k) x step inside a node + (k - 1) x step across nodes
++ its bandwidth time, with NCCL's protocol choice, the cheaper of Simple (8.4 us base, 3.4 us NVLink
+step, 9.6 us network step) and LL (6.6, 0.47 (x 1.8 across nodes), 2.7 us, a quarter of the bandwidth
+across nodes, a third inside one). All-reduces (NCCL also has trees), all-to-alls and P2P are timed by
+bandwidth alone.
 ``comm_seconds`` sums them as if nothing overlapped; ``step_time`` adds compute and overlap, and
 ``cost_model.ranking.rank_layouts`` ranks by that step time.
 """
@@ -25,6 +32,16 @@ from hyper_parallel.mesh import ParallelDims, valid_choices
 GIB = 1024**3
 
 
+def fmt_bytes(n: float) -> str:
+    """Bytes as the plan, the figures and the lessons print them (B, KiB, MiB, GiB); here, beside ``GIB``, so a
+    text plan needs no plotting library."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 @dataclass(frozen=True)
 class Bandwidth:
     """Bytes per second one rank can send."""
@@ -36,7 +53,7 @@ class Bandwidth:
         return (
             f"ring collectives, bytes on the wire = full buffer x (n-1)/n (all-reduce x 2(n-1)/n), "
             f"{self.intra_node / 1e9:g} GB/s per rank inside a node, {self.inter_node / 1e9:g} GB/s per rank "
-            f"for groups that span nodes, no overlap"
+            f"for groups that span nodes, all-gathers and reduce-scatters plus NCCL's ring latency per step, no overlap"
         )
 
 
@@ -135,10 +152,31 @@ def time_collectives(
         crosses = spans[c.group] > 1
         wire = c.bytes * wire_factor(c.op, c.group_size)
         speed = bandwidth.inter_node if crosses else bandwidth.intra_node
-        result.append(
-            TimedCollective(c.op, c.group, c.phase, c.bytes, c.count, c.group_size, wire, crosses, wire / speed)
-        )
+        seconds = ring_seconds(c.op, c.group_size, spans[c.group], c.count, wire / speed)
+        result.append(TimedCollective(c.op, c.group, c.phase, c.bytes, c.count, c.group_size, wire, crosses, seconds))
     return result
+
+
+NCCL_RING_LATENCY = {  # protocol: (base, step inside a node, step across nodes) in seconds, bandwidth divisor
+    "simple": (8.4e-6, 3.4e-6, 9.6e-6),
+    "ll": (6.6e-6, 0.47e-6, 2.7e-6),
+}
+
+
+def ring_seconds(op: str, group_size: int, nodes: int, calls: int, bandwidth_seconds: float) -> float:
+    """``calls`` ring all-gathers or reduce-scatters of ``bandwidth_seconds`` in all (module docstring: NCCL's
+    latency per ring step and its choice of protocol); other collectives: their bandwidth time."""
+    if op not in ("all_gather", "reduce_scatter") or group_size <= 1 or calls < 1:
+        return bandwidth_seconds
+    per_call = bandwidth_seconds / calls
+    inter_steps = nodes - 1
+    intra_steps = group_size - 1 - inter_steps
+    base, intra, inter = NCCL_RING_LATENCY["simple"]
+    simple = base + intra_steps * intra + inter_steps * inter + per_call
+    base, intra, inter = NCCL_RING_LATENCY["ll"]
+    intra *= 1.8 if nodes > 1 else 1.0
+    ll = base + intra_steps * intra + inter_steps * inter + per_call * (4 if nodes > 1 else 3)
+    return calls * min(simple, ll)
 
 
 def candidate_layouts(world_size: int, with_experts: bool, pipeline: bool = False) -> list[ParallelDims]:

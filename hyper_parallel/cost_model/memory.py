@@ -19,7 +19,13 @@ Transient, at the peak of backward:
                  storage (they alias). Without reshard_after_forward every unit keeps its gathered
                  parameters from its forward to its backward: all of them are resident.
     ZeRO-1/2     a compute-dtype copy of the parameters when storage differs (FSDP2's float32 master);
-                 ZeRO-2's reduce of the largest unit's gradients (its bucket)
+                 ZeRO-2's reduce of the largest unit's gradients (its bucket); the copy the stack's
+                 reduction makes of all local gradients (``Stack.reduce_copy``: Megatron-DeepSpeed's
+                 bfloat16 all-reduce of its float32 buffer). That copy is made after the backward, when the
+                 activations are freed, yet it adds to the peak of what the GPU holds: the caching allocator
+                 cannot carve one block of the whole buffer from the activations' freed blocks (each one
+                 tensor of a layer), so it reserves a new one beside them (torch's reserved memory, which
+                 nvidia-smi and torchtitan's max_reserved report)
     pipeline     ``pipelined_gathered_bytes``: torch.distributed.pipelining reduces the gradients of a
                  stage once, after its last microbatch, so every unit's gathered parameters and float32
                  unsharded gradients are resident at the peak (the stack's ``pp_grad_reduce`` "once");
@@ -131,7 +137,7 @@ def _gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
     if config.zero < 3:
         copy = sum(u.local_numel for u in units) * precision.compute if precision.compute != precision.storage else 0
         bucket = max((u.gathered_numel for u in units), default=0) * precision.reduce if config.zero == 2 else 0
-        return copy + bucket
+        return copy + bucket + _reduce_copy_bytes(units, config)
     kept = sum(_unsharded(u, config) for u in units if not u.reshard_after_forward)  # the root, or every unit
     others = [
         (0 if not u.reshard_after_forward else _unsharded(u, config)) + u.gathered_numel * precision.reduce
@@ -139,6 +145,14 @@ def _gathered_bytes(units: list[Unit], config: ModelConfig) -> int:
         if not u.is_root
     ]
     return kept + max(others, default=0)
+
+
+def _reduce_copy_bytes(units: list[Unit], config: ModelConfig) -> int:
+    """The copy of every local gradient the stack's data-parallel reduction makes (module docstring, "ZeRO-1/2";
+    none without a data-parallel group)."""
+    if not any(u.shard_size * u.dp_size > 1 for u in units):
+        return 0
+    return sum(u.local_numel for u in units) * get_stack(config.stack).reduce_copy
 
 
 def pipelined_gathered_bytes(units: list[Unit], config: ModelConfig) -> int:

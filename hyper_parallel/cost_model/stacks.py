@@ -50,6 +50,18 @@ behaviour changes memory or time (``memory``, ``work``, ``step_time``, ``stages`
                     softmax keeps its bf16 output, the attention dropout (0.1, Megatron's default) its 1 B
                     mask and bf16 output); selective checkpointing recomputes them. The ZeRO-3 baseline
                     of Narayanan et al. keeps 0: its attention kernel is not stated
+    zero3_calls     how a ZeRO-3 unit's collectives are issued: "unit" (FSDP2: one all-gather and one reduce-scatter
+                    per unit and pass) or "module" (DeepSpeed's ZeRO-3 of April 2021, 112ebff:
+                    ``fetch_sub_module`` all-gathers each module's own parameters in one call,
+                    ``_reduce_scatter_gradients`` reduce-scatters every parameter's gradient in its own call;
+                    Megatron's fused query_key_value counted as one module)
+    reduce_copy     bytes per element of a copy the stack's data-parallel reduction makes of the gradients after
+                    the backward: 0 (the reduction works on the buffer the gradients accumulate in) or 2
+                    (Megatron-DeepSpeed of 2022: DeepSpeed's pipeline engine all-reduces BF16_Optimizer's
+                    float32 gradient buffer in ``communication_data_type``, bfloat16 by default with bf16 on
+                    from DeepSpeed #1487, Nov 2021, to #2970, Mar 2023; ``allreduce_bucket`` casts the flat
+                    buffer of a parameter group, nearly every weight of the stage, to it in one tensor: a
+                    5e8-element bucket closes on the first tensor that overflows it)
     parallelisms    the degrees the stack can run above 1: ``--compare`` ranks only those layouts (a
                     team on Megatron-LM of 2021 chose among TP, PP and DDP, not FSDP or CP)
 """
@@ -75,6 +87,8 @@ class Stack:
     loss_parallel_copies: int = 1
     pp_outputs_kept: str = "none"
     attention_scores: int = 0
+    reduce_copy: int = 0
+    zero3_calls: str = "unit"
     parallelisms: tuple[str, ...] = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
     def runs(self, degrees: dict[str, int]) -> bool:
@@ -120,6 +134,7 @@ STACK_LIST = (
         pp_grad_reduce="per_round",
         dp_overlap=False,
         attention_scores=5,
+        reduce_copy=2,
         parallelisms=("dp_shard", "tp", "pp"),
     ),
     Stack(
@@ -127,6 +142,7 @@ STACK_LIST = (
         "DeepSpeed ZeRO-3 (Narayanan et al. 2021, Table 2): parameters fetched as each module starts",
         elementwise="fused",
         zero3_prefetch=0,
+        zero3_calls="module",
         parallelisms=("dp_replicate", "dp_shard", "tp", "pp"),
     ),
     Stack(

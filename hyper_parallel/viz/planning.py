@@ -129,7 +129,9 @@ def _label_places(reviews: list, budget_bytes: float | None) -> dict[int, tuple[
     """Where each label goes: (x in data, y offset in points above its point). A candidate close to one
     already labelled (within 12 % of the x axis and 8 % of the y axis the figure draws) joins its group:
     the group's labels stack one line apart, left-aligned just right of the group's rightmost point, so the
-    thin lines that join labels to points cross neither the other labels nor the points."""
+    thin lines that join labels to points cross neither the other labels nor the points. Groups at one height
+    stack too, the rightmost lowest: a label runs right, over the points of the groups to its right, so it
+    sits above their labels and their lines rise below it."""
     if not reviews:
         return {}
     x_low = min(r.step.fast.total for r in reviews) * 0.85
@@ -153,11 +155,19 @@ def _label_places(reviews: list, budget_bytes: float | None) -> dict[int, tuple[
         else:
             group.append(review)
     places = {}
-    for group in groups:
+    placed: list[tuple[list, int]] = []  # (group, its first line), right to left
+    for group in sorted(groups, key=lambda g: -max(r.step.seconds for r in g)):
         left = max(r.step.seconds for r in group) + 0.03 * x_span
-        for height, review in enumerate(group):
+        first = max((line + len(g) for g, line in placed if _same_height(g, group, y_span)), default=0)
+        for height, review in enumerate(group, start=first):
             places[id(review)] = (left, 16 + 12 * height)
+        placed.append((group, first))
     return places
+
+
+def _same_height(one: list, other: list, y_span: float) -> bool:
+    """Whether two groups' points sit within 8 % of the y axis of each other: their labels share lines."""
+    return any(abs(a.cost.memory.total - b.cost.memory.total) < 0.08 * y_span for a in one for b in other)
 
 
 def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hyper_parallel.cost_model import ModelConfig
 from hyper_parallel.cost_model.assumptions import assumptions as model_assumptions
 from hyper_parallel.cost_model.hardware import DEFAULT_HARDWARE, Hardware
-from hyper_parallel.cost_model.layouts import GIB, Bandwidth
+from hyper_parallel.cost_model.layouts import GIB, Bandwidth, fmt_bytes
 from hyper_parallel.cost_model.pipeline import layer_ranges
 from hyper_parallel.cost_model.ranking import RankedLayout
 from hyper_parallel.cost_model.review import RESOLUTION, warnings_of
@@ -111,7 +111,6 @@ def assumptions(config: ModelConfig, bandwidth: Bandwidth, hardware: Hardware = 
 
 def print_plan(plan: Plan, command: str) -> None:
     """The plan as text: groups, memory per rank, collectives per step, step time, assumptions, command."""
-    from hyper_parallel.viz.style import fmt_bytes
 
     cost, dims = plan.cost, plan.dims
     nodes, per_node = max(1, dims.world_size // plan.gpus_per_node), min(plan.gpus_per_node, dims.world_size)
@@ -210,7 +209,6 @@ def fmt_seconds(seconds: float) -> str:
 
 def print_compare(ranked: list[RankedLayout], dims: ParallelDims, top: int, budget_bytes: float, sort: str) -> None:
     """The ``top`` layouts of the same world size, best first, with where ``dims`` ranks (``plan --compare``)."""
-    from hyper_parallel.viz.style import fmt_bytes
 
     mine = next((i for i, r in enumerate(ranked) if r.dims == dims), None)
     print(
