@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import MultipleLocator
 
 from hyper_parallel.cost_model.communication import fsdp_collectives, wire_factor
 from hyper_parallel.recipes.workload_facts import SequenceScheme
@@ -19,6 +17,7 @@ from hyper_parallel.viz.style import (
     fmt_bytes,
     group_hatch,
     new_figure,
+    round_byte_ticks,
     title,
 )
 from hyper_parallel.viz.timeline import collectives, steps_of
@@ -80,16 +79,7 @@ def wire_bytes(traces, step: int) -> dict[int, dict[Key, float]]:
 
 def _byte_axis(ax, top: float) -> None:
     """Ticks at round numbers of B / KiB / MiB instead of round numbers of bytes."""
-    scale, unit = next(
-        ((1024.0**k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if top >= 1024.0**k * 2), (1.0, "B")
-    )
-    ax.yaxis.set_major_locator(MultipleLocator(scale * _nice(top / scale / 6)))
-    ax.yaxis.set_major_formatter(lambda v, _: f"{v / scale:g} {unit}")
-
-
-def _nice(x: float) -> float:
-    power = 10 ** math.floor(math.log10(x)) if x > 0 else 1
-    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= x)
+    round_byte_ticks(ax.yaxis, top)
 
 
 def _order(keys) -> list[Key]:
