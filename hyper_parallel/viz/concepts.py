@@ -35,6 +35,14 @@ def _slot_label(slot: Slot) -> str:
     return slot.what if slot.op is None else f"{OP_SHORT.get(slot.op, slot.op)} {slot.group}"
 
 
+def _bar_label(slot: Slot) -> str:
+    """The text inside a slot's bar (vertical): a flattened group goes on two lines ("AR dp_replicate" over
+    "+fsdp"), so it fits the bar's height (one line was clipped to "AR dp_replicate+fsd")."""
+    if slot.op is None:
+        return slot.what.split(" (")[0]
+    return _slot_label(slot).replace("+", "\n+", 1)
+
+
 def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Figure:
     """The schedule as a timeline of one rank: compute boxes (grey, 1 unit wide) on the upper lane,
     collectives (coloured by op, 0.6 wide) on the lower one, forward and backward shaded. Nothing
@@ -43,7 +51,7 @@ def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Fi
     if not schedule:
         raise ValueError("the schedule is empty")
     widths = [1.0 if s.op is None else 0.6 for s in schedule]
-    fig = new_figure(max(8.0, 0.42 * sum(widths) + 2), 2.9)
+    fig = new_figure(max(8.0, 0.42 * sum(widths) + 2), 3.3)
     ax = fig.add_subplot()
     ax.set_label("ideal_timeline")
     x, spans = 0.0, {}
@@ -63,7 +71,7 @@ def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Fi
         ax.text(
             x + width * 0.47,
             lane + 0.5,
-            _slot_label(slot) if slot.op else slot.what.split(" (")[0],
+            _bar_label(slot),
             ha="center",
             va="center",
             rotation=90,
