@@ -129,3 +129,19 @@ def test_every_idealized_bar_label_fits_inside_its_bar():
         assert len(bars) == len(labels) == len(schedule)
         for bar, label in zip(bars, labels):
             assert label.get_window_extent(renderer).height <= bar.get_window_extent(renderer).height, label.get_text()
+
+
+def test_concept_figures_name_only_what_they_draw_and_explain_the_copies():
+    """00's and 01's FSDP figure named AR and A2A, which it does not draw, drew copies as grey cells with
+    rank strips without a word, and left half its flow panel empty."""
+    from hyper_parallel.viz import concept_figure
+
+    for style, named, unnamed in (("fsdp", {"AG", "RS"}, {"AR", "A2A"}), ("tp", {"AR"}, {"AG", "RS", "A2A"})):
+        fig = concept_figure(style)
+        flow = next(ax for ax in fig.axes if ax.get_label() == "concept:flow")
+        title = " ".join(flow.get_title().split())
+        assert all(f"{op} " in title for op in named) and not any(f"{op} " in title for op in unnamed), title
+        boxes = [p for p in flow.patches if (p.get_gid() or "").startswith("flow:")]
+        assert flow.get_xlim()[1] == max(3, max(p.get_x() for p in boxes) + 1)  # no empty columns to the right
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert ("a copy on each rank striped in it" in legend) == (style == "fsdp"), legend
