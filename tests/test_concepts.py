@@ -112,3 +112,36 @@ def test_cp_chunks_are_the_layout_the_cp_attention_uses():
         for rank, chunks in cp_chunks(cp).items():
             held = sorted({int(p) // size for p in load_balanced_positions(16, cp, rank)})
             assert held == sorted(set(chunks)), (cp, rank, held)
+
+
+def test_every_idealized_bar_label_fits_inside_its_bar():
+    """01's and 05's idealized timelines clipped "AR dp_replicate+fsdp" to "AR dp_replicate+fsd": every
+    label inside a bar is drawn no taller than that bar (rendered extents)."""
+    from hyper_parallel.viz import ideal_schedule, ideal_timeline
+
+    for schedule in (ideal_schedule(2, model="mlp", shard=False, replicate=True), ideal_schedule(2, replicate=True)):
+        fig = ideal_timeline(schedule)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        bars = [p for p in ax.patches if (p.get_gid() or "").startswith("ideal:")]
+        labels = [t for t in ax.texts if t.get_rotation() == 90]
+        assert len(bars) == len(labels) == len(schedule)
+        for bar, label in zip(bars, labels):
+            assert label.get_window_extent(renderer).height <= bar.get_window_extent(renderer).height, label.get_text()
+
+
+def test_concept_figures_name_only_what_they_draw_and_explain_the_copies():
+    """00's and 01's FSDP figure named AR and A2A, which it does not draw, drew copies as grey cells with
+    rank strips without a word, and left half its flow panel empty."""
+    from hyper_parallel.viz import concept_figure
+
+    for style, named, unnamed in (("fsdp", {"AG", "RS"}, {"AR", "A2A"}), ("tp", {"AR"}, {"AG", "RS", "A2A"})):
+        fig = concept_figure(style)
+        flow = next(ax for ax in fig.axes if ax.get_label() == "concept:flow")
+        title = " ".join(flow.get_title().split())
+        assert all(f"{op} " in title for op in named) and not any(f"{op} " in title for op in unnamed), title
+        boxes = [p for p in flow.patches if (p.get_gid() or "").startswith("flow:")]
+        assert flow.get_xlim()[1] == max(3, max(p.get_x() for p in boxes) + 1)  # no empty columns to the right
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert ("a copy on each rank striped in it" in legend) == (style == "fsdp"), legend

@@ -214,8 +214,12 @@ def test_12_1_03_and_90_right_and_wrong():
         ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1)
     efsdp = ParallelDims(world_size=8, dp_shard=8, ep=2).efsdp  # 8 ranks / ep 2 = 4
     assert efsdp == 4 and check("06.1", 4, efsdp) == RIGHT and check("06.1", 2, efsdp) == WRONG
-    assert check("90.1", False, False) == RIGHT
-    assert check("90.1", True, False) == WRONG and check("90.1", "False", False) == WRONG
+    valid = ParallelDims(world_size=16, dp_shard=4, cp=2, tp=2, ep=4, etp=1).ep == 4  # 90.1's mesh builds
+    assert valid and EXERCISES["90.1"].solution.startswith("True")
+    assert check("90.1", True, valid) == RIGHT
+    assert check("90.1", False, valid) == WRONG and check("90.1", "True", valid) == WRONG
+    with pytest.raises(ValueError, match="multiple of cp\\*tp=4"):  # its solution's counter-example
+        ParallelDims(world_size=16, dp_shard=4, cp=2, tp=2, ep=2, etp=1)
 
 
 def test_95_1_block_collectives_of_a_benchmark_row():

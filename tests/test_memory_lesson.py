@@ -91,3 +91,18 @@ def test_a_run_on_two_ranks_measures_what_the_cost_model_predicts(tmp_path):
         assert runs["checkpointed"]["saved_activations"] < runs["default"]["saved_activations"] / 2
         estimate_ratio = runs["default"]["saved_activations"] / predicted(2)["saved_activations"]
         assert 0.8 < estimate_ratio < 1.2  # the cost model's estimate of this eager MLP (measured 0.95)
+
+
+def test_the_memory_bars_tick_at_round_kib():
+    """02's bars once ticked at 48.8 / 97.7 / 146.5 KiB (round numbers of bytes): the ticks are round KiB."""
+    from hyper_parallel.viz.memory import PART_COLORS, memory_bars
+
+    parts = dict(zip(PART_COLORS, (36_000, 36_000, 0, 3_300, 104_000)))
+    fig = memory_bars({"M4": (parts, parts)})
+    fig.canvas.draw()
+    axis = fig.axes[0].xaxis
+    low, high = axis.get_view_interval()
+    labels = [tick.get_text() for tick in axis.get_ticklabels() if low <= tick.get_position()[0] <= high]
+    assert labels and all(label.endswith(" KiB") for label in labels), labels
+    values = [float(label.split()[0]) for label in labels]
+    assert values[:4] == [0, 50, 100, 150], labels  # 179.0 KiB in all: steps of 50 KiB

@@ -54,6 +54,23 @@ def test_sequence_parallel_saves_activations(tp_runs):
     assert fewer_saved_activations(tp_runs, ["M2", "M3"]) == "M3"
 
 
+def test_each_runs_saved_activations_are_the_eager_items_to_the_byte(tp_runs):
+    """Rank 0 of M2 and M3 saves exactly the tensors cost_model.eager_saved derives from the shapes (424.5 and
+    343.3 KiB on tp 2, + the loss's 4-byte weight sum), and notebook 03's table says so row by row."""
+    from hyper_parallel.cost_model import recipe_model
+    from hyper_parallel.cost_model.eager_saved import eager_saved_items
+    from hyper_parallel.mesh import ParallelDims
+    from launch.notebook.lessons import activation_reconciliation_rows
+
+    dims = ParallelDims(world_size=2, tp=2)
+    for label, kib in (("M2", 424.5), ("M3", 343.25)):
+        measured = tp_runs[label].metrics["saved_activation_bytes"]
+        assert measured == sum(eager_saved_items(recipe_model(label), dims).values()) == kib * 1024 + 4, label
+    rows = activation_reconciliation_rows(tp_runs, ["M2", "M3"])
+    assert rows[0][1:] == ["352.0 KiB", "320.0 KiB"]  # the trade-off table's activations (estimate)
+    assert rows[-1][1:] == ["424.5 KiB ✔", "343.3 KiB ✔"]
+
+
 def test_saved_activations_count_each_storage_once_and_skip_parameters():
     """y = w * x saves x and w for backward; x counted once though two products save it, w not at all."""
     weight = torch.nn.Parameter(torch.ones(256))

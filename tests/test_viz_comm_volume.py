@@ -68,10 +68,16 @@ def test_the_measured_only_note_is_clear_of_the_legend_and_tp_runs_claim_no_mini
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     ax = axes_labelled(fig, "volume")
-    [note] = [t for t in ax.texts if "measured only →" in t.get_text()]
+    [note] = [t for t in ax.texts if t.get_text().startswith("not fully_shard's")]
     legend = ax.get_legend().get_window_extent(renderer)
     assert not note.get_window_extent(renderer).overlaps(legend)
     assert all(not t.get_window_extent(renderer).overlaps(legend) for t in ax.texts)
+    # 08's S1 and 12: the note ran on past the plot into the gap, the right panel's title past the figure
+    plot, page = ax.get_window_extent(renderer), fig.bbox
+    assert plot.x0 <= note.get_window_extent(renderer).x0 and note.get_window_extent(renderer).x1 <= plot.x1
+    for title in (axes_labelled(fig, "wire").title, ax.title):
+        box = title.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1, title.get_text()
     tp_only = {r: [e for e in events if e.get("group") == MeshDim.CP] for r, events in traces.items()}
     tp_only = {r: events for r, events in tp_only.items() if events}
     fig = comm_volume(tp_only, {"recipe": "M2", "degrees": dims.degrees(), "units": []})

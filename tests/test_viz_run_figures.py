@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from viz_traces import HSDP_UNITS, axes_labelled, hsdp_traces
 
 from hyper_parallel.mesh import ParallelDims
@@ -94,3 +95,27 @@ def test_a_figure_is_rendered_once_and_again_after_an_edit():
     again = png_bytes(fig)
     assert again is not first and again != first
     assert png_bytes(fig, dpi=50) != again  # another resolution is another render
+
+
+def test_numerics_compared_draws_each_runs_difference_per_step():
+    """10_pure_tp_fix's two runs in one figure: a bar per run and step at |loss - reference| (an exact 0 at
+    the floor), the parameters' difference in the legend."""
+    from hyper_parallel.viz import numerics_compared
+
+    wrong = {"losses": [2.0, 1.5003], "reference_losses": [2.0, 1.5], "max_param_diff": 2e-3}
+    right = {"losses": [2.0, 1.5 + 1e-8], "reference_losses": [2.0, 1.5], "max_param_diff": 0.0}
+    fig = numerics_compared({"without fix": wrong, "with fix": right})
+    ax = fig.axes[0]
+    heights = {
+        label: [p.get_height() for p in ax.patches if p.get_gid() == f"run:{label}"]
+        for label in ("without fix", "with fix")
+    }
+    assert heights["without fix"] == pytest.approx([1e-12, 3e-4], rel=1e-3)
+    assert heights["with fix"] == pytest.approx([1e-12, 1e-8], rel=1e-3)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [
+        "without fix (params after the last step: 2.0e-03)",
+        "with fix (params after the last step: 0.0e+00)",
+    ]
+    with pytest.raises(ValueError, match="losses"):
+        numerics_compared({"empty": {}})

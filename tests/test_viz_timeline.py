@@ -92,3 +92,28 @@ def test_timeline_legend_sits_below_the_axes_and_the_title_fits(tmp_path):
     assert legend.y1 <= axes.y0
     heading = fig._suptitle.get_window_extent(renderer)
     assert heading.x0 >= 0 and heading.x1 <= fig.bbox.width and heading.y1 <= fig.bbox.height
+
+
+def test_unit_labels_keep_apart_and_inside_on_a_shared_scale():
+    """07's and 91's timelines piled unit labels up ("root root", "layers.1layers.2") and cut the last one:
+    on its own scale and on a scale twice the step's (91 draws two implementations on one), the labels on
+    one line do not touch and every label ends inside the axes."""
+    from hyper_parallel.viz.timeline import step_span
+
+    _, traces = hsdp_traces()
+    for span in (None, 2 * step_span(traces)):
+        fig = timeline(traces, step=1, time_span=span)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = axes_labelled(fig, "timeline")
+        plot = ax.get_window_extent(renderer)
+        labels = [t for t in ax.texts if t.get_va() == "bottom" and t.get_rotation() == 0 and t.get_text()]
+        assert labels
+        lines: dict[float, list] = {}
+        for label in labels:
+            box = label.get_window_extent(renderer)
+            assert plot.x0 <= box.x0 and box.x1 <= plot.x1 + 1, label.get_text()
+            lines.setdefault(round(label.get_position()[1], 3), []).append(box)
+        for boxes in lines.values():
+            boxes.sort(key=lambda b: b.x0)
+            assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:]))

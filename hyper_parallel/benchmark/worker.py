@@ -20,6 +20,7 @@ largest difference is reported. Rank 0 writes ``DIR/bench.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -28,6 +29,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -137,16 +139,38 @@ def build_moe_model(impl: str, model: Transformer, dims: ParallelDims, views: Me
 
 
 def _traced(trainer: Trainer, views: MeshViews) -> list[dict]:
-    """One step with every collective recorded (ours records itself; torch's FSDP2 calls are wrapped)."""
+    """One step with every collective recorded (ours records itself; torch's FSDP2 calls are wrapped), and
+    the compute between them (ours marks it in its hooks; torch's is marked by ``_compute_spans``)."""
     with trace.record() as recorder:
         trace.set_step(0)
         with trace.TorchCollectiveTracer(views.group_names()):
             if trainer.impl == "torch":
-                with trace_torch_fsdp(_fsdp_group_names(views)):
+                with trace_torch_fsdp(_fsdp_group_names(views)), _compute_spans(trainer):
                     trainer.step()
             else:
                 trainer.step()
     return recorder.events
+
+
+@contextlib.contextmanager
+def _compute_spans(trainer: Trainer) -> Iterator[None]:
+    """Torch FSDP2's step measured as ours is: compute runs from the step's start to the optimizer (ours:
+    from the root's forward to the end of backward), paused while a traced collective runs, so both
+    timelines get a compute strip and their exposed communication is the same measure."""
+    original = trainer.optimizer.step
+
+    def optimizer_step(*args, **kwargs):
+        with trace.outside_compute(start_after=False):  # backward ended: close the open span
+            pass
+        return original(*args, **kwargs)
+
+    trainer.optimizer.step = optimizer_step
+    with trace.outside_compute(start_after=True):  # open the first span
+        pass
+    try:
+        yield
+    finally:
+        trainer.optimizer.step = original
 
 
 def _fsdp_group_names(views: MeshViews) -> dict[tuple[int, ...], str]:

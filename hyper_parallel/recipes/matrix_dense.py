@@ -44,7 +44,7 @@ DENSE_ROWS: list[dict] = [
         "over the data-parallel group.",
         matrix_row="M1 | dense | TP 1 | SP 0 | CP 1 | FSDP2 1 | dp_rep 0 | EP 0 | ETP 0 | pure DDP | 2-layer MLP",
         tier="l0",
-        default={"world_size": 2, "dp_shard": 2},
+        default={"world_size": 2, "dp_replicate": 2},  # DDP's replicas, as 01 teaches it
         alternatives=({"world_size": 4, "dp_replicate": 2, "dp_shard": 2},),
         implementation="hyper_parallel.recipes.dense:ddp_mlp",
         workload=MLP_DDP,

@@ -8,6 +8,7 @@
     timeline(traces, step)                          per-rank collectives of one step
     comm_volume(traces, metrics, step)              bytes per (op, group) vs fully_shard's minimum
     numerics(metrics)                               loss vs the single-process reference
+    numerics_compared({label: metrics})             several runs' |loss - reference| per step, one figure
     save(fig, out_dir, name, svg=False)             PNG (and SVG)
     run_figures(run_dir, out_dir)                   all of the above for one run directory, each drawn when asked for
     FIGURE_SPECS                                    those figures as data: title, what to notice, what each needs
@@ -35,7 +36,7 @@ from hyper_parallel.viz.figure_registry import (
 from hyper_parallel.viz.ideal_step import cp_chunks, ideal_schedule
 from hyper_parallel.viz.layout import ownership, parse_placements, rank_ranges
 from hyper_parallel.viz.mesh_map import mesh_map, parameters_sharded
-from hyper_parallel.viz.numerics import numerics
+from hyper_parallel.viz.numerics import numerics, numerics_compared
 from hyper_parallel.viz.pipeline import measured_bubble, pipeline_schedule
 from hyper_parallel.viz.placements import (
     placement_overview,
@@ -66,6 +67,7 @@ __all__ = [
     "measured_bubble",
     "mesh_map",
     "numerics",
+    "numerics_compared",
     "ownership",
     "parameters_sharded",
     "parse_placements",

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from hyper_parallel.run_files import load_traces
 from hyper_parallel.viz.style import new_figure
-from hyper_parallel.viz.timeline import timeline
+from hyper_parallel.viz.timeline import step_span, timeline
 
 IMPLEMENTATION_NAMES = {"ours": "our fully_shard", "torch": "torch FSDP2 fully_shard"}
 
@@ -69,13 +69,13 @@ def ratio_figure(rows: list[dict[str, Any]], world_size: int | None = None) -> F
 
 def implementation_timelines(bench_dir: str | Path, config: str) -> list[Figure]:
     """The traced step of each implementation of ``config``, as two timelines on one time scale."""
-    figures = []
-    for impl, name in IMPLEMENTATION_NAMES.items():
-        traces = load_traces(Path(bench_dir) / config / impl)
-        if not traces:
+    traces = {}
+    for impl in IMPLEMENTATION_NAMES:
+        traces[impl] = load_traces(Path(bench_dir) / config / impl)
+        if not traces[impl]:
             raise ValueError(f"no traces of {impl} for {config!r} in {bench_dir}; run python -m launch bench first")
-        figures.append(timeline(traces, recipe=f"{config}, {name}"))
-    right = max(fig.axes[0].get_xlim()[1] for fig in figures)
-    for fig in figures:
-        fig.axes[0].set_xlim(fig.axes[0].get_xlim()[0], right)
-    return figures
+    span = max(step_span(t) for t in traces.values())  # one scale, its unit labels spaced for it
+    return [
+        timeline(traces[impl], recipe=f"{config}, {name}", time_span=span)
+        for impl, name in IMPLEMENTATION_NAMES.items()
+    ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
@@ -29,10 +30,19 @@ from hyper_parallel.viz.style import OP_COLORS, OP_SHORT, PHASE_COLORS, new_figu
 
 STYLES = ("ddp", "fsdp", "hsdp", "tp", "sp", "cp", "moe")
 COMPUTE_COLOR = "#9e9e9e"
+COPY_COLOR = "#f2f2f2"  # a cell held whole by several ranks (one strip of each one's colour on it)
 
 
 def _slot_label(slot: Slot) -> str:
     return slot.what if slot.op is None else f"{OP_SHORT.get(slot.op, slot.op)} {slot.group}"
+
+
+def _bar_label(slot: Slot) -> str:
+    """The text inside a slot's bar (vertical): a flattened group goes on two lines ("AR dp_replicate" over
+    "+fsdp"), so it fits the bar's height (one line was clipped to "AR dp_replicate+fsd")."""
+    if slot.op is None:
+        return slot.what.split(" (")[0]
+    return _slot_label(slot).replace("+", "\n+", 1)
 
 
 def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Figure:
@@ -43,7 +53,7 @@ def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Fi
     if not schedule:
         raise ValueError("the schedule is empty")
     widths = [1.0 if s.op is None else 0.6 for s in schedule]
-    fig = new_figure(max(8.0, 0.42 * sum(widths) + 2), 2.9)
+    fig = new_figure(max(8.0, 0.42 * sum(widths) + 2), 3.3)
     ax = fig.add_subplot()
     ax.set_label("ideal_timeline")
     x, spans = 0.0, {}
@@ -63,7 +73,7 @@ def ideal_timeline(schedule: list[Slot], title: str = "An idealized step") -> Fi
         ax.text(
             x + width * 0.47,
             lane + 0.5,
-            _slot_label(slot) if slot.op else slot.what.split(" (")[0],
+            _bar_label(slot),
             ha="center",
             va="center",
             rotation=90,
@@ -102,7 +112,7 @@ def _tensor(ax, x0, y0, rows, cols, owner, name, world, cell=0.5, dy=None):
             if who is None:
                 ax.add_patch(Rectangle((x, y), cell, cell, facecolor="white", edgecolor="#cccccc", hatch="//"))
             elif isinstance(who, tuple):
-                ax.add_patch(Rectangle((x, y), cell, cell, facecolor="#f2f2f2", edgecolor="black", linewidth=0.5))
+                ax.add_patch(Rectangle((x, y), cell, cell, facecolor=COPY_COLOR, edgecolor="black", linewidth=0.5))
                 for i, rank in enumerate(who):
                     w = cell / len(who)
                     ax.add_patch(
@@ -186,20 +196,17 @@ def concept_figure(style: str) -> Figure:
     (right, from ``ideal_schedule``). Axes labelled ``"concept:split"`` and ``"concept:flow"``."""
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; choose one of {STYLES}")
-    fig = new_figure(11.0, 3.6)
-    grid = fig.add_gridspec(1, 2, width_ratios=[1.0, 1.9])
+    schedule = ideal_schedule(1, root=False, **_ONE_LAYER[style])
+    width = max(3, *(sum(s.phase == p for s in schedule) for p in ("forward", "backward")))
+    # the flow panel as wide as its boxes (a fixed 5 left half of FSDP's canvas empty)
+    fig = new_figure(4.6 + 0.95 * (width + 1.2), 3.6)
+    grid = fig.add_gridspec(1, 2, width_ratios=[4.6, 0.95 * (width + 1.2)])
     left = fig.add_subplot(grid[0, 0])
     left.set_label("concept:split")
     caption = _draw_split(left, style)
     world = 4 if style == "hsdp" else 2
-    left.legend(
-        handles=[Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}") for r in range(world)],
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.02),
-        ncol=world,
-        fontsize=7.5,
-        frameon=False,
-    )
+    handles = _split_legend(left, world)
+    fig.legend(handles=handles, loc="outside lower left", ncol=len(handles), fontsize=7.5, frameon=False)
     left.set_xlim(-0.2, 5.2)
     left.set_ylim(3.4, 0.3)
     left.set_aspect("equal")
@@ -207,7 +214,6 @@ def concept_figure(style: str) -> Figure:
     left.set_title("\n".join(_wrap(caption, 48)), fontsize=8.5)
     right = fig.add_subplot(grid[0, 1])
     right.set_label("concept:flow")
-    schedule = ideal_schedule(1, root=False, **_ONE_LAYER[style])
     for row, phase in enumerate(("forward", "backward")):
         slots = [s for s in schedule if s.phase == phase]
         for i, slot in enumerate(slots):
@@ -237,16 +243,25 @@ def concept_figure(style: str) -> Figure:
                     "", xy=(i + 1, row + 0.5), xytext=(i + 0.9, row + 0.5), arrowprops={"arrowstyle": "-|>", "lw": 0.8}
                 )
         right.text(-0.1, row + 0.5, phase, ha="right", va="center", fontsize=9, fontweight="bold")
-    width = max(sum(s.phase == p for s in schedule) for p in ("forward", "backward"))
-    right.set_xlim(-1.2, max(width, 5))
+    right.set_xlim(-1.2, width)
     right.set_ylim(2, 0)
     right.axis("off")
-    right.set_title(
-        "one layer, in order. grey: compute; AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all",
-        fontsize=8.5,
-    )
+    ops = [op for op in OP_SHORT if any(s.op == op for s in schedule)]  # only the names this figure uses
+    names = ", ".join(f"{OP_SHORT[op]} {op.replace('_', '-')}" for op in ops)
+    right.set_title("\n".join(_wrap(f"one layer, in order. grey: compute; {names}", 60)), fontsize=8.5)
     fig.suptitle(f"{style.upper()}: what is split, and where the collectives go", fontsize=11)
     return fig
+
+
+def _split_legend(ax, world: int) -> list[Patch]:
+    """The ranks' colours, and the two other cell encodings where the panel draws them: a copy on several
+    ranks (a grey cell with one strip per rank holding it) and a masked cell (hatched)."""
+    handles = [Patch(facecolor=rank_color(r, world), edgecolor="black", label=f"rank {r}") for r in range(world)]
+    if any(patch.get_facecolor()[:3] == to_rgb(COPY_COLOR) for patch in ax.patches):
+        handles.append(Patch(facecolor=COPY_COLOR, edgecolor="black", label="a copy on each rank striped in it"))
+    if any(patch.get_hatch() == "//" for patch in ax.patches):
+        handles.append(Patch(facecolor="white", edgecolor="#cccccc", hatch="//", label="not computed (masked)"))
+    return handles
 
 
 def _wrap(text: str, width: int) -> list[str]:

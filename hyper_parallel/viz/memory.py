@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from hyper_parallel.viz.style import fmt_bytes, new_figure
+from hyper_parallel.viz.style import fmt_bytes, new_figure, round_byte_ticks
 
 PART_COLORS = {
     "parameters": "#1f77b4",
@@ -51,8 +51,9 @@ def memory_bars(runs: Mapping[str, tuple[Mapping[str, int], Mapping[str, int]]],
     ax.set_yticklabels(names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("bytes on one rank")
-    ax.xaxis.set_major_formatter(lambda value, _: fmt_bytes(value))
     ax.margins(x=0.12)
+    ax.set_xlim(left=0)  # bytes start at 0; the margin is for the totals written right of the bars
+    round_byte_ticks(ax.xaxis, ax.get_xlim()[1])
     handles = [Patch(facecolor=c, label=p.replace("_", " ")) for p, c in PART_COLORS.items()]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="cost model (hatched)"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)

@@ -62,3 +62,35 @@ def numerics(metrics: dict[str, Any]) -> Figure:
         fontsize=10,
     )
     return fig
+
+
+def numerics_compared(runs: dict[str, dict[str, Any]], floor: float = 1e-12) -> Figure:
+    """Several runs of one model against the same reference in one figure: |loss − reference| per step, a
+    bar per run (log scale, ``floor`` for an exact 0), and each run's largest parameter difference after
+    the last step in its legend entry. Where two loss curves lie on top of each other this still shows
+    which run drifts and by how many orders of magnitude (10_pure_tp_fix: without and with the fix)."""
+    if not runs or not all(metrics.get("losses") for metrics in runs.values()):
+        raise ValueError(f"every run needs losses; got {sorted(runs)}")
+    fig = new_figure(8, 3.4)
+    ax = fig.add_subplot()
+    ax.set_label("differences")
+    width = 0.8 / len(runs)
+    top = floor
+    for index, (label, metrics) in enumerate(runs.items()):
+        diffs = [abs(a - b) for a, b in zip(metrics["losses"], metrics.get("reference_losses") or [])]
+        xs = [step - 0.4 + width * (index + 0.5) for step in range(len(diffs))]
+        param = metrics.get("max_param_diff")
+        legend = label + (f" (params after the last step: {param:.1e})" if param is not None else "")
+        ax.bar(xs, [max(d, floor) for d in diffs], width * 0.9, label=legend, gid=f"run:{label}")
+        for x, d in zip(xs, diffs):
+            ax.text(x, max(d, floor) * 1.5, f"{d:.1e}", ha="center", va="bottom", fontsize=8)
+        top = max([top, *diffs])
+    ax.set_yscale("log")
+    ax.set_ylim(floor, max(top * 100, 1e-5))
+    ax.set_xticks(range(max(len(m["losses"]) for m in runs.values())))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("|loss − reference|")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("each run's loss against the single-process reference, step by step", fontsize=10)
+    return fig

@@ -7,6 +7,7 @@ close, safe in scripts, tests and threads; Jupyter's inline backend displays a r
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import matplotlib
@@ -128,3 +129,22 @@ def new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def round_byte_ticks(axis, top: float) -> None:
+    """Ticks of a byte axis (``ax.xaxis`` or ``ax.yaxis``) reaching ``top`` at round numbers of B / KiB / MiB /
+    GiB (50, 100, 150 KiB), not at round numbers of bytes (48.8, 97.7, 146.5 KiB)."""
+    from matplotlib.ticker import MultipleLocator
+
+    scale, unit = next(
+        ((1024.0**k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if top >= 1024.0**k * 2), (1.0, "B")
+    )
+    axis.set_major_locator(MultipleLocator(scale * _nice_step(top / scale / 6)))
+    axis.set_major_formatter(lambda v, _: f"{v / scale:g} {unit}")
+
+
+def _nice_step(x: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 x a power of ten that is at least ``x``."""
+    power = 10 ** math.floor(math.log10(x)) if x > 0 else 1
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= x)
+

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from matplotlib.figure import Figure
@@ -128,8 +128,12 @@ def timeline(
     label_modules: bool = True,
     align: bool = True,
     ranks: str | list[int] | tuple[int, ...] | None = None,
+    time_span: float | None = None,
 ) -> Figure:
     """The collectives of one step (default: the last) against time, for rank 0 and one peer by default.
+
+    ``time_span``: seconds the time axis covers when longer than the step (two timelines on one scale,
+    ``step_span``); the unit labels are spaced for that axis.
 
     ``ranks``: which ranks get rows (None: ``default_ranks``, rank 0 and the next rank; ``"all"``: every
     rank). On a 2-core machine extra rows mostly show ranks waiting for a core, not the lesson; the
@@ -148,6 +152,8 @@ def timeline(
     if align:
         traces = shift_clocks(traces, offsets)
     lanes = _lanes(traces, step, by_group, ranks)
+    if time_span is not None and time_span > lanes.span:
+        lanes = replace(lanes, span=time_span)
     computing = has_compute(traces)
     fig = new_figure(13, 2.6 + 0.3 * len(lanes.lanes) + (0.3 if lanes.by_group else 0))
     ax = fig.add_subplot()
@@ -381,22 +387,30 @@ def _chosen_ranks(all_ranks: list[int], ranks) -> list[int]:
     return sorted(set(ranks))
 
 
+def step_span(traces: Traces, step: int | None = None, ranks=None) -> float:
+    """Seconds from the first to the last event of the step on the ranks a timeline draws."""
+    return _lanes(traces, step, None, ranks).span
+
+
 def timeline_notes(fig: Figure) -> str:
     """The timeline's notes (``fig.notes``) as Markdown bullets, for the cell that shows the figure."""
     return "\n".join(f"* {note}" for note in getattr(fig, "notes", []))
 
 
 def _label_units(ax, events, ms, span) -> None:
-    """Write the fully_shard unit over each of rank 0's FSDP collectives, on two staggered lines."""
+    """Write the fully_shard unit over each of rank 0's FSDP collectives, on two staggered lines; a label
+    that would touch the one before it on both lines is left out (adjacent labels read as one: "root root"),
+    and one that would run past the axis ends there."""
     level_end = [float("-inf"), float("-inf")]
-    char = 0.0062 * span * 1e3
+    char = 0.0072 * span * 1e3  # ms per character at 7 pt on the 13-inch figure, with a little room
+    right = span * 1.01e3
     for event in sorted(events, key=lambda e: e["t_start"]):
         module = event.get("module") or ""
         if not module or event["group"] in ("tp", "cp", "ep", "etp"):
             continue
-        x = ms(event["t_start"])
+        x = min(ms(event["t_start"]), right - len(module) * char)
         level = next((i for i, end in enumerate(level_end) if x > end), None)
         if level is None:
             continue
         ax.text(x, -0.45 - 0.36 * level, module, ha="left", va="bottom", fontsize=7, color="#222222", clip_on=True)
-        level_end[level] = x + (len(module) + 1) * char
+        level_end[level] = x + (len(module) + 2) * char

@@ -264,9 +264,11 @@ EXERCISES: dict[str, Exercise] = {
         "`attention` and `feed_forward`), times 2 blocks. fully_shard's collectives are on fsdp, not tp.",
     ),
     "90.1": Exercise(
-        "Is `world_size=8, dp_shard=2, cp=2, tp=2, ep=2, etp=1` a valid mesh? Answer True or False.",
-        "with etp = 1 EP borrows from dp_shard * cp * tp and ep % (cp * tp) must be 0.",
-        "False: ep = 2 is not a multiple of cp * tp = 4 (with etp = 1 every EP group must hold whole cp x tp blocks).",
+        "Is `world_size=16, dp_shard=4, cp=2, tp=2, ep=4, etp=1` a valid mesh? Answer True or False.",
+        "with etp = 1 EP borrows all of cp * tp and part of dp_shard: ep must be a multiple of cp * tp and "
+        "divide dp_shard * cp * tp (06 showed a mesh that breaks the first rule).",
+        "True: ep = 4 is a multiple of cp * tp = 4 (every EP group holds whole cp x tp blocks) and divides "
+        "dp_shard * cp * tp = 16; ep = 2 would break the first rule, as 06's dp_shard=2, cp=2, tp=2, ep=2 did.",
     ),
 }
 

@@ -160,3 +160,43 @@ def tradeoff_table(result, label: str | None = None):
         caption=f"{label}: the cost model (hyper_parallel.cost_model.estimate) for one rank and for this "
         "mesh; bytes are full collective buffers, the last column the run's own trace",
     )
+
+
+def activation_reconciliation_rows(results: dict, labels: list[str]) -> list[list[str]]:
+    """Rows of ``activation_reconciliation_table``: from the trade-off table's activations to the bytes each
+    run saved (``cost_model.eager_saved``), the last row the run's own measurement, ✔ when equal."""
+    from hyper_parallel.cost_model import recipe_model
+    from hyper_parallel.cost_model.eager_saved import activation_reconciliation
+    from hyper_parallel.mesh import ParallelDims
+    from hyper_parallel.viz.style import fmt_bytes
+
+    columns = []
+    for label in labels:
+        metrics = results[label].metrics
+        degrees = metrics["degrees"]
+        dims = ParallelDims(**{k: v for k, v in degrees.items() if k in ParallelDims.__dataclass_fields__})
+        columns.append(activation_reconciliation(recipe_model(metrics["recipe"], metrics.get("options")), dims))
+    rows = []
+    for index, (what, _) in enumerate(columns[0]):
+        signed = [column[index][1] for column in columns]
+        rows.append([what] + [("" if index == 0 else "+ " if n >= 0 else "− ") + fmt_bytes(abs(n)) for n in signed])
+    expected = [sum(n for _, n in column) for column in columns]
+    rows.append(["= what the eager code saves"] + [fmt_bytes(n) for n in expected])
+    measured = [results[label].metrics["saved_activation_bytes"] for label in labels]
+    rows.append(
+        ["measured: saved tensors at the end of forward (rank 0)"]
+        + [fmt_bytes(m) + (" ✔" if m == e else " ≠") for m, e in zip(measured, expected)]
+    )
+    return rows
+
+
+def activation_reconciliation_table(results: dict, labels: list[str]):
+    """The trade-off table's activation estimate against what each run measured, item by item."""
+    from launch.tables import table
+
+    return table(
+        ["per rank, one step", *labels],
+        activation_reconciliation_rows(results, labels),
+        caption="activations: the cost model (a fused production stack at its peak) against what autograd "
+        "kept in this eager run (hyper_parallel.cost_model.eager_saved)",
+    )
