@@ -147,4 +147,3 @@ def _nice_step(x: float) -> float:
     """The smallest of 1, 2, 2.5, 5 x a power of ten that is at least ``x``."""
     power = 10 ** math.floor(math.log10(x)) if x > 0 else 1
     return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= x)
-
