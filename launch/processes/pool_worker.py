@@ -8,7 +8,9 @@ It connects to the kernel's listener (address and key from the environment), the
    their own prefix of the agent's store (a pool of 8 serves a run of 2: ranks 0-1 form its group),
    and no rank goes on until every rank has connected it (``INIT_BARRIER_ENV``);
 2. DTensor's sharding cache and DeviceMesh's stack are cleared and the RNGs reseeded, so a run sees
-   what it would see in a fresh torchrun launch;
+   what it would see in a fresh torchrun launch; only the sharding decisions of earlier runs stay, without
+   their meshes (``hyper_parallel.sharding_memo``): a run on meshes of the same shape does not pay DTensor's
+   uncached sharding propagation again, and computes the same numbers;
 3. the task runs: recipe runs (``hyper_parallel.recipes.worker.run_one``, which records its own trace)
    or a notebook cell's code (``%%torchrun``) in a namespace kept between cells, with ``rank`` and
    ``world_size`` defined; the value of a cell's last expression travels back (``torch.save`` bytes,
@@ -55,6 +57,7 @@ from multiprocessing.connection import Client
 import torch
 import torch.distributed as dist
 
+from hyper_parallel import sharding_memo
 from hyper_parallel.mesh_views import clear_mesh_caches
 from hyper_parallel.recipes.run_spec import RunSpec
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
@@ -137,6 +140,7 @@ def main() -> int:
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     conn.send_bytes(json.dumps({"hello": rank, "pid": os.getpid()}).encode())
+    sharding_memo.install()
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=COLLECTIVE_TIMEOUT
     )
