@@ -17,7 +17,8 @@ It connects to the kernel's listener (address and key from the environment), the
    read with ``weights_only=True``, else its ``repr``);
 4. everything the run created is released (``release_run``): the caches that hold its meshes, the
    hooks that tie its modules into reference cycles the garbage collector cannot see, then the process
-   group and every subgroup; the rank reports ``{"ok": ...}`` or the traceback.
+   group and every subgroup; what survives (no cell names kept) is frozen out of the garbage collector's
+   walks (``freeze_survivors``); the rank reports ``{"ok": ...}`` or the traceback.
 
 Why step 4 matters: a gloo process group owns its threads (``pt_gloo_runloop``, ``gloo_tcp_loop``),
 its sockets and listening ports until the Python object is freed; ``destroy_process_group()``
@@ -96,6 +97,15 @@ def release_run(recipes: bool) -> None:
     _collect_garbage()
 
 
+def freeze_survivors() -> None:
+    """Move every object alive now out of the cyclic collector (``gc.freeze``), after a release that left
+    nothing of the run: what survives is the worker's own (modules, torch's state, the sharding memo), and
+    each later release (``gc.collect`` passes, the hook scan) then walks the next run's objects only, not
+    the ~290,000 of an imported torch (S2, 4 ranks: 0.2 s of CPU per rank and release, measured under
+    load). Never while a cell's names are kept: a cycle among frozen objects is never collected."""
+    gc.freeze()
+
+
 MAX_GC_PASSES = 10
 
 
@@ -141,6 +151,9 @@ def main() -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     conn.send_bytes(json.dumps({"hello": rank, "pid": os.getpid()}).encode())
     sharding_memo.install()
+    clear_mesh_caches()  # finds torch's caches before they are frozen (mesh_views scans what gc lists)
+    _collect_garbage()
+    freeze_survivors()
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=COLLECTIVE_TIMEOUT
     )
@@ -152,6 +165,7 @@ def main() -> int:
         if task["kind"] == "forget":  # the kernel moved on to another notebook: its cells' names go
             namespace.clear()
             release_run(recipes=True)
+            freeze_survivors()
             conn.send_bytes(json.dumps({"ok": True}).encode())
             continue
         world = task["world_size"]
@@ -180,6 +194,8 @@ def main() -> int:
             reply = {"ok": False, "stage": stage, "traceback": traceback.format_exc()}
         finally:
             release_run(task["kind"] == "recipes")
+            if not namespace:
+                freeze_survivors()
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send_bytes(json.dumps(reply).encode())
