@@ -21,6 +21,7 @@ from torch.distributed.tensor._redistribute import clear_redistribute_planner_ca
 from hyper_parallel.devices import default_device_type, device_of
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_slices import sub_mesh
 
 
 @dataclass
@@ -54,7 +55,7 @@ class MeshViews:
             if all(name in present for name in wanted):
                 positions = [present.index(name) for name in wanted]
                 if positions == sorted(positions):
-                    return mesh if wanted == present else mesh[wanted]
+                    return mesh if wanted == present else sub_mesh(mesh, wanted)
         known = sorted({n for mesh in self.meshes.values() for n in mesh.mesh_dim_names})
         raise ValueError(
             f"no view has the dims {wanted} in this order; known dims: {known} "
