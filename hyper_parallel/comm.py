@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hyper_parallel import trace
 from hyper_parallel.gloo_sum import DirectReduceScatter, uses_gloo
+from hyper_parallel.mesh_slices import sub_mesh
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,7 +44,7 @@ class GroupInfo:
         dims = tuple(dims)
         if not dims:
             return cls("", (dist.get_rank(),), None)
-        sub = mesh[dims] if len(dims) > 1 or mesh.mesh_dim_names != dims else mesh
+        sub = sub_mesh(mesh, dims) if len(dims) > 1 or mesh.mesh_dim_names != dims else mesh
         if len(dims) > 1:
             sub = sub._flatten("+".join(dims))
         ranks = tuple(int(r) for r in sub.mesh.flatten().tolist())

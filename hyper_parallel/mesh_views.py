@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import gc
 import sys
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from torch.distributed.tensor._redistribute import clear_redistribute_planner_ca
 from hyper_parallel.devices import default_device_type, device_of
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_slices import sub_mesh
 
 
 @dataclass
@@ -53,7 +55,7 @@ class MeshViews:
             if all(name in present for name in wanted):
                 positions = [present.index(name) for name in wanted]
                 if positions == sorted(positions):
-                    return mesh if wanted == present else mesh[wanted]
+                    return mesh if wanted == present else sub_mesh(mesh, wanted)
         known = sorted({n for mesh in self.meshes.values() for n in mesh.mesh_dim_names})
         raise ValueError(
             f"no view has the dims {wanted} in this order; known dims: {known} "
@@ -119,7 +121,7 @@ def build_mesh(dims: ParallelDims, device_type: str | None = None) -> MeshViews:
 
 
 _LRU_CACHE = type(functools.lru_cache(None)(int))
-_torch_caches: list = []
+_torch_caches: dict[int, weakref.ref] = {}
 _modules_scanned = 0
 
 
@@ -129,16 +131,27 @@ def _torch_distributed_caches() -> list:
     torch memoises with caches keyed by a DeviceMesh or a DTensorSpec (``MeshTopoInfo.build_from_mesh``,
     the sharding propagator, the redistribute planner, ...): each one keeps a finished run's meshes, and
     with them their gloo groups, alive. Clearing all of them covers those and any a later torch adds;
-    they refill on the next run."""
+    they refill on the next run.
+
+    A rescan adds to what earlier scans found (weakly: a cache of an object that is gone drops out):
+    ``gc.get_objects`` does not list objects moved out of the collector by ``gc.freeze`` (the pool
+    workers freeze what they hold between runs), and a cache found before its freeze must stay cleared."""
     global _modules_scanned
     if len(sys.modules) != _modules_scanned:
         _modules_scanned = len(sys.modules)
-        _torch_caches[:] = [
-            obj
-            for obj in gc.get_objects()
-            if type(obj) is _LRU_CACHE and str(getattr(obj, "__module__", "")).startswith("torch.distributed")
-        ]
-    return _torch_caches
+        for obj in gc.get_objects():
+            if type(obj) is _LRU_CACHE and str(getattr(obj, "__module__", "")).startswith("torch.distributed"):
+                known = _torch_caches.get(id(obj))
+                if known is None or known() is not obj:  # new, or a dead cache's id reused
+                    _torch_caches[id(obj)] = weakref.ref(obj)
+    live = []
+    for key, ref in list(_torch_caches.items()):
+        cache = ref()
+        if cache is None:
+            del _torch_caches[key]
+        else:
+            live.append(cache)
+    return live
 
 
 def clear_mesh_caches() -> None:

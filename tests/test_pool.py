@@ -2,7 +2,8 @@
 
 * A warm run equals a fresh torchrun launch bit for bit: the same losses, the same parameter
   differences and the same collectives (op, group, bytes, unit, step) on every rank, for M4 on 2
-  ranks and M7 on 4 (the pool grows from 2 to 4 workers in between), run twice warm.
+  ranks, M7 on 4 (the pool grows from 2 to 4 workers in between) and S2 on 4 (TP, SP and EP on 2-D and
+  3-D meshes: its second warm run takes every sharding decision from the pool's memo), run twice warm.
 * Faults: a rank that raises is reported with its traceback and the pool stays up with its names (same
   worker processes); a rank SIGKILLed or a hang past the timeout end the pool with every process, the
   next run starts a new one and says why the names are gone.
@@ -60,7 +61,11 @@ def fresh_pool():
 
 @pytest.mark.parametrize(
     "recipe, degrees",
-    [("M4", {"world_size": 2, "dp_shard": 2}), ("M7", {"world_size": 4, "dp_replicate": 2, "dp_shard": 2})],
+    [
+        ("M4", {"world_size": 2, "dp_shard": 2}),
+        ("M7", {"world_size": 4, "dp_replicate": 2, "dp_shard": 2}),
+        ("S2", {"world_size": 4, "dp_shard": 2, "tp": 2, "ep": 2, "etp": 2}),
+    ],
 )
 def test_warm_runs_equal_a_fresh_launch(tmp_path, recipe, degrees):
     fresh = launch.run(recipe, steps=2, out=tmp_path / "fresh", pool=False, **degrees)

@@ -28,8 +28,10 @@ CELL = "x = torch.ones(1) * rank\ndist.all_reduce(x)\nx.item()"
 OWN_LISTENERS = "import psutil\nsum(c.status == psutil.CONN_LISTEN for c in psutil.Process().net_connections('tcp'))"
 MESHES_ALIVE = (
     "import gc\nfrom torch.distributed.device_mesh import DeviceMesh\n"
-    "gc.collect()\nsum(isinstance(o, DeviceMesh) for o in gc.get_objects())"
+    "gc.unfreeze()\ngc.collect()\nsum(isinstance(o, DeviceMesh) for o in gc.get_objects())"
 )
+"""The meshes alive on a rank; ``gc.unfreeze`` first, so one the worker froze after a run
+(``pool_worker.freeze_survivors``) is listed too."""
 
 
 def _problems(after, baseline, when: str) -> list[str]:

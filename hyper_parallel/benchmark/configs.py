@@ -141,7 +141,7 @@ def summarize(config_result: dict[str, Any]) -> dict[str, Any]:
     are adjacent steps, so a slow phase of a loaded machine hits both) with their quartiles, the same
     for forward + backward alone (where the two implementations differ; the optimizer is the same
     code on the same DTensors) and peak memory per implementation. The first step of each (DTensor's
-    caches cleared before it, as a fresh run or a warm-pool relaunch starts) and the median ratio of the
+    caches cleared before it, as a fresh run starts) and the median ratio of the
     cold pairs (caches cleared before every step). Communication is read from the traced step's files by
     the launcher (``launch.bench.fsdp2``)."""
     step, forward_backward = config_result["step_times"], config_result["forward_backward_times"]

@@ -288,7 +288,8 @@ def cold_pairs(
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Each implementation's first step, then ``pairs`` alternated pairs of cold steps: DTensor's caches are
     cleared before every one of these steps, so each pays the uncached sharding propagation of every op, as
-    the first step of a fresh launch or of a warm-pool relaunch does (the pool clears them between runs)."""
+    the first step of a fresh launch does (and a warm-pool run on a mesh shape the pool has not run before:
+    its sharding memo answers the others, docs/warm_pool.md)."""
     first: dict[str, float] = {}
     cold: dict[str, list[float]] = {impl: [] for impl in IMPLEMENTATIONS}
     for impl in IMPLEMENTATIONS:

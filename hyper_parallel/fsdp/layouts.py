@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.param import ParamLayout
 from hyper_parallel.fsdp.roles import MeshRoles
+from hyper_parallel.mesh_slices import sub_mesh
 
 SHARDED_BY_ATTR = "_hp_sharded_by"
 """Set on the sharded DTensor parameter a unit registers: applying fully_shard to a module inside an
@@ -46,7 +47,7 @@ def layout_of(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str)
             "pass the full mesh with dp_mesh_dims=DataParallelMeshDims(shard=..., replicate=...)"
         )
     if set(own_names) <= set(roles.model_parallel_dims):
-        if not _same_ranks(own_mesh, mesh[own_names]):
+        if not _same_ranks(own_mesh, sub_mesh(mesh, own_names)):
             raise ValueError(
                 f"parameter {fqn!r} is a DTensor over {own_names} with ranks "
                 f"{own_mesh.mesh.tolist()}, but fully_shard's mesh groups ranks "
@@ -58,7 +59,7 @@ def layout_of(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str)
     if not data_dims:
         return ParamLayout(own_mesh, own_names, own_placements, own_mesh, own_placements)
     try:
-        combined = DeviceMesh._concatenate([mesh[data_dims], own_mesh])
+        combined = DeviceMesh._concatenate([sub_mesh(mesh, data_dims), own_mesh])
     except RuntimeError as error:
         raise ValueError(
             f"the fully_shard mesh {names} and the mesh {own_names} of parameter {fqn!r} cannot be combined into "

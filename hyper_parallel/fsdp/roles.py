@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from torch.distributed.device_mesh import DeviceMesh
 
 from hyper_parallel.mesh_dims import MeshDim
+from hyper_parallel.mesh_slices import sub_mesh
 
 MODEL_PARALLEL_DIMS = (MeshDim.TP, MeshDim.EP, MeshDim.ETP)
 REPLICATE_DIM = MeshDim.DP_REPLICATE
@@ -102,7 +103,7 @@ def without_size_one_dims(mesh: DeviceMesh, data_parallel_dims: tuple[str, ...])
     kept = tuple(name for name, size in zip(names, mesh.shape) if size > 1)
     if not kept:
         kept = (data_parallel_dims or names)[-1:]
-    return mesh if kept == names else mesh[kept]
+    return mesh if kept == names else sub_mesh(mesh, kept)
 
 
 def _explicit_roles(mesh: DeviceMesh, names: tuple[str, ...], dp_mesh_dims, enable_param_shard) -> MeshRoles:

@@ -298,8 +298,8 @@ def print_bench(result: BenchResult) -> None:
     print_table(TABLE_HEADER, table_rows(result.rows))
     print(
         "\nratio: median of ours/torch over adjacent pairs of warm steps (below 1: ours faster); first step: "
-        "each one's first step, DTensor's caches cleared before it (as every fresh run and warm-pool relaunch "
-        "starts); cold ratio: median of ours/torch over pairs of steps with the caches cleared before each; "
+        "each one's first step, DTensor's caches cleared before it (as every fresh launch starts); cold "
+        "ratio: median of ours/torch over pairs of steps with the caches cleared before each; "
         "bytes/min: bytes on FSDP "
         "groups per step over fully_shard's minimum; comm exposed of in flight: ms of the traced step in which a collective was "
         "in flight and no compute ran, of the ms any was in flight (the rank with the most exposed); peak: "
