@@ -290,18 +290,11 @@ def _unit_of(param: str, units: set[str]) -> str:
     return max(matches, key=len) if matches else "root"
 
 
-def placement_overview(
-    traces_or_events,
-    dims: ParallelDims,
-    module: str | None = None,
-    step: int = 0,
-    rank: int = 0,
-    recipe: str | None = None,
-) -> Figure:
-    """A table of every parameter (of ``module``, a name prefix such as "layers.0"; None: all): unit,
-    name, global shape, mesh dims, sharded and unsharded placements, rank ``rank``'s local shapes.
-    The footnote lists which mesh dims changed between sharded and unsharded (only the FSDP dim should)."""
-    events = rank_events(traces_or_events, rank)
+def _overview_rows(
+    events: Events, dims: ParallelDims, module: str | None, step: int, rank: int
+) -> tuple[list[list[str]], set[str], set[str]]:
+    """One row per parameter at its first unshard of ``step``, and the mesh dims whose placement changed
+    between sharded and unsharded and those kept."""
     units = {e["module"] for e in events if e.get("kind") == "collective" and e.get("module")} - {"root"}
     rows, changed, kept, seen = [], set(), set(), set()
     for event in _placement_events(events, step):
@@ -327,17 +320,11 @@ def placement_overview(
         )
     if not rows:
         raise ValueError(f"no parameters under {module!r} at step {step}")
-    header = [
-        "unit",
-        "parameter",
-        "global shape",
-        "mesh dims",
-        "sharded",
-        "unsharded",
-        f"rank {rank} local (sharded)",
-        f"rank {rank} local (unsharded)",
-    ]
-    fig = new_figure(15, 0.9 + 0.26 * (len(rows) + 1))
+    return rows, changed, kept
+
+
+def _overview_table(fig: Figure, rows: list[list[str]], header: list[str]) -> None:
+    """The rows as a table: columns as wide as their text, units shaded in turn, the unsharded column in blue."""
     ax = fig.add_subplot()
     ax.axis("off")
     ax.set_label("overview")
@@ -357,6 +344,32 @@ def placement_overview(
             cell.set_facecolor("#f3f3f3")
         if row > 0 and col == 5:
             cell.get_text().set_color("#1f4e9e")
+
+
+def placement_overview(
+    traces_or_events,
+    dims: ParallelDims,
+    module: str | None = None,
+    step: int = 0,
+    rank: int = 0,
+    recipe: str | None = None,
+) -> Figure:
+    """A table of every parameter (of ``module``, a name prefix such as "layers.0"; None: all): unit,
+    name, global shape, mesh dims, sharded and unsharded placements, rank ``rank``'s local shapes.
+    The footnote lists which mesh dims changed between sharded and unsharded (only the FSDP dim should)."""
+    rows, changed, kept = _overview_rows(rank_events(traces_or_events, rank), dims, module, step, rank)
+    header = [
+        "unit",
+        "parameter",
+        "global shape",
+        "mesh dims",
+        "sharded",
+        "unsharded",
+        f"rank {rank} local (sharded)",
+        f"rank {rank} local (unsharded)",
+    ]
+    fig = new_figure(15, 0.9 + 0.26 * (len(rows) + 1))
+    _overview_table(fig, rows, header)
     note = f"changed between sharded and unsharded: {', '.join(sorted(changed)) or 'nothing'}"
     note += f"   ·   kept: {', '.join(sorted(kept - changed)) or 'nothing'}"
     fig.suptitle(
