@@ -190,6 +190,16 @@ def concept_figure(style: str) -> Figure:
     grid = fig.add_gridspec(1, 2, width_ratios=[1.0, 1.9])
     left = fig.add_subplot(grid[0, 0])
     left.set_label("concept:split")
+    _split_panel(left, style)
+    right = fig.add_subplot(grid[0, 1])
+    right.set_label("concept:flow")
+    _flow_panel(right, style)
+    fig.suptitle(f"{style.upper()}: what is split, and where the collectives go", fontsize=11)
+    return fig
+
+
+def _split_panel(left, style: str) -> None:
+    """What ``style`` splits, each rank's part in its colour, with the ranks' legend and the caption on top."""
     caption = _draw_split(left, style)
     world = 4 if style == "hsdp" else 2
     left.legend(
@@ -205,8 +215,11 @@ def concept_figure(style: str) -> Figure:
     left.set_aspect("equal")
     left.axis("off")
     left.set_title("\n".join(_wrap(caption, 48)), fontsize=8.5)
-    right = fig.add_subplot(grid[0, 1])
-    right.set_label("concept:flow")
+
+
+def _flow_panel(right, style: str) -> None:
+    """One layer's forward and backward in order (``ideal_schedule``): compute in grey, each collective in its
+    op's colour with its group and what it carries."""
     schedule = ideal_schedule(1, root=False, **_ONE_LAYER[style])
     for row, phase in enumerate(("forward", "backward")):
         slots = [s for s in schedule if s.phase == phase]
@@ -245,8 +258,6 @@ def concept_figure(style: str) -> Figure:
         "one layer, in order. grey: compute; AG all-gather, RS reduce-scatter, AR all-reduce, A2A all-to-all",
         fontsize=8.5,
     )
-    fig.suptitle(f"{style.upper()}: what is split, and where the collectives go", fontsize=11)
-    return fig
 
 
 def _wrap(text: str, width: int) -> list[str]:
