@@ -75,32 +75,9 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
     """
     blocks = ownership(global_shape, mesh_dims, placements, dims)
     ndim = len(global_shape)
-
-    def lead(b):
-        return (b.ranges[0],) if ndim == 1 else b.ranges[:-1]
-
-    def last(b):
-        return b.ranges[-1]
-
-    if ndim == 1:
-        width, height = global_shape[0], max(1.0, global_shape[0] / 6)
-        row_y = {(block.ranges[0],): (0.0, height) for block in blocks}
-
-        def column(b):
-            return b.ranges[0]
-    else:
-        row_y, y = {}, 0.0
-        for block in blocks:
-            key = lead(block)
-            if key not in row_y:
-                extent = 1
-                for lo, hi in key:
-                    extent *= hi - lo
-                row_y[key] = (y, float(extent))
-                y += extent
-        width, height, column = global_shape[-1], y, last
+    row_y, width, height = _block_rows(blocks, global_shape)
     for block in blocks:
-        (x0, x1), (y0, h) = column(block), row_y[lead(block)]
+        (x0, x1), (y0, h) = _columns(block), row_y[_lead(block, ndim)]
         _draw_block(
             ax,
             x0,
@@ -114,7 +91,41 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.set_box_aspect(min(1.3, max(0.3, height / width)) if ndim > 1 else 0.22)
-    xs = sorted({v for b in blocks for v in column(b)})
+    _ownership_ticks(ax, blocks, row_y, global_shape)
+
+
+def _lead(block, ndim: int) -> tuple:
+    """The ranges of the axes a block's row stands for: axis 0 of a 1-D tensor, else every axis but the last."""
+    return (block.ranges[0],) if ndim == 1 else block.ranges[:-1]
+
+
+def _columns(block) -> tuple[int, int]:
+    """A block's range along the drawn columns: the last axis (the only one of a 1-D tensor)."""
+    return block.ranges[-1]
+
+
+def _block_rows(blocks, global_shape) -> tuple[dict, float, float]:
+    """Each row's (top, height) by its leading ranges (1-D: one row, a sixth of its length high; n-D: rows of
+    the leading axes' boxes in row-major order, each as high as it has rows), the width and the height."""
+    if len(global_shape) == 1:
+        width, height = global_shape[0], max(1.0, global_shape[0] / 6)
+        return {(block.ranges[0],): (0.0, height) for block in blocks}, width, height
+    row_y, y = {}, 0.0
+    for block in blocks:
+        key = _lead(block, len(global_shape))
+        if key not in row_y:
+            extent = 1
+            for lo, hi in key:
+                extent *= hi - lo
+            row_y[key] = (y, float(extent))
+            y += extent
+    return row_y, global_shape[-1], y
+
+
+def _ownership_ticks(ax, blocks, row_y: dict, global_shape) -> None:
+    """Ticks at the blocks' edges and axis labels; rows of a tensor of more than 2 axes named by their ranges."""
+    ndim = len(global_shape)
+    xs = sorted({v for b in blocks for v in _columns(b)})
     ax.set_xticks(xs)
     ax.tick_params(labelsize=7)
     ys = sorted({v for y0, h in row_y.values() for v in (y0, y0 + h)})
