@@ -28,7 +28,7 @@ Across micro-steps (gradient accumulation), sums are kept in the reduce dtype, a
 
     sync off               the local gradient is parked (``ParkedGradient``), cast to the reduce dtype;
                            the next micro-step adds its gradient to it
-    HSDP, all-reduce off   the reduce-scattered shard is kept (``PartialReduction``) and added to the next
+    HSDP, all-reduce off   the reduce-scattered shard is kept (``HeldPartialSum``) and added to the next
                            micro-step's before its all-reduce
 
 In flight (``GradientReduction``), with overlap the collectives are issued asynchronously and each stage
