@@ -1,17 +1,12 @@
-"""Gradient reduction of one fully_shard unit: what it reduces, how sums carry across micro-steps, and the
-reduction in flight. ``GroupReducer`` is a parameter group's reduce path (``param_group.ParamGroup`` gathers
-and reshards); it is handed the group's parameters and groups and never imports param_group.py.
+"""Gradient reduction of one fully_shard unit (``GroupReducer``, handed a group's parameters; param_group.py, which it
+never imports, gathers and reshards): what it reduces, how sums carry across micro-steps, the reduction in flight.
 
-One flat reduce-scatter (+ one all-reduce) per backward for the whole group, never one per parameter, routed
-by GroupInfo (docs/design.md §3), not mesh type:
-
-    shard_size > 1                   reduce-scatter on the sharded group, then all-reduce on the unsharded
-                                     (replica) group when dp_size > 1 (HSDP)
-    shard_size == 1, dp_size > 1     all-reduce on the unsharded group (pure-TP / DDP compat path)
-    neither                          no communication
-
-Gradients a model-parallel style left partial (pure-TP fix) are then summed over their TP/EP group, and
-everything is divided by the data-parallel world so results equal one process on the global batch.
+One flat reduce-scatter (+ one all-reduce) per backward for the whole group, never one per parameter, routed by
+GroupInfo sizes, not mesh type (the table of docs/design.md §3): reduce-scatter on the sharded group when
+shard_size > 1, all-reduce on the unsharded (replica) group when dp_size > 1 (after it: HSDP; alone: pure TP,
+DDP), nothing when both are 1. Gradients a model-parallel style left partial (pure-TP fix) are then summed
+over their TP/EP group, and everything is divided by the data-parallel world so results equal one process on
+the global batch.
 
 A unit reduces every trainable parameter it holds, whether or not this rank computed a gradient for it:
 a parameter without a local gradient contributes zeros, so every rank's reduce-scatter buffer has the
@@ -31,17 +26,15 @@ Across micro-steps (gradient accumulation), sums are kept in the reduce dtype, a
     HSDP, all-reduce off   the reduce-scattered shard is kept (``HeldPartialSum``) and added to the next
                            micro-step's before its all-reduce
 
-In flight (``GradientReduction``), with overlap the collectives are issued asynchronously and each stage
-is waited for only when its result is needed: when the next unit starts its reduction (which moves every
-reduction in flight one stage on) or at the end of backward (which finishes them all, before the
-optimizer reads ``.grad``). So while unit k's reduce-scatter is on the wire, backward computes unit k-1.
+In flight (``GradientReduction``), with overlap the collectives are issued asynchronously and each stage is waited for
+only when its result is needed: when the next unit starts its reduction (which moves every reduction in flight one
+stage on) or at the end of backward (which finishes them all, before the optimizer reads ``.grad``). So while unit k's
+reduce-scatter is on the wire, backward computes unit k-1. Without overlap every stage runs at once; either way the
+same collectives reduce the same buffers in the same order, so the gradients are bit for bit the same.
 
     issued          reduce-scatter in flight (shard_size > 1)
     advance()       wait for it; HSDP: add the earlier micro-steps' partial sum, issue the all-reduce
     advance()       wait for the all-reduce; sum partial TP/EP gradients; divide; write ``.grad``
-
-Without overlap every stage runs at once. Either way the same collectives reduce the same buffers in
-the same order, so the gradients are bit for bit the same.
 """
 
 from __future__ import annotations
@@ -186,9 +179,8 @@ class GradientReduction:
 
 
 class GroupReducer:
-    """The reduce path of one parameter group (``param_group.ParamGroup`` gathers and reshards): its gradient
-    settings, which the ``FullyShardModule`` setters write, the gradients parked while sync is off, the HSDP
-    partial sum and the reduction in flight."""
+    """One parameter group's reduce path: its gradient settings (the ``FullyShardModule`` setters write them),
+    what is parked while sync is off, the HSDP partial sum and the reduction in flight."""
 
     def __init__(self, name: str, params: list[ShardedParam]) -> None:
         first = params[0]
