@@ -130,7 +130,7 @@ def test_supported_setters(world):
     module.set_is_last_backward(True)
     module.set_reduce_scatter_divide_factor(4.0)
     assert module._hp_state.settings.reshard_after_backward is False
-    assert module._hp_state.groups[0].gradient_divide_factor == 4.0
+    assert module._hp_state.groups[0].reducer.gradient_divide_factor == 4.0
 
 
 def test_tied_weight_is_one_sharded_parameter(world):
@@ -293,9 +293,12 @@ def test_reduce_scatter_unused_params_reaches_every_unit(world):
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
     fully_shard(model[0], mesh=world)
     fully_shard(model, mesh=world)
-    assert [g.reduce_unused_params for g in model[0]._hp_state.groups + model._hp_state.groups] == [False, False]
+    assert [g.reducer.reduce_unused_params for g in model[0]._hp_state.groups + model._hp_state.groups] == [
+        False,
+        False,
+    ]
     model.set_reduce_scatter_unused_params(True)
-    assert [g.reduce_unused_params for g in model[0]._hp_state.groups + model._hp_state.groups] == [True, True]
+    assert [g.reducer.reduce_unused_params for g in model[0]._hp_state.groups + model._hp_state.groups] == [True, True]
 
 
 def test_the_lifecycle_is_data_and_checked(world):

@@ -208,26 +208,12 @@ def run_config(
     overlap: bool = True,
     cold: int = 3,
 ) -> dict:
+    """One configuration, ours and torch's FSDP2 built from one model: cold and warm-up steps, each one's traced
+    step, memory, then ``steps`` timed steps alternating which goes first; rank 0 adds the units and losses."""
     dims = ParallelDims(**config.degrees)
     views = build_mesh(dims, device_type)
     device = views.device
-    model_config = TransformerConfig(
-        vocab_size=shape.vocab_size,
-        d_model=shape.d_model,
-        n_heads=shape.n_heads,
-        n_layers=shape.n_layers,
-        hidden=shape.hidden,
-        seq_len=shape.seq_len,
-    )
-    if config.experts:
-        model_config = dataclasses.replace(
-            model_config,
-            moe_layers=MOE_CONFIG.moe_layers,
-            num_experts=shape.num_experts,
-            top_k=MOE_CONFIG.top_k,
-            moe_hidden=shape.moe_hidden,
-            shared_expert=MOE_CONFIG.shared_expert,
-        )
+    model_config = _model_config(config, shape)
     torch.manual_seed(0)
     base = Transformer(model_config).to(device)
     tokens, targets = token_batch(model_config, shape.global_batch, seed=0)
@@ -252,20 +238,8 @@ def run_config(
         "step_times": {impl: [] for impl in IMPLEMENTATIONS},
         "forward_backward_times": {impl: [] for impl in IMPLEMENTATIONS},
     }
-    for impl, trainer in trainers.items():
-        events = _traced(trainer, views)
-        trace_dir = out / config.name / impl
-        trace_dir.mkdir(parents=True, exist_ok=True)
-        payload = {"format": TRACE_FORMAT, "rank": rank, "world_size": dims.world_size, "events": events}
-        trace_path(trace_dir, rank).write_text(json.dumps(payload))
-    transients: dict[str, list[int]] = {impl: [] for impl in IMPLEMENTATIONS}
-    for _ in range(MEMORY_STEPS):
-        for impl, trainer in trainers.items():
-            transients[impl].append(transient_peak_bytes(trainer.step))
-    for impl, trainer in trainers.items():
-        resident = resident_bytes(trainer.model, trainer.optimizer)
-        result["peak_memory"][impl] = _gather_ints([resident, min(transients[impl])])
-        result.setdefault("transient_samples", {})[impl] = _gather_ints(transients[impl])
+    _write_traces(trainers, views, out / config.name, rank, dims.world_size)
+    _measure_memory(trainers, result)
     for index in range(steps):
         order = IMPLEMENTATIONS if index % 2 == 0 else IMPLEMENTATIONS[::-1]
         for impl in order:
@@ -281,6 +255,51 @@ def run_config(
         result["losses"] = dict(zip(IMPLEMENTATIONS, losses))
         result["max_loss_diff"] = max(abs(a - b) for a, b in zip(*losses))
     return result
+
+
+def _model_config(config: BenchConfig, shape: BenchModel) -> TransformerConfig:
+    """The benchmark's transformer at ``shape``, with MoE layers when the configuration has experts."""
+    model_config = TransformerConfig(
+        vocab_size=shape.vocab_size,
+        d_model=shape.d_model,
+        n_heads=shape.n_heads,
+        n_layers=shape.n_layers,
+        hidden=shape.hidden,
+        seq_len=shape.seq_len,
+    )
+    if not config.experts:
+        return model_config
+    return dataclasses.replace(
+        model_config,
+        moe_layers=MOE_CONFIG.moe_layers,
+        num_experts=shape.num_experts,
+        top_k=MOE_CONFIG.top_k,
+        moe_hidden=shape.moe_hidden,
+        shared_expert=MOE_CONFIG.shared_expert,
+    )
+
+
+def _write_traces(trainers: dict, views, out: Path, rank: int, world_size: int) -> None:
+    """One traced step of each implementation, written as ``out/<impl>/`` this rank's trace file."""
+    for impl, trainer in trainers.items():
+        events = _traced(trainer, views)
+        trace_dir = out / impl
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        payload = {"format": TRACE_FORMAT, "rank": rank, "world_size": world_size, "events": events}
+        trace_path(trace_dir, rank).write_text(json.dumps(payload))
+
+
+def _measure_memory(trainers: dict, result: dict) -> None:
+    """Each implementation's resident bytes and smallest transient peak over MEMORY_STEPS steps, every rank's
+    gathered, into ``result``."""
+    transients: dict[str, list[int]] = {impl: [] for impl in IMPLEMENTATIONS}
+    for _ in range(MEMORY_STEPS):
+        for impl, trainer in trainers.items():
+            transients[impl].append(transient_peak_bytes(trainer.step))
+    for impl, trainer in trainers.items():
+        resident = resident_bytes(trainer.model, trainer.optimizer)
+        result["peak_memory"][impl] = _gather_ints([resident, min(transients[impl])])
+        result.setdefault("transient_samples", {})[impl] = _gather_ints(transients[impl])
 
 
 def cold_pairs(

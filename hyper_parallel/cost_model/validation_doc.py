@@ -158,7 +158,20 @@ def _not_on_top(row: dict) -> str:
 
 
 def render() -> str:
+    """docs/planner_validation.md: the rows against their goals, then each section that explains them."""
     table = rows()
+    sections = (
+        _rows_section(table),
+        _sets_section(table),
+        _constants_section(),
+        _misses_section(table),
+        _outside_top_section(table),
+        _configurations_section(table),
+    )
+    return "\n".join(line for section in sections for line in section) + "\n"
+
+
+def _rows_section(table: list[dict]) -> list[str]:
     lines = [
         "# Planner validation: published runs against `python -m launch plan`",
         "",
@@ -179,14 +192,20 @@ def render() -> str:
             f"{row['ratio']:.2f} | {'yes' if row['within'] else '**no**'} | "
             f"{'calibration' if run.calibrate else 'held out'} | {_rank_cell(row)} |"
         )
-    lines += ["", "Metrics:", ""] + [f"- {name}: {meaning}" for name, meaning in METRICS.items()]
+    return lines + ["", "Metrics:", ""] + [f"- {name}: {meaning}" for name, meaning in METRICS.items()]
+
+
+def _sets_section(table: list[dict]) -> list[str]:
     calibration = sorted({r["run"].name for r in table if r["run"].calibrate})
     held_out = sorted({r["run"].name for r in table if not r["run"].calibrate})
-    lines += ["", "## Calibration set and held-out set", ""]
+    lines = ["", "## Calibration set and held-out set", ""]
     lines.append(f"Calibration ({len(calibration)} runs; their throughput rows fit `gemm_efficiency`, nothing else):")
     lines += [""] + [f"- {name}" for name in calibration]
-    lines += ["", f"Held out ({len(held_out)} runs, predicted with the constants above): every other row."]
-    lines += ["", "## Calibrated constants", ""]
+    return lines + ["", f"Held out ({len(held_out)} runs, predicted with the constants above): every other row."]
+
+
+def _constants_section() -> list[str]:
+    lines = ["", "## Calibrated constants", ""]
     for name, hardware in HARDWARE.items():
         fitted = [r for r in published_runs() if r.calibrate and r.hardware == name]
         if fitted:
@@ -199,8 +218,12 @@ def render() -> str:
             lines.append(
                 f"- {name} ({hardware.part}): gemm_efficiency {hardware.gemm_efficiency:.3f}, its die's (no runs of its own)"
             )
+    return lines
+
+
+def _misses_section(table: list[dict]) -> list[str]:
     misses = [row for row in table if not row["within"]]
-    lines += ["", "## Where the goal is not met", ""]
+    lines = ["", "## Where the goal is not met", ""]
     if not misses:
         lines.append("Every row is within its goal.")
     for row in misses:
@@ -211,10 +234,17 @@ def render() -> str:
             f"- {run.name}, {run.metric}: predicted {_value(row['predicted'])} against {_value(run.published)} "
             f"({row['ratio']:.2f}x). {why}"
         )
+    return lines
+
+
+def _outside_top_section(table: list[dict]) -> list[str]:
     below = [row for row in table if row["rank"] is not None and row["rank"] > TOP]
-    lines += ["", f"## Published layouts outside the first {TOP}", ""]
-    lines += [_not_on_top(row) for row in below] or ["Every published layout ranks within the first ten."]
-    lines += ["", "## Configurations, sources and assumptions", ""]
+    lines = ["", f"## Published layouts outside the first {TOP}", ""]
+    return lines + ([_not_on_top(row) for row in below] or ["Every published layout ranks within the first ten."])
+
+
+def _configurations_section(table: list[dict]) -> list[str]:
+    lines = ["", "## Configurations, sources and assumptions", ""]
     seen = set()
     for row in table:
         run = row["run"]
@@ -228,8 +258,7 @@ def render() -> str:
             lines.append(f"  - assumed: {run.assumed}")
     lines += ["", "Sources (`hyper_parallel.cost_model.calibration.SOURCES`):", ""]
     lines += [f"- {key}: {text}" for key, text in SOURCES.items()]
-    lines += ["", "## Rows left out", ""] + [f"- {line}" for line in LEFT_OUT]
-    return "\n".join(lines) + "\n"
+    return lines + ["", "## Rows left out", ""] + [f"- {line}" for line in LEFT_OUT]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The extended fully_shard, laid out like torch.distributed.fsdp._fully_shard:
 api (entry point) / layouts (which parameters, where) / roles (mesh dims) / param (one layout per parameter) /
-param_group (one flat buffer per dtype: gather, reshard, start a reduction) / reduction (what is reduced, sums
+param_group (one flat buffer per dtype: gather, reshard) / reduction (a group's reducer: what is reduced, sums
 across micro-steps, the reduction in flight) / step (training states, per-unit progress) / state (the hooks of
 one step) / module (torch's FSDPModule surface) / torch_interop (what torch's pipelining reads) / state_dict /
 grad_norm (clip_grad_norm_ over gradients on several meshes)."""

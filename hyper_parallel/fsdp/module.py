@@ -120,14 +120,14 @@ class FullyShardModule(FSDPModule):
         dtype (gradient accumulation); the next backward with True reduces the accumulated sum."""
         for state in self._states(recurse):
             for group in state.groups:
-                group.requires_gradient_sync = bool(requires_gradient_sync)
+                group.reducer.requires_gradient_sync = bool(requires_gradient_sync)
 
     def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
         """False (HSDP): reduce-scatter but keep the result partial over the replicate group; the next
         backward with True all-reduces the sum."""
         for state in self._states(recurse):
             for group in state.groups:
-                group.requires_all_reduce = bool(requires_all_reduce)
+                group.reducer.requires_all_reduce = bool(requires_all_reduce)
 
     def set_reduce_scatter_unused_params(self, reduce_scatter_unused_params: bool, *, recurse: bool = True) -> None:
         """True (MoE, branches taken on some ranks): every trainable parameter gets the reduced gradient, the
@@ -137,7 +137,7 @@ class FullyShardModule(FSDPModule):
         either way (see ``hyper_parallel.fsdp.reduction``)."""
         for state in self._states(recurse):
             for group in state.groups:
-                group.reduce_unused_params = bool(reduce_scatter_unused_params)
+                group.reducer.reduce_unused_params = bool(reduce_scatter_unused_params)
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
         if not isinstance(reshard_after_forward, bool):
@@ -163,7 +163,7 @@ class FullyShardModule(FSDPModule):
             raise ValueError(f"gradient divide factor must be > 0, got {factor}")
         for state in self._states(recurse):
             for group in state.groups:
-                group.gradient_divide_factor = float(factor)
+                group.reducer.gradient_divide_factor = float(factor)
 
     def set_reduce_scatter_divide_factor(self, factor: float) -> None:
         """FSDP2's older name of ``set_gradient_divide_factor``."""
@@ -206,7 +206,7 @@ class FullyShardModule(FSDPModule):
             with torch.no_grad():
                 shards = [param.padded_shard.view(-1) for param in group.params]
                 flat = torch.cat(shards)
-                comm.broadcast(flat, group.unsharded_group, module=group.name)
+                comm.broadcast(flat, group.params[0].unsharded_group_info, module=group.name)
                 for shard, piece in zip(shards, flat.split([shard.numel() for shard in shards])):
                     shard.copy_(piece)
                 for param in group.params:

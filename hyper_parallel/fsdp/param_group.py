@@ -1,15 +1,8 @@
-"""The parameters of one fully_shard unit and their bucketed communication.
+"""The parameters of one fully_shard unit: they are gathered and resharded here, reduced by
+``reduction.GroupReducer``.
 
-One flat all-gather per unshard and one flat reduce-scatter (+ one all-reduce) per backward for the
-whole unit, never one per parameter. Gradient routing follows GroupInfo (docs/design.md §3), not mesh type:
-
-    shard_size > 1                   reduce-scatter on sharded_group_info, then all-reduce on
-                                     unsharded_group_info when dp_size > 1 (HSDP)
-    shard_size == 1, dp_size > 1     all-reduce on unsharded_group_info (pure-TP / DDP compat path)
-    neither                          no communication
-
-Gradients a model-parallel style left partial (pure-TP fix) are then summed over their TP/EP group,
-and everything is divided by the data-parallel world so results equal one process on the global batch.
+One flat all-gather per unshard for the whole unit, never one per parameter, over the dim the unit shards on
+(``sharded_group``); with ``reshard_after_forward=k`` backward gathers the rows kept after forward over k ranks.
 
 A unit holds one group per parameter dtype (a frozen bf16 base beside trainable fp32 adapters, as in
 QLoRA): each group gathers in its own flat buffer, and only groups with trainable parameters reduce.
@@ -23,22 +16,13 @@ from enum import Enum, auto
 from typing import NamedTuple
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo, PendingCollective
 from hyper_parallel.fsdp.extension import has_extension
 from hyper_parallel.fsdp.gather import PackedRow, default_pieces, pack, piece_of
-from hyper_parallel.fsdp.param import ShardedParam, placements_str, union_dims
-from hyper_parallel.fsdp.reduction import (
-    Contribution,
-    GradientReduction,
-    HeldPartialSum,
-    ParkedGradient,
-    ReduceScatterInFlight,
-    ReductionTarget,
-    divide_factors,
-)
+from hyper_parallel.fsdp.param import ShardedParam, placements_str
+from hyper_parallel.fsdp.reduction import GroupReducer
 
 
 @dataclass(frozen=True)
@@ -101,14 +85,8 @@ class ParamGroup:
         self.name, self.params, self.mp_policy = name, params, mp_policy
         first = params[0]
         self.sharded_group: GroupInfo = first.sharded_group_info
-        self.unsharded_group: GroupInfo = first.unsharded_group_info
-        self.shard_size, self.dp_size, self.rank_size = first.shard_size, first.dp_size, first.rank_size
-        self.gradient_divide_factor = float(self.rank_size)
-        self.requires_gradient_sync = True
-        self.requires_all_reduce = True
-        self.reduce_unused_params = False  # set_reduce_scatter_unused_params(True): zeros where no rank used one
-        self.held = HeldPartialSum()  # HSDP: reduce-scattered, not yet all-reduced
-        self.parked_since_sync = False  # a backward ran with gradient sync off: the next sync reduces it
+        self.shard_size = first.shard_size
+        self.reducer = GroupReducer(name, params)  # the reduce path: settings, parked and partial sums, in flight
         self.offsets = []
         total = 0
         for param in params:
@@ -116,21 +94,21 @@ class ParamGroup:
             total += param.padded_numel
         self.total = total
         self.needs_all_gather = self.shard_size > 1
-        self.device = torch.device("meta") if first.is_meta else device
-        self._set_dtypes(first.orig_dtype)
+        self._place(torch.device("meta") if first.is_meta else device, first.orig_dtype)
         for param in params:
             param.init_sharded()
         self._init_unsharded()
         self.sharded_state = ShardedState.SHARDED
         self._gathering: AllGatherInFlight | None = None
-        self.reduction: GradientReduction | None = None  # this unit's gradient reduction still in flight
         self.post_forward_group: GroupInfo | None = None  # reshard_after_forward=k: the k ranks kept between
         self.post_forward_shard: torch.Tensor | None = None  # this rank's rows of the gathered buffer, then
 
-    def _set_dtypes(self, orig_dtype: torch.dtype) -> None:
-        self.orig_dtype = orig_dtype
+    def _place(self, device: torch.device, orig_dtype: torch.dtype) -> None:
+        """Where the group's buffers live and their dtypes (at construction, and after ``relink``), the reducer's
+        too: reduce-scatters run in ``mp_policy.reduce_dtype``, else in the compute dtype."""
+        self.device, self.orig_dtype = device, orig_dtype
         self.param_dtype = self.mp_policy.param_dtype or orig_dtype
-        self.reduce_dtype = self.mp_policy.reduce_dtype or self.param_dtype
+        self.reducer.place(device, orig_dtype, self.mp_policy.reduce_dtype or self.param_dtype)
 
     def _init_unsharded(self) -> None:
         """The compute parameters: views of the padded shards when nothing is gathered or cast, else their own
@@ -139,6 +117,11 @@ class ParamGroup:
         for param in self.params:
             param.init_unsharded(self.param_dtype, self.device, param.padded_shard if alias else None)
         self.owns_unsharded_storage = not alias
+
+    def rename(self, name: str) -> None:
+        """The unit's name in the model, once the root's first forward knows it: the gather's and the
+        reducer's collectives and errors carry it."""
+        self.name = self.reducer.name = name
 
     # ----- the parameters the module holds -----
     def relink(self, strict: bool = True) -> None:
@@ -166,8 +149,7 @@ class ParamGroup:
                 f"with dtypes {sorted(map(str, dtypes))}; move or cast the whole module at once "
                 "(model.to_empty(device=...), model.to(dtype))"
             )
-        self.device = devices.pop()
-        self._set_dtypes(dtypes.pop())
+        self._place(devices.pop(), dtypes.pop())
         for param, now in zip(self.params, current):
             if not param.holds_own_shard(now):
                 param.adopt(now)
@@ -306,147 +288,7 @@ class ParamGroup:
             local = param.mp_local_shape if sharded_to_unsharded else tuple(param.sharded_param.to_local().shape)
             trace.placement(param.fqn, param.mesh_dims(), before, after, local, param.global_shape)
 
-    # ----- backward -----
+    # ----- backward (the reduction itself: self.reducer) -----
     @property
     def has_trainable(self) -> bool:
         return any(param.trainable for param in self.params)
-
-    def _collect_grads(self) -> dict[int, tuple[ShardedParam, torch.Tensor, tuple[str, ...]]]:
-        """id(param) -> (parameter, local unsharded gradient, dims it is still Partial on) for every parameter
-        with a gradient from this backward or parked by an earlier micro-step without gradient sync (in the
-        reduce dtype, as FSDP2 accumulates): a parameter used only in earlier micro-steps keeps its gradient."""
-        ready = {}
-        for param in self.params:
-            grad = param.unsharded_param.grad
-            partial: tuple[str, ...] = ()
-            if grad is not None:
-                param.unsharded_param.grad = None
-                if isinstance(grad, DTensor):
-                    grad, partial = param.local_grad(grad)
-            if param.parked is not None:
-                parked = param.parked
-                grad = parked.grad if grad is None else parked.grad + grad
-                partial = union_dims(partial, parked.partial_dims)
-                param.parked = None
-            if grad is not None:
-                ready[id(param)] = (param, grad, partial)
-        return ready
-
-    def reduce_grads(self, async_op: bool = False, backward_ran: bool = True) -> None:
-        """Reduce the unit's gradients into the sharded parameters' ``.grad`` (every trainable parameter is
-        reduced, a zero contribution where this rank computed none: see ``hyper_parallel.fsdp.reduction``). With
-        ``async_op`` the reduce-scatter is issued and left in flight (``self.reduction``);
-        ``advance_reduction`` moves it on. Without gradient sync the gradients are parked instead.
-
-        Whether to communicate depends only on what every rank knows alike (this unit's backward ran, or
-        one ran since the last sync), never on which gradients this rank happens to hold: so every rank
-        issues the same collectives in the same order. ``backward_ran`` False with nothing parked: only an
-        HSDP partial sum is due, and it is all-reduced without a reduce-scatter."""
-        self.finish_reduction()  # the previous reduction into the same buffers lands first
-        ready = self._collect_grads()
-        if not self.requires_gradient_sync:
-            for param, grad, partial in ready.values():
-                param.parked = ParkedGradient(grad.to(self.reduce_dtype), partial)
-            self.parked_since_sync = self.parked_since_sync or backward_ran
-            return
-        scatter_needed = backward_ran or self.parked_since_sync
-        self.parked_since_sync = False
-        offsets, total = self._reduce_layout(ready)
-        if not offsets or not (scatter_needed or self.held.contribution is not None):
-            return
-        locally_used = set(ready)  # before _reduce_scatter empties ``ready``
-        partial_dims = {}
-        for param in self.params:
-            if id(param) in offsets:
-                partial_dims[id(param)] = (param, ready[id(param)][2] if id(param) in ready else ())
-        if scatter_needed:
-            reduced, scatter = self._reduce_scatter(ready, offsets, total, async_op)
-        else:
-            reduced, scatter = torch.zeros(total, dtype=self.reduce_dtype, device=self.device), None
-        target = ReductionTarget(
-            self.name,
-            self.unsharded_group,
-            self.dp_size,
-            divide_factors(self.reduce_dtype, self.gradient_divide_factor)[1],
-            self.orig_dtype,
-            self.requires_all_reduce,
-            self.reduce_unused_params,
-            self.held,
-        )
-        contribution = Contribution(reduced, offsets, partial_dims, locally_used)
-        self.reduction = GradientReduction(target, contribution, scatter, async_op)
-        if not async_op:
-            self.finish_reduction()
-
-    def advance_reduction(self) -> bool:
-        """One stage of the reduction in flight (see ``GradientReduction``); True once none is left."""
-        if self.reduction is not None and self.reduction.advance():
-            self.reduction = None
-        return self.reduction is None
-
-    def finish_reduction(self) -> None:
-        while not self.advance_reduction():
-            pass
-
-    def discard_gradients(self) -> None:
-        """Drop this step's gradients (a failed iteration): land the reduction in flight without using it,
-        and forget accumulated and partially reduced sums."""
-        if self.reduction is not None:
-            self.reduction.discard()
-            self.reduction = None
-        self.held.contribution = None
-        self.parked_since_sync = False
-        for param in self.params:
-            param.parked = None
-            param.unsharded_param.grad = None
-
-    def _reduce_layout(self, ready: dict) -> tuple[dict[int, int], int]:
-        """Offsets of the trainable parameters in the reduction buffer, and its length.
-
-        Frozen parameters are gathered like the others but get no gradient, so they are left out of
-        the reduce-scatter and all-reduce: the bytes on the wire are the trainable ones only. With
-        every parameter trainable this is the flat shard's own layout.
-        """
-        offsets, total = {}, 0
-        for param in self.params:
-            if param.trainable:
-                offsets[id(param)] = total
-                total += param.padded_numel
-        stray = [param.fqn for param, _, _ in ready.values() if id(param) not in offsets]
-        if stray:
-            raise RuntimeError(
-                f"{self.name}: {stray} got a gradient but no longer require one; change "
-                "requires_grad between optimizer steps, not between forward and backward"
-            )
-        return offsets, total
-
-    def _reduce_scatter(self, ready: dict, offsets: dict[int, int], total: int, async_op: bool) -> tuple:
-        """Copy the gradients into one flat [shard_size, total] buffer (zeros where this rank has none) and
-        reduce-scatter it: this rank's summed shard (the buffer itself when shard_size == 1) and the
-        reduce-scatter still in flight with its input buffer (None when done)."""
-        reduce_in = (torch.empty if len(ready) == len(offsets) else torch.zeros)(
-            self.shard_size, total, dtype=self.reduce_dtype, device=self.device
-        )
-        for key in list(ready):  # each unsharded gradient is freed once copied in, before the collective (peak)
-            param, grad, _ = ready.pop(key)
-            offset = offsets[key]
-            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset : offset + param.padded_numel])
-            del grad
-        before, _ = divide_factors(self.reduce_dtype, self.gradient_divide_factor)
-        if before != 1:
-            reduce_in.div_(before)
-        if self.shard_size == 1:
-            return reduce_in.view(-1), None
-        reduced = torch.empty(total, dtype=self.reduce_dtype, device=self.device)
-        work = comm.reduce_scatter_tensor(
-            reduced, reduce_in.view(-1), self.sharded_group, module=self.name, async_op=async_op
-        )
-        if work is None:
-            comm.release(reduce_in)
-            return reduced, None
-        return reduced, ReduceScatterInFlight(work, reduce_in)
-
-    def has_pending_grads(self) -> bool:
-        """Gradients parked by an earlier micro-step, or an HSDP partial sum due now."""
-        due = self.held.contribution is not None and self.requires_all_reduce and self.requires_gradient_sync
-        return due or (self.parked_since_sync and self.requires_gradient_sync)

@@ -1,5 +1,12 @@
-"""Gradient reduction of one fully_shard unit: what it reduces, how sums carry across micro-steps, and the
-reduction in flight.
+"""Gradient reduction of one fully_shard unit (``GroupReducer``, handed a group's parameters; param_group.py, which it
+never imports, gathers and reshards): what it reduces, how sums carry across micro-steps, the reduction in flight.
+
+One flat reduce-scatter (+ one all-reduce) per backward for the whole group, never one per parameter, routed by
+GroupInfo sizes, not mesh type (the table of docs/design.md §3): reduce-scatter on the sharded group when
+shard_size > 1, all-reduce on the unsharded (replica) group when dp_size > 1 (after it: HSDP; alone: pure TP,
+DDP), nothing when both are 1. Gradients a model-parallel style left partial (pure-TP fix) are then summed
+over their TP/EP group, and everything is divided by the data-parallel world so results equal one process on
+the global batch.
 
 A unit reduces every trainable parameter it holds, whether or not this rank computed a gradient for it:
 a parameter without a local gradient contributes zeros, so every rank's reduce-scatter buffer has the
@@ -16,20 +23,18 @@ Across micro-steps (gradient accumulation), sums are kept in the reduce dtype, a
 
     sync off               the local gradient is parked (``ParkedGradient``), cast to the reduce dtype;
                            the next micro-step adds its gradient to it
-    HSDP, all-reduce off   the reduce-scattered shard is kept (``PartialReduction``) and added to the next
+    HSDP, all-reduce off   the reduce-scattered shard is kept (``HeldPartialSum``) and added to the next
                            micro-step's before its all-reduce
 
-In flight (``GradientReduction``), with overlap the collectives are issued asynchronously and each stage
-is waited for only when its result is needed: when the next unit starts its reduction (which moves every
-reduction in flight one stage on) or at the end of backward (which finishes them all, before the
-optimizer reads ``.grad``). So while unit k's reduce-scatter is on the wire, backward computes unit k-1.
+In flight (``GradientReduction``), with overlap the collectives are issued asynchronously and each stage is waited for
+only when its result is needed: when the next unit starts its reduction (which moves every reduction in flight one
+stage on) or at the end of backward (which finishes them all, before the optimizer reads ``.grad``). So while unit k's
+reduce-scatter is on the wire, backward computes unit k-1. Without overlap every stage runs at once; either way the
+same collectives reduce the same buffers in the same order, so the gradients are bit for bit the same.
 
     issued          reduce-scatter in flight (shard_size > 1)
     advance()       wait for it; HSDP: add the earlier micro-steps' partial sum, issue the all-reduce
     advance()       wait for the all-reduce; sum partial TP/EP gradients; divide; write ``.grad``
-
-Without overlap every stage runs at once. Either way the same collectives reduce the same buffers in
-the same order, so the gradients are bit for bit the same.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from enum import Enum, auto
 from typing import NamedTuple
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from hyper_parallel import comm
 from hyper_parallel.comm import GroupInfo, PendingCollective
@@ -170,6 +176,169 @@ class GradientReduction:
                 pending.wait()
         self._scatter, self._all_reduce = None, None
         self.stage = ReductionStage.DONE
+
+
+class GroupReducer:
+    """One parameter group's reduce path: its gradient settings (the ``FullyShardModule`` setters write them),
+    what is parked while sync is off, the HSDP partial sum and the reduction in flight."""
+
+    def __init__(self, name: str, params: list[ShardedParam]) -> None:
+        first = params[0]
+        self.name, self.params = name, params
+        self.sharded_group, self.unsharded_group = first.sharded_group_info, first.unsharded_group_info
+        self.shard_size, self.dp_size = first.shard_size, first.dp_size
+        self.gradient_divide_factor = float(first.rank_size)
+        self.requires_gradient_sync = True
+        self.requires_all_reduce = True
+        self.reduce_unused_params = False  # set_reduce_scatter_unused_params(True): zeros where no rank used one
+        self.held = HeldPartialSum()  # HSDP: reduce-scattered, not yet all-reduced
+        self.parked_since_sync = False  # a backward ran with gradient sync off: the next sync reduces it
+        self.reduction: GradientReduction | None = None  # this group's gradient reduction still in flight
+        self.device = self.orig_dtype = self.reduce_dtype = None  # set by ``place``, before any reduction
+
+    def place(self, device: torch.device, orig_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
+        """Where the reduction buffers live and in which dtypes: the group's, when built and after a move or cast."""
+        self.device, self.orig_dtype, self.reduce_dtype = device, orig_dtype, reduce_dtype
+
+    def _collect_grads(self) -> dict[int, tuple[ShardedParam, torch.Tensor, tuple[str, ...]]]:
+        """id(param) -> (parameter, local unsharded gradient, dims it is still Partial on) for every parameter
+        with a gradient from this backward or parked by an earlier micro-step without gradient sync (in the
+        reduce dtype, as FSDP2 accumulates): a parameter used only in earlier micro-steps keeps its gradient."""
+        ready = {}
+        for param in self.params:
+            grad = param.unsharded_param.grad
+            partial: tuple[str, ...] = ()
+            if grad is not None:
+                param.unsharded_param.grad = None
+                if isinstance(grad, DTensor):
+                    grad, partial = param.local_grad(grad)
+            if param.parked is not None:
+                parked = param.parked
+                grad = parked.grad if grad is None else parked.grad + grad
+                partial = union_dims(partial, parked.partial_dims)
+                param.parked = None
+            if grad is not None:
+                ready[id(param)] = (param, grad, partial)
+        return ready
+
+    def reduce_grads(self, async_op: bool = False, backward_ran: bool = True) -> None:
+        """Reduce the group's gradients into the sharded parameters' ``.grad`` (every trainable parameter is
+        reduced, a zero contribution where this rank computed none: see the module's docstring). With
+        ``async_op`` the reduce-scatter is issued and left in flight (``self.reduction``);
+        ``advance_reduction`` moves it on. Without gradient sync the gradients are parked instead.
+
+        Whether to communicate depends only on what every rank knows alike (this unit's backward ran, or
+        one ran since the last sync), never on which gradients this rank happens to hold: so every rank
+        issues the same collectives in the same order. ``backward_ran`` False with nothing parked: only an
+        HSDP partial sum is due, and it is all-reduced without a reduce-scatter."""
+        self.finish_reduction()  # the previous reduction into the same buffers lands first
+        ready = self._collect_grads()
+        if not self.requires_gradient_sync:
+            for param, grad, partial in ready.values():
+                param.parked = ParkedGradient(grad.to(self.reduce_dtype), partial)
+            self.parked_since_sync = self.parked_since_sync or backward_ran
+            return
+        scatter_needed = backward_ran or self.parked_since_sync
+        self.parked_since_sync = False
+        offsets, total = self._reduce_layout(ready)
+        if not offsets or not (scatter_needed or self.held.contribution is not None):
+            return
+        locally_used = set(ready)  # before _reduce_scatter empties ``ready``
+        partial_dims = {}
+        for param in self.params:
+            if id(param) in offsets:
+                partial_dims[id(param)] = (param, ready[id(param)][2] if id(param) in ready else ())
+        if scatter_needed:
+            reduced, scatter = self._reduce_scatter(ready, offsets, total, async_op)
+        else:
+            reduced, scatter = torch.zeros(total, dtype=self.reduce_dtype, device=self.device), None
+        target = ReductionTarget(
+            self.name,
+            self.unsharded_group,
+            self.dp_size,
+            divide_factors(self.reduce_dtype, self.gradient_divide_factor)[1],
+            self.orig_dtype,
+            self.requires_all_reduce,
+            self.reduce_unused_params,
+            self.held,
+        )
+        contribution = Contribution(reduced, offsets, partial_dims, locally_used)
+        self.reduction = GradientReduction(target, contribution, scatter, async_op)
+        if not async_op:
+            self.finish_reduction()
+
+    def advance_reduction(self) -> bool:
+        """One stage of the reduction in flight (see ``GradientReduction``); True once none is left."""
+        if self.reduction is not None and self.reduction.advance():
+            self.reduction = None
+        return self.reduction is None
+
+    def finish_reduction(self) -> None:
+        while not self.advance_reduction():
+            pass
+
+    def discard_gradients(self) -> None:
+        """Drop this step's gradients (a failed iteration): land the reduction in flight without using it,
+        and forget accumulated and partially reduced sums."""
+        if self.reduction is not None:
+            self.reduction.discard()
+            self.reduction = None
+        self.held.contribution = None
+        self.parked_since_sync = False
+        for param in self.params:
+            param.parked = None
+            param.unsharded_param.grad = None
+
+    def _reduce_layout(self, ready: dict) -> tuple[dict[int, int], int]:
+        """Offsets of the trainable parameters in the reduction buffer, and its length.
+
+        Frozen parameters are gathered like the others but get no gradient, so they are left out of
+        the reduce-scatter and all-reduce: the bytes on the wire are the trainable ones only. With
+        every parameter trainable this is the flat shard's own layout.
+        """
+        offsets, total = {}, 0
+        for param in self.params:
+            if param.trainable:
+                offsets[id(param)] = total
+                total += param.padded_numel
+        stray = [param.fqn for param, _, _ in ready.values() if id(param) not in offsets]
+        if stray:
+            raise RuntimeError(
+                f"{self.name}: {stray} got a gradient but no longer require one; change "
+                "requires_grad between optimizer steps, not between forward and backward"
+            )
+        return offsets, total
+
+    def _reduce_scatter(self, ready: dict, offsets: dict[int, int], total: int, async_op: bool) -> tuple:
+        """Copy the gradients into one flat [shard_size, total] buffer (zeros where this rank has none) and
+        reduce-scatter it: this rank's summed shard (the buffer itself when shard_size == 1) and the
+        reduce-scatter still in flight with its input buffer (None when done)."""
+        reduce_in = (torch.empty if len(ready) == len(offsets) else torch.zeros)(
+            self.shard_size, total, dtype=self.reduce_dtype, device=self.device
+        )
+        for key in list(ready):  # each unsharded gradient is freed once copied in, before the collective (peak)
+            param, grad, _ = ready.pop(key)
+            offset = offsets[key]
+            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset : offset + param.padded_numel])
+            del grad
+        before, _ = divide_factors(self.reduce_dtype, self.gradient_divide_factor)
+        if before != 1:
+            reduce_in.div_(before)
+        if self.shard_size == 1:
+            return reduce_in.view(-1), None
+        reduced = torch.empty(total, dtype=self.reduce_dtype, device=self.device)
+        work = comm.reduce_scatter_tensor(
+            reduced, reduce_in.view(-1), self.sharded_group, module=self.name, async_op=async_op
+        )
+        if work is None:
+            comm.release(reduce_in)
+            return reduced, None
+        return reduced, ReduceScatterInFlight(work, reduce_in)
+
+    def has_pending_grads(self) -> bool:
+        """Gradients parked by an earlier micro-step, or an HSDP partial sum due now."""
+        due = self.held.contribution is not None and self.requires_all_reduce and self.requires_gradient_sync
+        return due or (self.parked_since_sync and self.requires_gradient_sync)
 
 
 def divide_factors(reduce_dtype: torch.dtype, factor: float) -> tuple[float, float]:

@@ -28,6 +28,7 @@ from torch.autograd import Variable
 
 from hyper_parallel import trace
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
+from hyper_parallel.fsdp.reduction import GroupReducer
 from hyper_parallel.fsdp.step import (
     FORWARD,
     IDLE,
@@ -88,21 +89,21 @@ class StepContext:
     forward_order: list[FullyShardState] = field(default_factory=list)  # by pre-forward, first step
     post_forward_order: list[FullyShardState] = field(default_factory=list)  # by post-forward (backward reversed)
     order_recorded: bool = False
-    reductions_in_flight: list[ParamGroup] = field(default_factory=list)  # async reductions, oldest first
+    reductions_in_flight: list[GroupReducer] = field(default_factory=list)  # async reductions, oldest first
     callback_queued: bool = False  # the end-of-backward callback of this step
 
     def advance_reductions(self) -> None:
         """Move every reduction in flight one stage on; keep those not yet finished."""
         still_in_flight = []
-        for group in self.reductions_in_flight:
-            finished = group.advance_reduction()
+        for reducer in self.reductions_in_flight:
+            finished = reducer.advance_reduction()
             if not finished:
-                still_in_flight.append(group)
+                still_in_flight.append(reducer)
         self.reductions_in_flight = still_in_flight
 
     def finish_reductions(self) -> None:
-        for group in self.reductions_in_flight:
-            group.finish_reduction()
+        for reducer in self.reductions_in_flight:
+            reducer.finish_reduction()
         self.reductions_in_flight = []
 
 
@@ -160,7 +161,7 @@ class FullyShardState:
             state.context = context
             state.name = name or "root"
             for group in state.groups:
-                group.name = state.name
+                group.rename(state.name)
                 for param in group.params:  # names relative to the unit -> names in the model
                     owner, leaf = param.owners[0]
                     if id(owner) in module_names:
@@ -326,9 +327,9 @@ class FullyShardState:
                 continue
             if overlap:
                 context.advance_reductions()
-            group.reduce_grads(async_op=overlap, backward_ran=backward_ran)
-            if group.reduction is not None:
-                context.reductions_in_flight.append(group)
+            group.reducer.reduce_grads(async_op=overlap, backward_ran=backward_ran)
+            if group.reducer.reduction is not None:
+                context.reductions_in_flight.append(group.reducer)
         if self.settings.reshard_after_backward:
             for group in self.groups:
                 group.reshard()
@@ -347,7 +348,7 @@ class FullyShardState:
                     state.training_state is not POST_BACKWARD and state._holds_unsharded_grads()
                 ):
                     state._backward_done()
-                elif any(group.has_pending_grads() for group in state.groups):
+                elif any(group.reducer.has_pending_grads() for group in state.groups):
                     state._backward_done(backward_ran=False)
             context.finish_reductions()  # every gradient is written before the optimizer runs
             for state in context.states:
@@ -379,7 +380,7 @@ class FullyShardState:
             self.context.callback_queued = False
         for state in states:
             for group in state.groups:
-                group.discard_gradients()
+                group.reducer.discard_gradients()
                 group.reshard()
             state.progress.reset()
             state._transition(IDLE, reset=True)

@@ -24,7 +24,8 @@ def describe_units(root: nn.Module) -> list[dict]:
 
 
 def _describe_group(unit: str, state, group) -> dict:
-    element = group.params[0].sharded_param.element_size()
+    first = group.params[0]  # every parameter of a group holds the unit's sizes and groups
+    element = first.sharded_param.element_size()
     return {
         "unit": unit,
         "params": [p.fqn for p in group.params],
@@ -32,10 +33,10 @@ def _describe_group(unit: str, state, group) -> dict:
         "padded_bytes": group.total * group.shard_size * element,
         "global_bytes": sum(_numel(p.global_shape) for p in group.params) * element,
         "shard_size": group.shard_size,
-        "dp_size": group.dp_size,
-        "rank_size": group.rank_size,
+        "dp_size": first.dp_size,
+        "rank_size": first.rank_size,
         "sharded_group": {"name": group.sharded_group.name, "ranks": list(group.sharded_group.ranks)},
-        "unsharded_group": {"name": group.unsharded_group.name, "ranks": list(group.unsharded_group.ranks)},
+        "unsharded_group": {"name": first.unsharded_group_info.name, "ranks": list(first.unsharded_group_info.ranks)},
         "reshard_after_forward": state.reshards_after_forward,
         "dtype": str(group.orig_dtype).removeprefix("torch."),
     }

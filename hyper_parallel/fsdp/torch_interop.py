@@ -35,7 +35,7 @@ class _GroupView:
 
     def post_backward(self) -> None:
         state = self._state
-        if any(group.has_pending_grads() for group in state.groups):
+        if any(group.reducer.has_pending_grads() for group in state.groups):
             trace.set_phase("backward")  # the step's gradient reduction, deferred past the last microbatch
             state._backward_done(backward_ran=False)
 

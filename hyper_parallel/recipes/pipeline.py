@@ -179,41 +179,16 @@ def pipeline_workload(
         from hyper_parallel.recipes.moe import apply_expert_parallel
 
         apply_expert_parallel(model, dims, views, dispatch="all_to_all")
-    pp_rank = dims.coordinates(rank)[MeshDim.PP]
     placement = PLACEMENTS[schedule]
-    stages = split_transformer(model, dims.pp, pp_rank, stages_per_rank, placement)
-    fsdp_mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
-    for _, stage in stages:
-        for layer in stage.layers.values():
-            if dims.ep > 1 and hasattr(layer.feed_forward, "experts"):
-                experts = fully_shard(
-                    layer.feed_forward.experts,
-                    mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP],
-                    reshard_after_forward=False,
-                )
-                experts.set_gradient_divide_factor(dims.dp_cp)
-            fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=False)
-        # the stage an FSDPModule: torch's schedule reduces once per step
-        fully_shard(stage, mesh=fsdp_mesh, reshard_after_forward=False)
+    stages = split_transformer(model, dims.pp, dims.coordinates(rank)[MeshDim.PP], stages_per_rank, placement)
+    _shard_stages(stages, dims, views)
     microbatches = options.microbatches
     tokens, targets = token_batch(config, options.global_batch, seed)
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
     rows = local_tokens.shape[0] // microbatches
     device = views.device
     hidden = torch.zeros(rows, config.seq_len, config.d_model, device=device, requires_grad=True)  # gradient goes back
-    pp_group = views[MeshDim.PP].get_group()
-    pipeline_stages = [
-        TracedPipelineStage(
-            stage,
-            index,
-            dims.pp * stages_per_rank,
-            device,
-            input_args=local_tokens[:rows].to(device) if stage.first else hidden,
-            output_args=torch.zeros(rows, config.seq_len, config.vocab_size, device=device) if stage.last else hidden,
-            group=pp_group,
-        )
-        for index, stage in stages
-    ]
+    pipeline_stages = _traced_stages(stages, dims.pp * stages_per_rank, local_tokens[:rows], hidden, config, views)
     step = PipelineStep(
         stages,
         build_schedule(schedule, pipeline_stages, microbatches, lm_loss),
@@ -222,11 +197,7 @@ def pipeline_workload(
         mirror_of=copy.deepcopy(reference).to(device) if rank == 0 else None,
         owners=_owners(config, dims, stages_per_rank, placement) if rank == 0 else {},
         lr=LR,
-        loss_pp_rank=next(
-            r
-            for r in range(dims.pp)
-            if dims.pp * stages_per_rank - 1 in stage_indices(dims.pp, r, stages_per_rank, placement)
-        ),
+        loss_pp_rank=_last_stage_pp_rank(dims.pp, stages_per_rank, placement),
     )
     return Workload(
         step,
@@ -244,6 +215,50 @@ def pipeline_workload(
             "boundary_bytes": hidden.numel() * hidden.element_size(),
         },
     )
+
+
+def _shard_stages(stages, dims: ParallelDims, views: MeshViews) -> None:
+    """fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage module
+    the root, so that torch's schedule sees an FSDPModule and reduces once per step; none reshards after
+    forward (see ``pipeline_workload``)."""
+    fsdp_mesh = views[MeshDim.DP_REPLICATE, MeshDim.FSDP]
+    for _, stage in stages:
+        for layer in stage.layers.values():
+            if dims.ep > 1 and hasattr(layer.feed_forward, "experts"):
+                experts = fully_shard(
+                    layer.feed_forward.experts,
+                    mesh=views[MeshDim.DP_REPLICATE, MeshDim.EFSDP],
+                    reshard_after_forward=False,
+                )
+                experts.set_gradient_divide_factor(dims.dp_cp)
+            fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=False)
+        fully_shard(stage, mesh=fsdp_mesh, reshard_after_forward=False)
+
+
+def _traced_stages(
+    stages, num_stages: int, first_rows: torch.Tensor, hidden: torch.Tensor, config: TransformerConfig, views
+) -> list[TracedPipelineStage]:
+    """This rank's stages as torch's pipelining stages: the first takes a microbatch of tokens, the last gives
+    logits, the others pass a hidden state of ``hidden``'s shape (which torch reads to allocate its buffers)."""
+    device, rows, pp_group = views.device, first_rows.shape[0], views[MeshDim.PP].get_group()
+    return [
+        TracedPipelineStage(
+            stage,
+            index,
+            num_stages,
+            device,
+            input_args=first_rows.to(device) if stage.first else hidden,
+            output_args=torch.zeros(rows, config.seq_len, config.vocab_size, device=device) if stage.last else hidden,
+            group=pp_group,
+        )
+        for index, stage in stages
+    ]
+
+
+def _last_stage_pp_rank(pp: int, stages_per_rank: int, placement) -> int:
+    """The pp rank that runs the model's last stage, whose loss the step reports (rank pp-1 when stages loop,
+    rank 0 under the V placement)."""
+    return next(r for r in range(pp) if pp * stages_per_rank - 1 in stage_indices(pp, r, stages_per_rank, placement))
 
 
 def gpipe(dims: ParallelDims, views: MeshViews, seed: int, options: RunOptions) -> Workload:

@@ -203,6 +203,16 @@ def concept_figure(style: str) -> Figure:
     grid = fig.add_gridspec(1, 2, width_ratios=[4.6, 0.95 * (width + 1.2)])
     left = fig.add_subplot(grid[0, 0])
     left.set_label("concept:split")
+    _split_panel(fig, left, style)
+    right = fig.add_subplot(grid[0, 1])
+    right.set_label("concept:flow")
+    _flow_panel(right, schedule, width)
+    fig.suptitle(f"{style.upper()}: what is split, and where the collectives go", fontsize=11)
+    return fig
+
+
+def _split_panel(fig: Figure, left, style: str) -> None:
+    """What ``style`` splits, each rank's part in its colour, the cell encodings' legend below the figure."""
     caption = _draw_split(left, style)
     world = 4 if style == "hsdp" else 2
     handles = _split_legend(left, world)
@@ -212,8 +222,11 @@ def concept_figure(style: str) -> Figure:
     left.set_aspect("equal")
     left.axis("off")
     left.set_title("\n".join(_wrap(caption, 48)), fontsize=8.5)
-    right = fig.add_subplot(grid[0, 1])
-    right.set_label("concept:flow")
+
+
+def _flow_panel(right, schedule: list[Slot], width: int) -> None:
+    """One layer's forward and backward in order: compute in grey, each collective in its op's colour with its
+    group and what it carries; the title names only the collectives drawn."""
     for row, phase in enumerate(("forward", "backward")):
         slots = [s for s in schedule if s.phase == phase]
         for i, slot in enumerate(slots):
@@ -249,8 +262,6 @@ def concept_figure(style: str) -> Figure:
     ops = [op for op in OP_SHORT if any(s.op == op for s in schedule)]  # only the names this figure uses
     names = ", ".join(f"{OP_SHORT[op]} {op.replace('_', '-')}" for op in ops)
     right.set_title("\n".join(_wrap(f"one layer, in order. grey: compute; {names}", 60)), fontsize=8.5)
-    fig.suptitle(f"{style.upper()}: what is split, and where the collectives go", fontsize=11)
-    return fig
 
 
 def _split_legend(ax, world: int) -> list[Patch]:

@@ -75,32 +75,9 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
     """
     blocks = ownership(global_shape, mesh_dims, placements, dims)
     ndim = len(global_shape)
-
-    def lead(b):
-        return (b.ranges[0],) if ndim == 1 else b.ranges[:-1]
-
-    def last(b):
-        return b.ranges[-1]
-
-    if ndim == 1:
-        width, height = global_shape[0], max(1.0, global_shape[0] / 6)
-        row_y = {(block.ranges[0],): (0.0, height) for block in blocks}
-
-        def column(b):
-            return b.ranges[0]
-    else:
-        row_y, y = {}, 0.0
-        for block in blocks:
-            key = lead(block)
-            if key not in row_y:
-                extent = 1
-                for lo, hi in key:
-                    extent *= hi - lo
-                row_y[key] = (y, float(extent))
-                y += extent
-        width, height, column = global_shape[-1], y, last
+    row_y, width, height = _block_rows(blocks, global_shape)
     for block in blocks:
-        (x0, x1), (y0, h) = column(block), row_y[lead(block)]
+        (x0, x1), (y0, h) = _columns(block), row_y[_lead(block, ndim)]
         _draw_block(
             ax,
             x0,
@@ -114,7 +91,41 @@ def draw_ownership(ax, global_shape, mesh_dims, placements, dims: ParallelDims, 
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.set_box_aspect(min(1.3, max(0.3, height / width)) if ndim > 1 else 0.22)
-    xs = sorted({v for b in blocks for v in column(b)})
+    _ownership_ticks(ax, blocks, row_y, global_shape)
+
+
+def _lead(block, ndim: int) -> tuple:
+    """The ranges of the axes a block's row stands for: axis 0 of a 1-D tensor, else every axis but the last."""
+    return (block.ranges[0],) if ndim == 1 else block.ranges[:-1]
+
+
+def _columns(block) -> tuple[int, int]:
+    """A block's range along the drawn columns: the last axis (the only one of a 1-D tensor)."""
+    return block.ranges[-1]
+
+
+def _block_rows(blocks, global_shape) -> tuple[dict, float, float]:
+    """Each row's (top, height) by its leading ranges (1-D: one row, a sixth of its length high; n-D: rows of
+    the leading axes' boxes in row-major order, each as high as it has rows), the width and the height."""
+    if len(global_shape) == 1:
+        width, height = global_shape[0], max(1.0, global_shape[0] / 6)
+        return {(block.ranges[0],): (0.0, height) for block in blocks}, width, height
+    row_y, y = {}, 0.0
+    for block in blocks:
+        key = _lead(block, len(global_shape))
+        if key not in row_y:
+            extent = 1
+            for lo, hi in key:
+                extent *= hi - lo
+            row_y[key] = (y, float(extent))
+            y += extent
+    return row_y, global_shape[-1], y
+
+
+def _ownership_ticks(ax, blocks, row_y: dict, global_shape) -> None:
+    """Ticks at the blocks' edges and axis labels; rows of a tensor of more than 2 axes named by their ranges."""
+    ndim = len(global_shape)
+    xs = sorted({v for b in blocks for v in _columns(b)})
     ax.set_xticks(xs)
     ax.tick_params(labelsize=7)
     ys = sorted({v for y0, h in row_y.values() for v in (y0, y0 + h)})
@@ -290,18 +301,11 @@ def _unit_of(param: str, units: set[str]) -> str:
     return max(matches, key=len) if matches else "root"
 
 
-def placement_overview(
-    traces_or_events,
-    dims: ParallelDims,
-    module: str | None = None,
-    step: int = 0,
-    rank: int = 0,
-    recipe: str | None = None,
-) -> Figure:
-    """A table of every parameter (of ``module``, a name prefix such as "layers.0"; None: all): unit,
-    name, global shape, mesh dims, sharded and unsharded placements, rank ``rank``'s local shapes.
-    The footnote lists which mesh dims changed between sharded and unsharded (only the FSDP dim should)."""
-    events = rank_events(traces_or_events, rank)
+def _overview_rows(
+    events: Events, dims: ParallelDims, module: str | None, step: int, rank: int
+) -> tuple[list[list[str]], set[str], set[str]]:
+    """One row per parameter at its first unshard of ``step``, and the mesh dims whose placement changed
+    between sharded and unsharded and those kept."""
     units = {e["module"] for e in events if e.get("kind") == "collective" and e.get("module")} - {"root"}
     rows, changed, kept, seen = [], set(), set(), set()
     for event in _placement_events(events, step):
@@ -327,17 +331,11 @@ def placement_overview(
         )
     if not rows:
         raise ValueError(f"no parameters under {module!r} at step {step}")
-    header = [
-        "unit",
-        "parameter",
-        "global shape",
-        "mesh dims",
-        "sharded",
-        "unsharded",
-        f"rank {rank} local (sharded)",
-        f"rank {rank} local (unsharded)",
-    ]
-    fig = new_figure(15, 0.9 + 0.26 * (len(rows) + 1))
+    return rows, changed, kept
+
+
+def _overview_table(fig: Figure, rows: list[list[str]], header: list[str]) -> None:
+    """The rows as a table: columns as wide as their text, units shaded in turn, the unsharded column in blue."""
     ax = fig.add_subplot()
     ax.axis("off")
     ax.set_label("overview")
@@ -357,6 +355,32 @@ def placement_overview(
             cell.set_facecolor("#f3f3f3")
         if row > 0 and col == 5:
             cell.get_text().set_color("#1f4e9e")
+
+
+def placement_overview(
+    traces_or_events,
+    dims: ParallelDims,
+    module: str | None = None,
+    step: int = 0,
+    rank: int = 0,
+    recipe: str | None = None,
+) -> Figure:
+    """A table of every parameter (of ``module``, a name prefix such as "layers.0"; None: all): unit,
+    name, global shape, mesh dims, sharded and unsharded placements, rank ``rank``'s local shapes.
+    The footnote lists which mesh dims changed between sharded and unsharded (only the FSDP dim should)."""
+    rows, changed, kept = _overview_rows(rank_events(traces_or_events, rank), dims, module, step, rank)
+    header = [
+        "unit",
+        "parameter",
+        "global shape",
+        "mesh dims",
+        "sharded",
+        "unsharded",
+        f"rank {rank} local (sharded)",
+        f"rank {rank} local (unsharded)",
+    ]
+    fig = new_figure(15, 0.9 + 0.26 * (len(rows) + 1))
+    _overview_table(fig, rows, header)
     note = f"changed between sharded and unsharded: {', '.join(sorted(changed)) or 'nothing'}"
     note += f"   ·   kept: {', '.join(sorted(kept - changed)) or 'nothing'}"
     fig.suptitle(

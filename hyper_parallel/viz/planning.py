@@ -179,36 +179,49 @@ def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
     ax.set_label("review")
     places = _label_places(reviews, budget_bytes)
     for review in reviews:
-        step, memory = review.step, review.cost.memory.total / GIB
-        color = "#1f77b4" if review.fits else "#999999"
-        ax.errorbar(
-            [step.seconds],
-            [memory],
-            xerr=[[step.seconds - step.fast.total], [step.slow.total - step.seconds]],
-            fmt="o",
-            color=color,
-            ecolor=color,
-            capsize=3,
-            markersize=7,
-            gid=f"candidate:{review.label}",
-        )
-        over = "" if review.fits else " (over budget)"
-        ax.annotate(
-            f"#{review.rank_text} {review.label}{over}",
-            (step.seconds, memory),
-            textcoords=("data", "offset points"),
-            xytext=places[id(review)],
-            fontsize=8,
-            color="black" if review.fits else "#777777",
-            arrowprops={
-                "arrowstyle": "-",
-                "linewidth": 0.6,
-                "color": "#777777",
-                "relpos": (0, 0),
-                "shrinkA": 0,
-                "shrinkB": 4,
-            },
-        )
+        _draw_candidate(ax, review, places[id(review)])
+    _draw_front_and_budget(ax, reviews, budget_bytes)
+    _review_axes(ax, reviews, budget_bytes)
+    return fig
+
+
+def _draw_candidate(ax, review, place: tuple[float, float]) -> None:
+    """One candidate: its step time's middle and range against its memory, labelled at ``place`` (offset
+    points) with its rank and layout; grey when it does not fit."""
+    step, memory = review.step, review.cost.memory.total / GIB
+    color = "#1f77b4" if review.fits else "#999999"
+    ax.errorbar(
+        [step.seconds],
+        [memory],
+        xerr=[[step.seconds - step.fast.total], [step.slow.total - step.seconds]],
+        fmt="o",
+        color=color,
+        ecolor=color,
+        capsize=3,
+        markersize=7,
+        gid=f"candidate:{review.label}",
+    )
+    over = "" if review.fits else " (over budget)"
+    ax.annotate(
+        f"#{review.rank_text} {review.label}{over}",
+        (step.seconds, memory),
+        textcoords=("data", "offset points"),
+        xytext=place,
+        fontsize=8,
+        color="black" if review.fits else "#777777",
+        arrowprops={
+            "arrowstyle": "-",
+            "linewidth": 0.6,
+            "color": "#777777",
+            "relpos": (0, 0),
+            "shrinkA": 0,
+            "shrinkB": 4,
+        },
+    )
+
+
+def _draw_front_and_budget(ax, reviews: list, budget_bytes: float | None) -> None:
+    """The Pareto front within the budget as a green line, and the budget as a dashed red one."""
     front = sorted((r for r in reviews if r.pareto), key=lambda r: r.step.seconds)
     if front:
         ax.plot(
@@ -231,6 +244,10 @@ def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
             linewidth=1,
             label=f"memory budget {budget_bytes / GIB:.1f} GiB",
         )
+
+
+def _review_axes(ax, reviews: list, budget_bytes: float | None) -> None:
+    """Limits with room for the labels on the right and the budget on top, axis labels, title, legend."""
     times = [r.step.slow.total for r in reviews] + [r.step.fast.total for r in reviews]
     if times:
         ax.set_xlim(min(times) * 0.85, max(times) * 1.25)  # room for the labels on the right
@@ -239,4 +256,3 @@ def review_figure(reviews: list, budget_bytes: float | None = None) -> Figure:
     ax.set_ylabel("memory per rank, GiB")
     ax.set_title("candidates: step time against memory (lower left is better)", fontsize=10)
     ax.legend(fontsize=7.5, loc="upper right")  # the labels sit by the points, low on the axis
-    return fig

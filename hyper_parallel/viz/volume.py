@@ -265,6 +265,16 @@ def sequence_schemes(
     ax, sax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(len(runs), 2) + 1, 3]})
     ax.set_label("per_layer")
     sax.set_label("scaling")
+    model_config, rows = _per_layer_panel(ax, runs, step)
+    _scaling_panel(sax, model_config, rows, cp_sizes)
+    first = next(iter(runs.values()))[1]
+    fig.suptitle(title("Sequence schemes: bytes per rank per layer", None, first.get("degrees")), fontsize=10)
+    return fig
+
+
+def _per_layer_panel(ax, runs: dict[str, tuple[Any, dict[str, Any]]], step: int | None) -> tuple[Any, int]:
+    """Each run's traced bytes per layer (forward, backward) with the cost model's as black ticks, and the bytes
+    a rank sends; returns the last run's model and rows per rank, which the scaling panel costs."""
     top, model_config, rows = 1.0, None, None
     for i, (label, (traces, metrics)) in enumerate(runs.items()):
         steps = steps_of(traces)
@@ -305,10 +315,7 @@ def sequence_schemes(
         fontsize=8,
         loc="upper right",
     )
-    _scaling_panel(sax, model_config, rows, cp_sizes)
-    first = next(iter(runs.values()))[1]
-    fig.suptitle(title("Sequence schemes: bytes per rank per layer", None, first.get("degrees")), fontsize=10)
-    return fig
+    return model_config, rows
 
 
 def _scaling_panel(ax, config, rows: int, cp_sizes: tuple[int, ...]) -> None:

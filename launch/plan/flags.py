@@ -57,112 +57,144 @@ from launch.plan.review_page import FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The plan subcommand's own flags (the degrees come from ``launch.cli``)."""
-    parser.add_argument("--model", default="small", choices=CLI_MODELS, help="model preset (default: small)")
-    parser.add_argument(
+    """The plan subcommand's own flags (the degrees come from ``launch.cli``), one help section per concern."""
+    for add_flags in (
+        _add_model_flags,
+        _add_pipeline_flags,
+        _add_training_flags,
+        _add_machine_flags,
+        _add_output_flags,
+    ):
+        add_flags(parser)
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "model", "the model and its step: a preset or a config file, the sizes that override it"
+    )
+    group.add_argument("--model", default="small", choices=CLI_MODELS, help="model preset (default: small)")
+    group.add_argument(
         "--model-config",
         metavar="PATH",
         help="a Hugging Face config.json (Llama, Mistral, Qwen2, Mixtral, Qwen2-MoE, DeepSeekMoE, GPT-2) instead of --model",
     )
-    parser.add_argument(
+    group.add_argument("--seq-len", type=int, help="override the preset's sequence length")
+    group.add_argument("--batch", type=int, help="override the preset's global batch (sequences per step)")
+    group.add_argument("--precision", choices=sorted(PRECISIONS), help="override the preset's precision")
+    group.add_argument(
+        "--stack", choices=sorted(STACKS), help="the training stack's habits (default: the preset's, torchtitan)"
+    )
+
+
+def _add_pipeline_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("pipeline", "with --pp > 1: the schedule and how the layers fall on the stages")
+    group.add_argument(
         "--pp-schedule",
         choices=sorted({*SCHEDULES, *(name.replace("_", "-") for name in SCHEDULES)}),
         default="1f1b",
         help="pipeline schedule with --pp > 1, torch.distributed.pipelining's: gpipe, 1f1b, interleaved-1f1b, "
         "interleaved-zb, zbv, dualpipev (default: 1f1b)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--virtual-stages",
         type=int,
         help="stages per pp rank (default 2 for the interleaved, zbv and dualpipev schedules, else 1)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--stage-layers",
         help='layers of every pipeline stage in order, e.g. "7,8,8,...,7" (pp x virtual-stages of them; 0 allowed '
         "for a stage that holds only the embedding or the head)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--first-stage-layers",
         type=int,
         help="layers of the first pipeline stage, the rest split evenly (Megatron's --decoder-first-pipeline-num-layers)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--last-stage-layers",
         type=int,
         help="layers of the last pipeline stage, the rest split evenly (Megatron's --decoder-last-pipeline-num-layers)",
     )
-    parser.add_argument(
+
+
+def _add_training_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "training", "how each rank trains: what is sharded, kept, recomputed and overlapped"
+    )
+    group.add_argument(
         "--zero",
         type=int,
         choices=(1, 2, 3),
         help="ZeRO stage over dp_shard: 3 shards the parameters (FSDP, default), 2 gradients and optimizer "
         "state, 1 the optimizer state; --compare ranks the layouts under it",
     )
-    parser.add_argument(
+    group.add_argument(
         "--float8", action="store_true", help="tensorwise float8 linears (matmuls at the fp8 peak, float8 all-gathers)"
     )
-    parser.add_argument("--async-tp", action="store_true", help="TP collectives overlapped with the matmuls")
-    parser.add_argument(
+    group.add_argument("--async-tp", action="store_true", help="TP collectives overlapped with the matmuls")
+    group.add_argument(
         "--sequence-scheme",
         choices=[s.value for s in SequenceScheme],
         help="how cp > 1 attends over the sequence: K/V all_gather (default), ring (sends overlapped with the "
         "attention) or ulysses (all-to-all to heads)",
     )
-    parser.add_argument(
-        "--stack", choices=sorted(STACKS), help="the training stack's habits (default: the preset's, torchtitan)"
-    )
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: 8)")
-    parser.add_argument("--seq-len", type=int, help="override the preset's sequence length")
-    parser.add_argument("--batch", type=int, help="override the preset's global batch (sequences per step)")
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), help="override the preset's precision")
-    parser.add_argument("--rank", type=int, default=0, help="the rank whose groups are shown (default: 0)")
-    parser.add_argument("--compare", action="store_true", help="rank every valid layout of this world size")
-    parser.add_argument("--sort", choices=("time", "memory"), default="time", help="--compare order (default: time)")
-    parser.add_argument("--top", type=int, default=10, help="--compare: layouts shown (default: 10)")
-    parser.add_argument(
-        "--choose",
-        action="store_true",
-        help="--compare: each layout runs the fastest sequence scheme (cp > 1) and pipeline schedule (pp > 1)",
-    )
-    parser.add_argument(
-        "--hardware",
-        choices=sorted(HARDWARE),
-        default=DEFAULT_HARDWARE.name,
-        help=f"machine preset (default: {DEFAULT_HARDWARE.name}); the flags below override it",
-    )
-    parser.add_argument("--peak-tflops", type=float, help="dense bf16 TFLOPS per GPU")
-    parser.add_argument("--intra-node-gbs", type=float, help="GB/s per rank inside a node")
-    parser.add_argument("--inter-node-gbs", type=float, help="GB/s per rank across nodes")
-    parser.add_argument("--memory-gib", type=float, help="memory per GPU (the preset's by default)")
-    parser.add_argument(
-        "--memory-reserve-gib",
-        type=float,
-        help="memory kept free of the model: CUDA context, NCCL buffers (default 1)",
-    )
-    parser.add_argument("--micro-batch", type=int, help="rows per rank per forward (grad-accum derived)")
-    parser.add_argument("--grad-accum", type=int, help="micro-batches per step (micro-batch derived)")
-    parser.add_argument("--ac", choices=AC_MODES, default="none", help="activation checkpointing (default: none)")
-    parser.add_argument("--loss-parallel", action="store_true", help="TP keeps the logits sharded for the loss")
-    parser.add_argument(
+    group.add_argument("--micro-batch", type=int, help="rows per rank per forward (grad-accum derived)")
+    group.add_argument("--grad-accum", type=int, help="micro-batches per step (micro-batch derived)")
+    group.add_argument("--ac", choices=AC_MODES, default="none", help="activation checkpointing (default: none)")
+    group.add_argument("--loss-parallel", action="store_true", help="TP keeps the logits sharded for the loss")
+    group.add_argument(
         "--reshard-after-forward",
         choices=("true", "false"),
         default="true",
         help="false: keep gathered parameters from forward to backward (default: true)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--expert-shard-dim",
         type=int,
         choices=(0, 1, 2),
         default=0,
         help="axis of the expert tensors [E, d, h] FSDP shards (default: 0, the experts)",
     )
-    parser.add_argument(
+
+
+def _add_machine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("machine", "the hardware preset and the figures that override it")
+    group.add_argument(
+        "--hardware",
+        choices=sorted(HARDWARE),
+        default=DEFAULT_HARDWARE.name,
+        help=f"machine preset (default: {DEFAULT_HARDWARE.name}); the flags below override it",
+    )
+    group.add_argument("--peak-tflops", type=float, help="dense bf16 TFLOPS per GPU")
+    group.add_argument("--intra-node-gbs", type=float, help="GB/s per rank inside a node")
+    group.add_argument("--inter-node-gbs", type=float, help="GB/s per rank across nodes")
+    group.add_argument("--memory-gib", type=float, help="memory per GPU (the preset's by default)")
+    group.add_argument(
+        "--memory-reserve-gib",
+        type=float,
+        help="memory kept free of the model: CUDA context, NCCL buffers (default 1)",
+    )
+    group.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: 8)")
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("output", "what is shown: one layout's groups, a ranking, named candidates, JSON")
+    group.add_argument("--rank", type=int, default=0, help="the rank whose groups are shown (default: 0)")
+    group.add_argument("--compare", action="store_true", help="rank every valid layout of this world size")
+    group.add_argument("--sort", choices=("time", "memory"), default="time", help="--compare order (default: time)")
+    group.add_argument("--top", type=int, default=10, help="--compare: layouts shown (default: 10)")
+    group.add_argument(
+        "--choose",
+        action="store_true",
+        help="--compare: each layout runs the fastest sequence scheme (cp > 1) and pipeline schedule (pp > 1)",
+    )
+    group.add_argument(
         "--layouts", help='named candidates side by side, e.g. "dp_shard=512; dp_replicate=64,dp_shard=8"'
     )
-    parser.add_argument("--format", choices=FORMATS, default="text", help="--layouts output (default: text)")
-    parser.add_argument("--out", help="--layouts: write the review here (.html: the self-contained page)")
-    parser.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
-    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    group.add_argument("--format", choices=FORMATS, default="text", help="--layouts output (default: text)")
+    group.add_argument("--out", help="--layouts: write the review here (.html: the self-contained page)")
+    group.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500")
+    group.add_argument("--json", action="store_true", help="print one JSON document instead of text")
 
 
 def model_from_args(args: argparse.Namespace, layouts: list[ParallelDims] = ()) -> ModelConfig:

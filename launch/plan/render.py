@@ -111,12 +111,29 @@ def assumptions(config: ModelConfig, bandwidth: Bandwidth, hardware: Hardware = 
 
 def print_plan(plan: Plan, command: str) -> None:
     """The plan as text: groups, memory per rank, collectives per step, step time, assumptions, command."""
+    _print_layout(plan)
+    _print_groups(plan)
+    _print_memory(plan)
+    _print_collectives(plan)
+    _print_step(plan)
+    print(
+        "\nassumptions:\n"
+        + "\n".join(f"  - {line}" for line in assumptions(plan.cost.config, plan.bandwidth, plan.hardware))
+    )
+    print(f"\nmulti-node command (run on every node):\n{command}")
 
+
+def _print_layout(plan: Plan) -> None:
+    """The model, the ranks and nodes it runs on, and the degrees found valid."""
     cost, dims = plan.cost, plan.dims
     nodes, per_node = max(1, dims.world_size // plan.gpus_per_node), min(plan.gpus_per_node, dims.world_size)
     print(f"plan: {cost.config.name} on {dims.world_size} ranks ({nodes} node(s) x {per_node})")
     print(f"  {cost.config.describe()}; {cost.parameter_count:.3g} parameters")
     print("valid: " + dims.describe())
+
+
+def _print_groups(plan: Plan) -> None:
+    """Each dim's groups as the DeviceMeshes built them, and which of them cross a node boundary."""
     print(f"\ngroups (read from DeviceMeshes on a fake process group; rank {plan.rank}'s group and the first group):")
     rows = [
         (
@@ -132,7 +149,11 @@ def print_plan(plan: Plan, command: str) -> None:
     _table(("dim", "size", "groups", "nodes/group", f"rank {plan.rank}'s group", "first group"), rows)
     crossing = [dim for dim, g in plan.groups.items() if g["nodes_spanned"] > 1]
     print(f"groups crossing node boundaries with {plan.gpus_per_node} GPUs per node: {', '.join(crossing) or 'none'}")
-    budget = plan.hardware.budget_bytes
+
+
+def _print_memory(plan: Plan) -> None:
+    """Memory per rank against the budget, and under a pipeline each stage's."""
+    cost, budget = plan.cost, plan.hardware.budget_bytes
     print(
         "\nmemory per rank"
         + (" (the worst pipeline stage's)" if cost.stages else "")
@@ -147,6 +168,10 @@ def print_plan(plan: Plan, command: str) -> None:
             + (" + head" if s.last else "")
             + f", {s.alive:g} microbatch(es) in flight: {fmt_bytes(s.memory.total)}"
         )
+
+
+def _print_collectives(plan: Plan) -> None:
+    """Every collective of one step on every rank, and their time if nothing overlapped."""
     print("\ncommunication of one step on every rank:")
     rows = [
         (
@@ -163,7 +188,11 @@ def print_plan(plan: Plan, command: str) -> None:
     ]
     _table(("op", "group", "phase", "calls", "bytes", "wire bytes", "crosses", "ms"), rows)
     print(f"total: {plan.comm_seconds * 1e3:.1f} ms per step if nothing overlapped")
-    step = plan.step
+
+
+def _print_step(plan: Plan) -> None:
+    """The step's time and where it goes, the pipeline's stages, and the warnings and notes of the estimate."""
+    cost, dims, step = plan.cost, plan.dims, plan.step
     print(
         f"\nstep: {step.flops.total / 1e12:.0f} TFLOP per rank ({step.flops.recompute / 1e12:.0f} recomputed), "
         f"{step.seconds:.2f} s ({step.fast.total:.2f}-{step.slow.total:.2f}), MFU {step.middle.mfu:.0%} "
@@ -180,11 +209,6 @@ def print_plan(plan: Plan, command: str) -> None:
         print(f"WARNING: {warning}")
     for note in cost.config.notes:
         print(f"NOTE: {note}")
-    print(
-        "\nassumptions:\n"
-        + "\n".join(f"  - {line}" for line in assumptions(cost.config, plan.bandwidth, plan.hardware))
-    )
-    print(f"\nmulti-node command (run on every node):\n{command}")
 
 
 def ranks_with_ties(values: list[float]) -> list[str]:
@@ -209,7 +233,6 @@ def fmt_seconds(seconds: float) -> str:
 
 def print_compare(ranked: list[RankedLayout], dims: ParallelDims, top: int, budget_bytes: float, sort: str) -> None:
     """The ``top`` layouts of the same world size, best first, with where ``dims`` ranks (``plan --compare``)."""
-
     mine = next((i for i, r in enumerate(ranked) if r.dims == dims), None)
     print(
         f"\n{len(ranked)} valid layouts of {dims.world_size} ranks, best first (within {budget_bytes / GIB:.1f} GiB "

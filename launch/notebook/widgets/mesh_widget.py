@@ -86,6 +86,20 @@ class MeshWidget(DegreePicker):
         self.figures: dict[str, Any] = {}
         self.report_path: Path | None = None
 
+        self._build_launch_controls()
+        super().__init__(
+            recipe,
+            recipes=recipes,
+            steps=steps,
+            microbatches=microbatches,
+            max_world_size=max_world_size,
+            preview=preview,
+            **degrees,
+        )
+
+    def _build_launch_controls(self) -> None:
+        """Launch, Stop and Export with their handlers, the step progress, the run's status lines, the worker
+        output and the figure tabs (shown once a run has figures)."""
         self.launch_button = widgets.Button(
             description="Launch",
             button_style="success",
@@ -118,15 +132,6 @@ class MeshWidget(DegreePicker):
         self.launch_button.on_click(lambda _: self.launch())
         self.stop_button.on_click(lambda _: self.stop())
         self.export_button.on_click(lambda _: self.export_report())
-        super().__init__(
-            recipe,
-            recipes=recipes,
-            steps=steps,
-            microbatches=microbatches,
-            max_world_size=max_world_size,
-            preview=preview,
-            **degrees,
-        )
 
     def _rows(self) -> list[widgets.Widget]:
         return super()._rows() + [

@@ -90,12 +90,18 @@ class DegreePicker(widgets.VBox):
         self._preview_key = None
         self.dims: ParallelDims | None = None
         self.error: str | None = None
+        self._build_controls(names, spec.name, steps or spec.steps, microbatches)
+        self._connect_controls()
+        super().__init__(children=self._rows())
+        self._load(spec.name, spec.resolve_degrees(degrees))  # as launch.run: world_size from the degrees if omitted
 
+    def _build_controls(self, names: list[str], recipe: str, steps: int, microbatches: int | None) -> None:
+        """The controls (recipe, world size, steps, microbatches, degrees, status, preview), filled by ``_load``."""
         style = {"description_width": "initial"}
         self.header = widgets.HTML()
         self.recipe_selector = widgets.Dropdown(
             options=names,
-            value=spec.name,
+            value=recipe,
             description="recipe",
             layout=widgets.Layout(width="210px", display="" if len(names) > 1 else "none"),
         )
@@ -103,11 +109,7 @@ class DegreePicker(widgets.VBox):
             description="world_size", style=style, layout=widgets.Layout(width="150px"), tooltip=HELP["world_size"]
         )
         self.steps_selector = widgets.BoundedIntText(
-            value=steps or spec.steps,
-            min=1,
-            max=inputs.MAX_WIDGET_STEPS,
-            description="steps",
-            layout=widgets.Layout(width="130px"),
+            value=steps, min=1, max=inputs.MAX_WIDGET_STEPS, description="steps", layout=widgets.Layout(width="130px")
         )
         self.microbatches_selector = widgets.Dropdown(
             options=[microbatches] if microbatches is not None else [],
@@ -129,11 +131,12 @@ class DegreePicker(widgets.VBox):
             icon="wrench",
             layout=widgets.Layout(width="fit-content", display="none"),
         )
-        self.preview = widgets.Image(
-            format="png", layout=widgets.Layout(max_width="100%", display="none")
-        )  # until drawn
+        hidden_until_drawn = widgets.Layout(max_width="100%", display="none")
+        self.preview = widgets.Image(format="png", layout=hidden_until_drawn)
         self.preview_caption = widgets.HTML()
 
+    def _connect_controls(self) -> None:
+        """Each control to its handler: a recipe or world size reloads the choices, the others re-check the selection."""
         self.recipe_selector.observe(self._on_recipe, names="value")
         self.world_selector.observe(self._on_world, names="value")
         for name, selector in self.selectors.items():
@@ -141,9 +144,6 @@ class DegreePicker(widgets.VBox):
         self.steps_selector.observe(lambda change: self._refresh(), names="value")
         self.microbatches_selector.observe(lambda change: None if self._updating else self._refresh(), names="value")
         self.fix_button.on_click(lambda _: self.apply_suggestion())
-
-        super().__init__(children=self._rows())
-        self._load(spec.name, spec.resolve_degrees(degrees))  # as launch.run: world_size from the degrees if omitted
 
     def _rows(self) -> list[widgets.Widget]:
         return [

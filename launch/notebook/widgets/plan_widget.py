@@ -84,6 +84,28 @@ class PlanWidget(widgets.VBox):
         self.cost: CostEstimate | None = None
         self.step = None  # the step-time estimate (cost_model.step_time) of a valid layout
         self.command, self.figure = "", None
+        self._build_controls(model, world_size, gpus_per_node)
+        self._connect_controls()
+        super().__init__(
+            children=[
+                widgets.HBox([self.model_selector, self.world_selector, self.gpus_selector]),
+                widgets.HBox([self.selectors[name] for name in DEGREES[:3]]),
+                widgets.HBox([self.selectors[name] for name in DEGREES[3:]]),
+                self.status,
+                self.fix_button,
+                self.bars,
+                self.groups,
+                self.command_box,
+            ]
+        )
+        wanted = {name: degrees.get(name, 1) for name in DEGREES}
+        if degrees.get(MeshDim.DP_SHARD, -1) == -1:  # "whatever is left"
+            wanted[MeshDim.DP_SHARD] = dp_shard_left(world_size, wanted) or 1
+        self._load(wanted)
+
+    def _build_controls(self, model: str, world_size: int, gpus_per_node: int) -> None:
+        """The controls: model, world size, GPUs per node, one selector per degree (filled by ``_load``), the
+        status line with its fix button, the bars, the group table and the command."""
         style = {"description_width": "initial"}
         self.model_selector = widgets.Dropdown(
             options=(*self._own_models, *CLI_MODELS), value=model, description="model", style=style
@@ -114,27 +136,15 @@ class PlanWidget(widgets.VBox):
             layout=widgets.Layout(width="fit-content", display="none"),
         )
         self.bars = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+
+    def _connect_controls(self) -> None:
+        """A new model or world size loads a new list of layouts (and moves to the nearest valid one); GPUs per
+        node or a degree re-costs the selection."""
         for selector in (self.model_selector, self.world_selector):  # a new list of layouts: the nearest valid one
             selector.observe(lambda change: self._load(), names="value")
         for selector in (self.gpus_selector, *self.selectors.values()):
             selector.observe(lambda change: self._refresh(), names="value")
         self.fix_button.on_click(lambda _: self.set(**self._suggestion))
-        super().__init__(
-            children=[
-                widgets.HBox([self.model_selector, self.world_selector, self.gpus_selector]),
-                widgets.HBox([self.selectors[name] for name in DEGREES[:3]]),
-                widgets.HBox([self.selectors[name] for name in DEGREES[3:]]),
-                self.status,
-                self.fix_button,
-                self.bars,
-                self.groups,
-                self.command_box,
-            ]
-        )
-        wanted = {name: degrees.get(name, 1) for name in DEGREES}
-        if degrees.get(MeshDim.DP_SHARD, -1) == -1:  # "whatever is left"
-            wanted[MeshDim.DP_SHARD] = dp_shard_left(world_size, wanted) or 1
-        self._load(wanted)
 
     # ------------------------------------------------------------------ public API
     @property
