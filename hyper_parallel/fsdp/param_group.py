@@ -18,6 +18,7 @@ QLoRA): each group gathers in its own flat buffer, and only groups with trainabl
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import NamedTuple
@@ -108,6 +109,7 @@ class ParamGroup:
         self.requires_all_reduce = True
         self.reduce_unused_params = False  # set_reduce_scatter_unused_params(True): zeros where no rank used one
         self.held = HeldPartialSum()  # HSDP: reduce-scattered, not yet all-reduced
+        self.all_reduce_hook: Callable[[torch.Tensor], None] | None = None  # set_all_reduce_hook
         self.parked_since_sync = False  # a backward ran with gradient sync off: the next sync reduces it
         self.offsets = []
         total = 0
@@ -205,9 +207,10 @@ class ParamGroup:
             self.relink()
             if self.is_meta:
                 raise RuntimeError(
-                    f"{self.name}: its parameters are on the meta device (built under torch.device('meta')); "
-                    "materialise them before the first forward: model.to_empty(device=...), then "
-                    "reset_parameters() / init_weights() or load a state dict"
+                    "FSDP parameters should be materialized from meta device before training, but the following "
+                    f"were still on meta device: {[param.fqn for param in self.params]} ({self.name}: built under "
+                    "torch.device('meta')); materialise them before the first forward: model.to_empty(device=...), "
+                    "then reset_parameters() / init_weights() or load a state dict"
                 )
             self._issue_all_gather(async_op)
         if not async_op:
@@ -372,6 +375,7 @@ class ParamGroup:
             self.requires_all_reduce,
             self.reduce_unused_params,
             self.held,
+            self.all_reduce_hook,
         )
         contribution = Contribution(reduced, offsets, partial_dims, locally_used)
         self.reduction = GradientReduction(target, contribution, scatter, async_op)

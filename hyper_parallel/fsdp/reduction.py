@@ -34,6 +34,7 @@ the same order, so the gradients are bit for bit the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import NamedTuple
@@ -116,6 +117,7 @@ class ReductionTarget:
     requires_all_reduce: bool
     reduce_unused: bool
     held: HeldPartialSum
+    all_reduce_hook: Callable[[torch.Tensor], None] | None = None  # set_all_reduce_hook: on the reduced shard
 
 
 class GradientReduction:
@@ -159,6 +161,8 @@ class GradientReduction:
             self._all_reduce.wait()
             self._all_reduce = None
         if self.stage is not ReductionStage.DONE:
+            if target.all_reduce_hook is not None:  # FSDP2's order: after the (HSDP) all-reduce, before dividing
+                target.all_reduce_hook(self.contribution.reduced)
             write_grads(target, self.contribution)
             self.stage = ReductionStage.DONE
         return True
