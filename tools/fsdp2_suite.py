@@ -1,7 +1,7 @@
 """Run torch's own FSDP2 test suite (``test/distributed/_composable/fsdp/test_fully_shard_*.py`` of the pytorch
 repository) on CPU/gloo twice: once as written (torch's ``fully_shard``), once with hyper_parallel's
 ``fully_shard`` under every name the tests import torch's from. It reports which tests torch passes here (the
-runnable ones), which of those ours passes, and why each other one fails with ours (``SUITE_EXPECTATIONS``).
+runnable ones), which of those ours passes, and why each other one fails with ours (``SUITE_EXPECTATIONS`` of ``tools/fsdp2_suite_expectations.py``).
 
     .venv/bin/python tools/fsdp2_suite.py /tmp/fsdp_suite [--files frozen,training] [--timeout 900]
 

@@ -163,3 +163,19 @@ NOT_RUNNABLE_HERE.update(
         ),
     }
 )
+
+_X = "test_fully_shard_extensions::TestHSDPTraining"
+NOT_RUNNABLE_HERE.update(
+    {
+        f"{_X}::test_hsdp_train_parity_multi_group": (
+            "passes test_hsdp=, which its helper does not take (TypeError; the test is broken at this commit)"
+        ),
+        f"{_X}::test_hsdp_train_parity_multi_group_unshard_async_op": (
+            "calls self._test_train_parity_multi_group, which the class lacks (the test is broken at this commit)"
+        ),
+        f"{_X}::test_hsdp_train_parity_cpu_offload_eager": "did not finish within FSDPTest's 300 s on CPU/gloo",
+        "test_fully_shard_grad_scaler::TestFullyShardGradientScaler::test_gradient_scaler": (
+            "GradScaler() defaults to CUDA and disables itself without it, so it has no _scale"
+        ),
+    }
+)
