@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
+from torch.distributed.tensor import DTensor
 
 from hyper_parallel import fully_shard
 
@@ -189,3 +190,41 @@ def test_channels_last_parameters_which_fsdp2_refuses_train_as_its_contiguous_co
     assert torch.equal(ours_losses, torch_losses)
     for ours, theirs in zip(ours_params, torch_params, strict=True):
         assert torch.equal(ours, theirs)
+
+
+def _state_dicts_after_forward(shard, mesh) -> tuple[list[dict], torch.Tensor, list[torch.Tensor]]:
+    """torch's ``test_dp_state_dict_save_load``: with ``reshard_after_forward=False`` a forward leaves the
+    parameters unsharded; ``state_dict()`` then (between forward and backward too) still gives the sharded
+    DTensors, and training goes on as if it had not been called."""
+    model = _stack()
+    for block in model:
+        shard(block, mesh=mesh, reshard_after_forward=False)
+    shard(model, mesh=mesh, reshard_after_forward=False)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    inp = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(inp)
+    state_dicts = [model.state_dict()]
+    before_step = {name: value.detach().clone() for name, value in state_dicts[0].items()}  # values are views
+    loss = model(inp).sum()
+    state_dicts.append(model[0].state_dict())
+    loss.backward()
+    optim.step()
+    model(inp)
+    state_dicts.append(model.state_dict())
+    model.load_state_dict(before_step)  # back to the weights before the step, loaded after a forward
+    return state_dicts, loss.detach(), [p.full_tensor() for p in model.parameters()]
+
+
+def test_state_dict_after_a_forward_that_kept_parameters_unsharded_is_sharded_as_fsdp2s(mesh):
+    ours_dicts, ours_loss, ours_params = _state_dicts_after_forward(fully_shard, mesh)
+    torch_dicts, torch_loss, torch_params = _state_dicts_after_forward(torch_fully_shard, mesh)
+    assert torch.equal(ours_loss, torch_loss)
+    for ours, theirs in zip(ours_dicts, torch_dicts, strict=True):
+        assert list(ours) == list(theirs)
+        for name, value in ours.items():
+            assert type(value) is type(theirs[name]) is DTensor, name  # (one rank: ours Replicate, FSDP2 Shard(0))
+            assert torch.equal(value.full_tensor(), theirs[name].full_tensor()), name
+    for ours, theirs in zip(ours_params, torch_params, strict=True):
+        assert torch.equal(ours, theirs)
+    assert torch.equal(ours_params[0], _stack()[0][0].weight), "the load restored the weights before the step"
