@@ -209,7 +209,7 @@ def test_unnamed_meshes_are_read_by_position_as_fsdp2_reads_them(world):
     assert hsdp.weight.placements == (Replicate(), Shard(0))
     assert (hsdp.weight.unsharded_group_info.size, hsdp.weight.sharded_group_info.size) == (2, 4)
     assert hsdp.weight.device_mesh.get_group(1) is two_d.get_group(1)
-    with pytest.raises(ValueError, match="3-D mesh without dim names.*mesh_dim_names"):
+    with pytest.raises(ValueError, match="expects a 1D or 2D DeviceMesh.*3-D, without dim names.*mesh_dim_names"):
         fully_shard(nn.Linear(8, 8), mesh=init_device_mesh("cpu", (2, 2, 2)))
 
 
@@ -394,3 +394,15 @@ def test_a_tensor_subclass_without_the_extension_is_sharded_as_fsdp2_shards_it(w
     theirs = _subclass_without_extension(torch_fully_shard, world)
     assert theirs == {"shard": "TwoTensor", "forward_weight": ["Parameter"], "grad": ("DTensor", "Tensor", (8, 8))}
     assert _subclass_without_extension(fully_shard, world) == theirs
+
+
+def test_all_reduce_hook_stream_is_refused_under_hsdp_as_fsdp2_refuses_it(world):
+    """FSDP2 runs an all-reduce hook on its own HSDP all-reduce stream, so a stream for it is refused there
+    (``ValueError``, FSDP2's words); on a 1-D mesh both accept it."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    hsdp = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_replicate", MeshDim.FSDP))
+    for shard in (fully_shard, torch_fully_shard):
+        with pytest.raises(ValueError, match="^stream cannot be set when using native HSDP$"):
+            shard(nn.Linear(8, 8), mesh=hsdp).set_all_reduce_hook(lambda reduced: None, stream=torch.cpu.Stream())
+        shard(nn.Linear(8, 8), mesh=world).set_all_reduce_hook(lambda reduced: None, stream=torch.cpu.Stream())

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
+from torch.distributed.tensor import DTensor
 
 from hyper_parallel import fully_shard
 
@@ -66,3 +67,164 @@ def test_post_optim_event_is_accepted_and_trains_as_fsdp2(mesh):
     for ours, theirs in zip(ours_params, torch_params, strict=True):
         assert torch.equal(ours, theirs)
     assert not torch.equal(ours_params[0], _stack()[0][0].weight), "the optimizer moved the weights"
+
+
+def _train_with_all_reduce_hook(shard, mesh) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """torch's ``test_custom_hsdp_all_reduce_hook`` in one process: the hook rewrites the reduced gradient
+    shard in place (here: halves it), which every parameter's gradient must then show."""
+    model = _stack()
+    for block in model:
+        shard(block, mesh=mesh)
+    shard(model, mesh=mesh)
+    calls = []
+
+    def halve(reduced: torch.Tensor) -> None:
+        calls.append(reduced.dtype)
+        reduced.mul_(0.5)
+
+    for block in model:
+        block.set_all_reduce_hook(halve)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(2):
+        inp = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        optim.zero_grad()
+        loss = model(inp).sum()
+        loss.backward()
+        optim.step()
+        losses.append(loss.detach())
+    grads = [p.grad.full_tensor() for p in model.parameters()]
+    return losses, grads, len(calls)
+
+
+def test_all_reduce_hook_rewrites_the_reduced_gradients_as_fsdp2s(mesh):
+    ours_losses, ours_grads, ours_calls = _train_with_all_reduce_hook(fully_shard, mesh)
+    torch_losses, torch_grads, torch_calls = _train_with_all_reduce_hook(torch_fully_shard, mesh)
+    assert (ours_calls, torch_calls) == (6, 6), "once per block and backward"
+    assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
+    for ours, theirs in zip(ours_grads, torch_grads, strict=True):
+        assert torch.equal(ours, theirs)
+    plain = _stack()
+    plain(torch.randn(4, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    assert not torch.equal(ours_grads[0], plain[0][0].weight.grad), "the hook changed the gradients"
+
+
+class _Scalar(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scalar_p = nn.Parameter(torch.tensor(1.0))
+
+
+def _refusals(mesh):
+    """(what is applied, FSDP2's exception type, FSDP2's words) of the refusals torch's test_fully_shard_init
+    checks; ours raises an error of the same type with the same words."""
+    from torch.distributed.tensor import Shard
+
+    def meta_forward(shard):
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4)))
+        for block in model:
+            shard(block, mesh=mesh)
+        shard(model, mesh=mesh)
+        model(torch.randn(2, 4))
+
+    return [
+        (
+            lambda shard: shard(nn.Linear(4, 4), mesh=init_device_mesh("cpu", (1, 1, 1))),
+            ValueError,
+            "fully_shard expects a 1D or 2D DeviceMesh but got DeviceMesh",
+        ),
+        (
+            lambda shard: shard(_Scalar(), mesh=mesh),
+            ValueError,
+            "Change scalar_p to a 1D tensor with numel equal to 1.",
+        ),
+        (
+            lambda shard: shard(nn.Linear(4, 4), mesh=mesh, shard_placement_fn=lambda p: Shard(1)),
+            AssertionError,
+            "Shard dim 1 is invalid for 1D tensor",
+        ),
+        (
+            meta_forward,
+            RuntimeError,
+            r"FSDP parameters should be materialized from meta device before training, but the following were "
+            r"still on meta device: \['0.0.weight', '0.0.bias'\]",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4), ids=["mesh_3d", "scalar", "shard_dim", "meta"])
+def test_ours_refuses_as_fsdp2_refuses(mesh, case):
+    apply, error, words = _refusals(mesh)[case]
+    for shard in (torch_fully_shard, fully_shard):
+        with pytest.raises(error, match=words):
+            apply(shard)
+
+
+def _train_convs(shard, mesh, channels_last: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Conv2d(6, 2, 3))
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        assert not model[0].weight.is_contiguous()
+    shard(model, mesh=mesh)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(2):
+        optim.zero_grad()
+        loss = model(torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(step))).square().sum()
+        loss.backward()
+        optim.step()
+        losses.append(loss.detach())
+    return torch.stack(losses), [p.full_tensor() for p in model.parameters()]
+
+
+def test_channels_last_parameters_which_fsdp2_refuses_train_as_its_contiguous_copy(mesh):
+    """torch's test_raise_noncontiguous_parameter: FSDP2 refuses a channels_last weight; ours shards it and
+    trains the numbers FSDP2 trains on the same weights laid out contiguously."""
+    with pytest.raises(NotImplementedError, match="non-contiguous"):
+        torch_fully_shard(nn.Conv2d(8, 8, 3).to(memory_format=torch.channels_last), mesh=mesh)
+    ours_losses, ours_params = _train_convs(fully_shard, mesh, channels_last=True)
+    torch_losses, torch_params = _train_convs(torch_fully_shard, mesh, channels_last=False)
+    assert torch.equal(ours_losses, torch_losses)
+    for ours, theirs in zip(ours_params, torch_params, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def _state_dicts_after_forward(shard, mesh) -> tuple[list[dict], torch.Tensor, list[torch.Tensor]]:
+    """torch's ``test_dp_state_dict_save_load``: with ``reshard_after_forward=False`` a forward leaves the
+    parameters unsharded; ``state_dict()`` then (between forward and backward too) still gives the sharded
+    DTensors, and training goes on as if it had not been called."""
+    model = _stack()
+    for block in model:
+        shard(block, mesh=mesh, reshard_after_forward=False)
+    shard(model, mesh=mesh, reshard_after_forward=False)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    inp = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(inp)
+    state_dicts = [model.state_dict()]
+    before_step = {name: value.detach().clone() for name, value in state_dicts[0].items()}  # values are views
+    loss = model(inp).sum()
+    state_dicts.append(model[0].state_dict())
+    loss.backward()
+    optim.step()
+    model(inp)
+    state_dicts.append(model.state_dict())
+    model.load_state_dict(before_step)  # back to the weights before the step, loaded after a forward
+    return state_dicts, loss.detach(), [p.full_tensor() for p in model.parameters()]
+
+
+def test_state_dict_after_a_forward_that_kept_parameters_unsharded_is_sharded_as_fsdp2s(mesh):
+    ours_dicts, ours_loss, ours_params = _state_dicts_after_forward(fully_shard, mesh)
+    torch_dicts, torch_loss, torch_params = _state_dicts_after_forward(torch_fully_shard, mesh)
+    assert torch.equal(ours_loss, torch_loss)
+    for ours, theirs in zip(ours_dicts, torch_dicts, strict=True):
+        assert list(ours) == list(theirs)
+        for name, value in ours.items():
+            assert type(value) is type(theirs[name]) is DTensor, name  # (one rank: ours Replicate, FSDP2 Shard(0))
+            assert torch.equal(value.full_tensor(), theirs[name].full_tensor()), name
+    for ours, theirs in zip(ours_params, torch_params, strict=True):
+        assert torch.equal(ours, theirs)
+    assert torch.equal(ours_params[0], _stack()[0][0].weight), "the load restored the weights before the step"

@@ -1,7 +1,7 @@
 """Run torch's own FSDP2 test suite (``test/distributed/_composable/fsdp/test_fully_shard_*.py`` of the pytorch
 repository) on CPU/gloo twice: once as written (torch's ``fully_shard``), once with hyper_parallel's
 ``fully_shard`` under every name the tests import torch's from. It reports which tests torch passes here (the
-runnable ones), which of those ours passes, and why each other one fails with ours (``SUITE_EXPECTATIONS``).
+runnable ones), which of those ours passes, and why each other one fails with ours (``SUITE_EXPECTATIONS`` of ``tools/fsdp2_suite_expectations.py``).
 
     .venv/bin/python tools/fsdp2_suite.py /tmp/fsdp_suite [--files frozen,training] [--timeout 900]
 
@@ -16,6 +16,7 @@ figures and the table of every test ours does not pass; tests/test_fsdp2_suite_d
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -28,75 +29,21 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+EXPECTATIONS = Path(__file__).resolve().parent / "fsdp2_suite_expectations.py"
 PATCH = Path(__file__).resolve().parent / "fsdp2_suite_patch.py"
 SIDES = ("torch", "ours")
-CATEGORIES = ("behaviour", "internals", "refused", "not runnable here")
-"""behaviour: a difference a user sees (a bug of ours); internals: the test reads or patches FSDP2's private
-state (``FSDPParamGroup``, ``FSDPParam``, ``_fsdp_collectives``); refused: a documented refusal of ours
-(docs/fully_shard.md's table); not runnable here: fails with torch's own ``fully_shard`` on CPU/gloo too."""
 
-_F, _T = "test_fully_shard_frozen::TestFullyShardFrozen", "test_fully_shard_training"
-SUITE_EXPECTATIONS: dict[str, tuple[str, str]] = {
-    f"{_F}::test_train_mixed_requires_grad_per_group": (
-        "internals",
-        "counts calls of FSDP2's private RegisterPostBackwardFunction.backward (losses and sharded parameters "
-        "equal DDP's first)",
-    ),
-    f"{_F}::test_train_mixed_requires_grad_across_groups": (
-        "internals",
-        "counts calls of FSDP2's private RegisterPostBackwardFunction.backward (losses equal DDP's)",
-    ),
-    f"{_T}::TestFullyShardRegisteredParams::test_modules_to_run_forward_empty_for_single_module": (
-        "internals",
-        "reads FSDPState._modules_to_run_forward",
-    ),
-    f"{_T}::TestFullyShard1DTrainingCore::test_train_parity_multi_group_cpu_offload_eager": (
-        "refused",
-        "offload_policy=CPUOffloadPolicy() is refused with NotImplementedError",
-    ),
-    f"{_T}::TestFullyShard1DTrainingCompose::test_partial_group_reshard_toggle": (
-        "internals",
-        "reads FSDPParamGroup.is_unsharded through _get_fsdp_state()._fsdp_param_group",
-    ),
-    f"{_T}::TestFullyShard1DTrainingCompose::test_train_parity_with_activation_checkpointing": (
-        "refused",
-        "its mem_eff grouping calls set_unshard_in_backward(False), refused with NotImplementedError",
-    ),
-    f"{_T}::TestFullyShardSharedParams::test_shared_params_separate_fsdp_groups_error": (
-        "refused",
-        "ours refuses the second unit holding the tied weight when fully_shard is applied (ValueError, FSDP2's "
-        "words), FSDP2 at the first forward, outside the test's assertRaises",
-    ),
-    f"{_T}::TestFullyShardGradientAccumulation::test_gradient_accumulation": (
-        "internals",
-        "counts c10d reduce-scatter ops: on gloo ours reduce-scatters with an all-to-all "
-        "(hyper_parallel/gloo_sum.py), bit-equal; its CPUOffloadPolicy subtests are refused too",
-    ),
-    f"{_T}::TestFullyShardHSDPTraining::test_train_parity_hsdp": (
-        "refused",
-        "every subtest passes offload_policy=CPUOffloadPolicy(), refused with NotImplementedError",
-    ),
-    f"{_T}::TestFullyShardShareCommContext::test_share_comm_context": (
-        "internals",
-        "patches FSDP2's private foreach_all_gather / foreach_reduce and counts the streams they get",
-    ),
-}
-"""``file::Class::test`` of each runnable test ours fails -> (category, reason), as measured (docs/fully_shard.md
-lists the same); a failure not listed here is reported as "unclassified"."""
 
-NOT_RUNNABLE_HERE: dict[str, str] = {
-    "test_fully_shard_clip_grad_norm_::TestClipGradNormWorldSize4::test_clip_grad_norm_2d": (
-        "on CPU, DTensor has no sharding strategy for aten._scaled_dot_product_flash_attention_for_cpu (TP "
-        "attention; torch's own fully_shard fails it too)"
-    ),
-    f"{_T}::TestFullyShardCudaGraph::test_two_layer_fully_shard_cudagraph": "skipped: needs CUDA graphs",
-    f"{_T}::TestFullyShardHSDP3DTraining::test_3d_mlp_with_nd_mesh": "needs 8 ranks (a 2x2x2 mesh); capped at 4 here",
-    f"{_T}::TestFullyShardNDTraining::test_shard_placement_fn_tp_ep": (
-        "on CPU, DTensor has no sharding strategy for aten._scaled_dot_product_flash_attention_for_cpu (TP "
-        "attention; torch's own fully_shard fails it too)"
-    ),
-}
-"""Tests torch's own ``fully_shard`` does not pass on CPU/gloo with at most 4 ranks, and why (docs/fully_shard.md)."""
+def _expectations() -> tuple[tuple[str, ...], dict[str, tuple[str, str]], dict[str, str]]:
+    """The categories and the tables of ``tools/fsdp2_suite_expectations.py``, loaded by path (this runner is
+    run as a script and loaded by path in the tests, so the folder is not always importable)."""
+    spec = importlib.util.spec_from_file_location("fsdp2_suite_expectations", EXPECTATIONS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CATEGORIES, module.SUITE_EXPECTATIONS, module.NOT_RUNNABLE_HERE
+
+
+CATEGORIES, SUITE_EXPECTATIONS, NOT_RUNNABLE_HERE = _expectations()
 
 _REWRITES = (
     (re.compile(r"torch\.accelerator\.current_accelerator\(\)\.type"), '"cpu"'),
@@ -109,11 +56,12 @@ _REWRITES = (
     (re.compile(r"([\"'])cuda\1"), '"cpu"'),
     (re.compile(r"\btest_compiled_fsdp\b"), "compiled_fsdp_test"),
     (re.compile(r"torch\.distributed\._tensor\.debug\b"), "torch.distributed.tensor.debug"),
+    (re.compile(r"DISTRIBUTED_BACKEND != \"nccl\""), "False"),
 )
 """GPU spellings -> CPU: the accelerator (None on a CPU build), the device count (gloo ranks are not devices),
 DDP's ``device_ids`` (a CPU module takes None), and the older files' literal ``"cuda"`` / ``.cuda()``, and
 their ``test_compiled_fsdp`` (``compiled_fsdp_test`` since) and ``torch.distributed._tensor.debug`` (now
-``torch.distributed.tensor.debug``)."""
+``torch.distributed.tensor.debug``), and the skips of tests "requiring NCCL" (gloo reduces bf16 too)."""
 
 
 def _rewrite(source: str) -> str:

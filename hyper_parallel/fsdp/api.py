@@ -30,6 +30,7 @@ from hyper_parallel.fsdp.module import FullyShardModule
 from hyper_parallel.fsdp.param import ShardedParam
 from hyper_parallel.fsdp.param_group import MixedPrecisionPolicy, ParamGroup
 from hyper_parallel.fsdp.state import FullyShardState
+from hyper_parallel.fsdp.state_dict import register_resharding_state_dict_hooks
 from hyper_parallel.fsdp.torch_interop import TorchStateView, register_with_torch
 from hyper_parallel.fsdp.unit_mesh import UnitMesh
 
@@ -98,6 +99,7 @@ def fully_shard(
         each.__class__ = _wrapper_class(each.__class__)
         each._hp_state = state
         register_with_torch(each, view)
+    register_resharding_state_dict_hooks(state, [owner for p in managed for owner, _ in p.owners] + modules)
     return module
 
 

@@ -87,8 +87,16 @@ def requested_axis(result, param: nn.Parameter, fqn: str, mesh: DeviceMesh) -> i
         raise ValueError(f"shard_placement_fn must return Shard(dim) or None for {fqn!r}, got {result!r}")
     ndim = param.dim()
     if not -ndim <= result.dim < ndim:
-        raise ValueError(f"shard_placement_fn returned {result!r} for {fqn!r}, a {ndim}-d parameter")
+        raise InvalidShardDimError(
+            f"Shard dim {result.dim} is invalid for {ndim}D tensor: shard_placement_fn returned {result!r} for "
+            f"{fqn!r}; return a dim in [-{ndim}, {ndim}) or None (fully_shard's choice)"
+        )
     return result.dim % ndim
+
+
+class InvalidShardDimError(ValueError, AssertionError):
+    """``shard_placement_fn`` named a dim the parameter lacks: a ``ValueError``, as this API's refusals, and an
+    ``AssertionError`` with FSDP2's words, as torch FSDP2 raises it."""
 
 
 def _same_ranks(a: DeviceMesh, b: DeviceMesh) -> bool:

@@ -8,6 +8,8 @@ training loop written for FSDP2 never silently does something else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
@@ -19,7 +21,6 @@ from hyper_parallel.fsdp.state import FullyShardState
 UNSUPPORTED_FSDP2_METHODS = {
     "set_custom_all_gather": "custom all-gather implementations",
     "set_custom_reduce_scatter": "custom reduce-scatter implementations",
-    "set_all_reduce_hook": "all-reduce hooks",
     "set_force_sum_reduction_for_comms": "forced SUM reductions",
     "set_reduce_scatter_max_input_buffers": "several reduce-scatter input buffers",
     "set_separate_reduce_scatter_group": "a separate reduce-scatter process group",
@@ -52,6 +53,16 @@ def _refusal(name: str, what: str):
     refuse.__name__ = name
     refuse.__doc__ = f"Refused: {what} are not offered by this implementation."
     return refuse
+
+
+def _on_stream(hook: Callable[[torch.Tensor], None], stream, device: torch.device) -> Callable[[torch.Tensor], None]:
+    """``hook`` run with ``stream`` current on the unit's device (``set_all_reduce_hook(..., stream=)``)."""
+
+    def run(reduced: torch.Tensor) -> None:
+        with torch.get_device_module(device).stream(stream):
+            hook(reduced)
+
+    return run
 
 
 class FullyShardModule(FSDPModule):
@@ -121,6 +132,16 @@ class FullyShardModule(FSDPModule):
         for state in self._states(recurse):
             for group in state.groups:
                 group.reducer.requires_gradient_sync = bool(requires_gradient_sync)
+
+    def set_all_reduce_hook(self, hook: Callable[[torch.Tensor], None], *, stream=None) -> None:
+        """``hook(reduced)`` runs on this unit's reduced gradient shard (this rank's flat buffer, in the reduce
+        dtype, before the division), after the reduce-scatter, and after the all-reduce under HSDP; what it
+        writes into the buffer becomes the gradients (a custom all-reduce over replicas, as FSDP2 offers).
+        ``stream``: the hook runs with it current; refused under HSDP, as FSDP2 refuses it."""
+        for group in self._hp_state.groups:
+            if stream is not None and group.reducer.dp_size > 1:
+                raise ValueError("stream cannot be set when using native HSDP")
+            group.reducer.all_reduce_hook = hook if stream is None else _on_stream(hook, stream, group.reducer.device)
 
     def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
         """False (HSDP): reduce-scatter but keep the result partial over the replicate group; the next

@@ -86,7 +86,10 @@ class ShardedParam:
         self.requires_grad = param.requires_grad
         local = param.to_local() if isinstance(param, DTensor) else param.detach()
         if local.dim() == 0:
-            raise ValueError(f"fully_shard cannot shard the 0-d parameter {fqn!r}; store it with shape [1]")
+            raise ValueError(
+                f"fully_shard cannot shard the 0-d parameter {fqn!r}. Change {fqn} to a 1D tensor with numel "
+                "equal to 1."
+            )
         self.orig_dtype = local.dtype
         self.mp_local_shape = tuple(local.shape)
         self.global_shape = tuple(param.shape)

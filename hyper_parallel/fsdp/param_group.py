@@ -187,9 +187,10 @@ class ParamGroup:
             self.relink()
             if self.is_meta:
                 raise RuntimeError(
-                    f"{self.name}: its parameters are on the meta device (built under torch.device('meta')); "
-                    "materialise them before the first forward: model.to_empty(device=...), then "
-                    "reset_parameters() / init_weights() or load a state dict"
+                    "FSDP parameters should be materialized from meta device before training, but the following "
+                    f"were still on meta device: {[param.fqn for param in self.params]} ({self.name}: built under "
+                    "torch.device('meta')); materialise them before the first forward: model.to_empty(device=...), "
+                    "then reset_parameters() / init_weights() or load a state dict"
                 )
             self._issue_all_gather(async_op)
         if not async_op:

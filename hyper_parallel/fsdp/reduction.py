@@ -39,6 +39,7 @@ same collectives reduce the same buffers in the same order, so the gradients are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import NamedTuple
@@ -122,6 +123,7 @@ class ReductionTarget:
     requires_all_reduce: bool
     reduce_unused: bool
     held: HeldPartialSum
+    all_reduce_hook: Callable[[torch.Tensor], None] | None = None  # set_all_reduce_hook: on the reduced shard
 
 
 class GradientReduction:
@@ -165,6 +167,8 @@ class GradientReduction:
             self._all_reduce.wait()
             self._all_reduce = None
         if self.stage is not ReductionStage.DONE:
+            if target.all_reduce_hook is not None:  # FSDP2's order: after the (HSDP) all-reduce, before dividing
+                target.all_reduce_hook(self.contribution.reduced)
             write_grads(target, self.contribution)
             self.stage = ReductionStage.DONE
         return True
@@ -192,6 +196,7 @@ class GroupReducer:
         self.requires_all_reduce = True
         self.reduce_unused_params = False  # set_reduce_scatter_unused_params(True): zeros where no rank used one
         self.held = HeldPartialSum()  # HSDP: reduce-scattered, not yet all-reduced
+        self.all_reduce_hook: Callable[[torch.Tensor], None] | None = None  # set_all_reduce_hook
         self.parked_since_sync = False  # a backward ran with gradient sync off: the next sync reduces it
         self.reduction: GradientReduction | None = None  # this group's gradient reduction still in flight
         self.device = self.orig_dtype = self.reduce_dtype = None  # set by ``place``, before any reduction
@@ -261,6 +266,7 @@ class GroupReducer:
             self.requires_all_reduce,
             self.reduce_unused_params,
             self.held,
+            self.all_reduce_hook,
         )
         contribution = Contribution(reduced, offsets, partial_dims, locally_used)
         self.reduction = GradientReduction(target, contribution, scatter, async_op)

@@ -75,9 +75,9 @@ def named_mesh(mesh: DeviceMesh) -> DeviceMesh:
         return mesh
     if mesh.ndim not in POSITIONAL_NAMES:
         raise ValueError(
-            f"fully_shard got a {mesh.ndim}-D mesh without dim names; FSDP2 reads only a 1-D (shard) or 2-D "
-            "(replicate, shard) mesh by position: name the dims, e.g. init_device_mesh(..., "
-            "mesh_dim_names=('dp_replicate', 'fsdp', 'tp'))"
+            f"fully_shard expects a 1D or 2D DeviceMesh but got {mesh} ({mesh.ndim}-D, without dim names): FSDP2 "
+            "reads only a 1-D (shard) or 2-D (replicate, shard) mesh by position; name the dims, e.g. "
+            "init_device_mesh(..., mesh_dim_names=('dp_replicate', 'fsdp', 'tp'))"
         )
     view = DeviceMesh(
         mesh.device_type,
