@@ -5,8 +5,8 @@ launches and the idle CPU at the end. tests/test_pool_soak.py runs a short versi
     .venv/bin/python tools/pool_soak.py                 200 launches, 50 cells (about 3 minutes on 2 cores)
     .venv/bin/python tools/pool_soak.py --launches 40
 
-Exit 1 when a worker ends above its first cell's threads or fds (+2) or holds a listening socket, or idles
-above 1 % of a core.
+Exit 1 when a worker ends above its first cell's threads or fds (+2), holds a listening socket, grew its
+resident memory by more than 16 MiB after the first quarter of the launches, or idles above 1 % of a core.
 """
 
 from __future__ import annotations
@@ -25,11 +25,20 @@ MIX = ("S2", "M4", "M2", "S1", "P1", "M7", "M5", "M3")
 """Each on its default mesh: the 4-D S2 first, so the pool starts at its full size of 4 workers."""
 CELL = "x = torch.ones(1) * rank\ndist.all_reduce(x)\nx.item()"
 SLACK, IDLE_LIMIT = 2, 1.0
+RESIDENT_GROWTH_MIB = 16
+"""Resident memory may still grow after the first quarter of the launches (the allocator's arenas, the
+sharding memo's answers for a shape seen late) but by no more than this per worker: a leak of one run's
+tensors or modules would add more every launch."""
 
 
 def counts(pool) -> list[tuple[int, int, int, int]]:
     """(rank, threads, fds, listening sockets) per worker."""
     return [(w.rank, w.threads, w.fds, w.listening) for w in worker_resources(pool)]
+
+
+def resident_mib(pool) -> list[int]:
+    """Each worker's resident memory, MiB, by rank."""
+    return [round(w.rss_mib) for w in worker_resources(pool)]
 
 
 def soak(launches: int, marks: set[int]) -> int:
@@ -40,6 +49,7 @@ def soak(launches: int, marks: set[int]) -> int:
         first = counts(pool)
         print(f"after a first cell (rank, threads, fds, listening): {first}", flush=True)
         out, cells, worst, started = tempfile.mkdtemp(prefix="hp-soak-"), 0, first, time.monotonic()
+        settled = None  # resident MiB per worker once a quarter of the launches ran
         for index in range(1, launches + 1):
             recipe = MIX[(index - 1) % len(MIX)]
             result = launch.run(recipe, steps=1, out=f"{out}/{index}")
@@ -54,8 +64,15 @@ def soak(launches: int, marks: set[int]) -> int:
                 cells += 1
             now = counts(pool)
             worst = [max(a, b) for a, b in zip(worst, now)]
+            if settled is None and index >= launches / 4:
+                settled = resident_mib(pool)
             if index in marks or index == launches:
-                print(f"launch {index} ({cells} cells, {time.monotonic() - started:.0f} s): {now}", flush=True)
+                print(
+                    f"launch {index} ({cells} cells, {time.monotonic() - started:.0f} s): {now}, "
+                    f"resident MiB {resident_mib(pool)}",
+                    flush=True,
+                )
+        resident = resident_mib(pool)
         idle = idle_cpu_percent(pool, 10.0)
         print(f"idle CPU over 10 s, % of a core per worker: {idle}")
     finally:
@@ -64,6 +81,11 @@ def soak(launches: int, marks: set[int]) -> int:
         f"rank {f[0]}: threads {f[1]} -> {w[1]}, fds {f[2]} -> {w[2]}, listening {w[3]}"
         for f, w in zip(first, worst)
         if w[1] > f[1] + SLACK or w[2] > f[2] + SLACK or w[3]
+    ]
+    grown += [
+        f"rank {rank}: resident {then} -> {now} MiB after launch {max(1, round(launches / 4))}"
+        for rank, (then, now) in enumerate(zip(settled, resident))
+        if now > then + RESIDENT_GROWTH_MIB
     ]
     busy = {rank: value for rank, value in idle.items() if value > IDLE_LIMIT}
     for problem in grown + ([f"idle workers busy: {busy}"] if busy else []):

@@ -22,6 +22,8 @@ class WorkerResources:
     fds: int
     listening: int
     """TCP sockets in LISTEN state (each live gloo group holds some)."""
+    rss_mib: float
+    """Resident memory: what a run leaves behind that no count of threads or fds shows."""
 
 
 def worker_resources(pool: Pool) -> list[WorkerResources]:
@@ -31,7 +33,11 @@ def worker_resources(pool: Pool) -> list[WorkerResources]:
         try:
             process = psutil.Process(pid)
             listening = sum(1 for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
-            found.append(WorkerResources(rank, process.num_threads(), process.num_fds(), listening))
+            found.append(
+                WorkerResources(
+                    rank, process.num_threads(), process.num_fds(), listening, process.memory_info().rss / 2**20
+                )
+            )
         except psutil.Error:
             continue
     return found
