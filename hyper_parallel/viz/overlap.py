@@ -95,3 +95,13 @@ def chunk_overlap(events: list[dict[str, Any]], step: int) -> dict[str, float] |
         "fraction": numbers["hidden"] / in_flight if in_flight > 0 else 0.0,
         "collectives": len(chunked),
     }
+
+
+def compute_by_phase(events: list[dict[str, Any]], step: int) -> dict[str, float]:
+    """Seconds of compute in ``step`` of one rank per phase ("forward", "backward", ...): the measured input
+    of the emulated link's model (``cost_model.emulated``)."""
+    result: dict[str, float] = {}
+    for e in events:
+        if e.get("kind") == "compute" and e["step"] == step:
+            result[e["phase"]] = result.get(e["phase"], 0.0) + e["t_end"] - e["t_start"]
+    return result
