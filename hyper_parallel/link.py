@@ -107,7 +107,7 @@ LINK_PRESETS: dict[str, Link] = {
 }
 """Named links for ``launch.run(..., link="notebook")`` and ``--link notebook``."""
 
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+_TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divisors: 100 us is 1e-4 exactly as written
 _RATE_UNITS = {"B/s": 1.0, "kB/s": 1e3, "KB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9}
 _NUMBER = r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?"
 _LINK_TEXT = re.compile(rf"^\s*({_NUMBER})\s*(s|ms|us|µs)\s*,\s*({_NUMBER})\s*(B/s|kB/s|KB/s|MB/s|GB/s)\s*$")
@@ -126,7 +126,7 @@ def parse_link(value: Link | str | None) -> Link | None:
         match = _LINK_TEXT.match(value)
         if match:
             latency, time_unit, rate, rate_unit = match.groups()
-            return Link(float(latency) * _TIME_UNITS[time_unit], float(rate) * _RATE_UNITS[rate_unit])
+            return Link(float(latency) / _TIME_UNITS[time_unit], float(rate) * _RATE_UNITS[rate_unit])
     raise ValueError(
         f"link must be None, a Link(latency_s, bytes_per_s), a preset ({', '.join(LINK_PRESETS)}) or "
         f"'LATENCY,RATE' such as '2ms,1MB/s' (units s, ms, us; B/s, kB/s, MB/s, GB/s), got {value!r}"

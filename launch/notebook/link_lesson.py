@@ -1,9 +1,11 @@
 """Overlap on an emulated link (``hyper_parallel.link``): each run's step time and exposed communication
 against the α-β model's (``hyper_parallel.cost_model.emulated``).
 
+    link_runs(m4)                   the runs to compare: M4 with overlap off and on, on the link
     link_overlap_rows(results)      per run: measured step and exposed communication (rank 0, its fastest
                                     step after the first) beside the model's, and their ratios
     link_overlap_table(results)     the same as a table
+    link_overlap_summary(results)   one sentence: what overlap saved, measured and modelled
 
 The first step is left out: fully_shard records the order of the units in it and prefetches from the
 second step on. Of the others the fastest is compared: on 2 shared cores a rank descheduled mid-step
@@ -15,6 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+LINK = "notebook"
+"""The lesson's link (``hyper_parallel.link.LINK_PRESETS``): α 2 ms, 1 MB/s, scaled to the MLP's blocks."""
+GLOBAL_BATCH = 4096
+"""Rows per step: enough that a block's backward computes about as long as its transfer takes on the link
+(with the default 16 rows the compute is a few hundred microseconds and there is nothing to hide behind)."""
+
+
+def link_runs(degrees: Mapping[str, int], link: str = LINK, global_batch: int = GLOBAL_BATCH) -> dict[str, dict]:
+    """``run_recipes``' runs of the lesson: M4 on ``degrees`` over the emulated ``link``, every collective
+    on the spot ("sync") and with prefetch and reduce-scatters in flight ("overlap")."""
+    base = {"recipe": "M4", **degrees, "global_batch": global_batch, "link": link}
+    return {"M4-link-sync": {**base, "overlap": False}, "M4-link": {**base, "overlap": True}}
 
 
 def _fastest_step(result: Any) -> dict[str, Any]:
@@ -104,4 +119,20 @@ def link_overlap_table(results: Mapping[str, Any]):
         ],
         rows,
         caption=f"rank 0, its fastest step after the first; {link.describe() if link else 'no emulated link'}",
+    )
+
+
+def link_overlap_summary(results: Mapping[str, Any]) -> str:
+    """What overlap saved on the link, measured and as the model has it (the runs without overlap and with
+    it, ``link_runs``); '' unless both are there."""
+    rows = {row["overlap"]: row for row in link_overlap_rows(results)}
+    if set(rows) != {False, True}:
+        return ""
+    off, on = rows[False], rows[True]
+    return (
+        f"overlap saved {(off['step'] - on['step']) * 1e3:.1f} ms of the {off['step'] * 1e3:.1f} ms step "
+        f"({1 - on['step'] / off['step']:.0%}); the model: {(off['model_step'] - on['model_step']) * 1e3:.1f} ms "
+        f"of {off['model_step'] * 1e3:.1f} ms ({1 - on['model_step'] / off['model_step']:.0%}). Exposed "
+        f"communication: {off['exposed'] * 1e3:.1f} -> {on['exposed'] * 1e3:.1f} ms measured, "
+        f"{off['model_exposed'] * 1e3:.1f} -> {on['model_exposed'] * 1e3:.1f} ms modelled."
     )
