@@ -110,3 +110,20 @@ def test_link_time_of_m4_by_hand():
     # forward all-gathers are not prefetched; backward: the planner's pipeline of n = 3 units
     assert on.exposed == pytest.approx(forward + backward / 3 + 2 / 3 * (backward - 0.03))
     assert on.hidden == pytest.approx(off.exposed - on.exposed) and on.total < off.total
+
+
+def test_the_docs_and_notebook_01_say_the_presets_and_the_lesson_as_they_are():
+    """docs/cli.md's table of presets and notebook 01's parameters and text name the values the code has."""
+    import re
+    from pathlib import Path
+
+    from launch.notebook.link_lesson import GLOBAL_BATCH, LINK
+
+    root = Path(__file__).resolve().parent.parent
+    rows = re.findall(r'^\| `"(\w+)"` \| ([\d.]+) ms \| ([\d.]+) MB/s \|', (root / "docs" / "cli.md").read_text(), re.M)
+    assert {name: Link(float(ms) / 1e3, float(mbs) * 1e6) for name, ms, mbs in rows} == LINK_PRESETS
+    notebook = json.loads((root / "notebooks" / "01_ddp_fsdp.ipynb").read_text())
+    parameters = "".join(notebook["cells"][1]["source"])
+    assert f'link = "{LINK}"' in parameters and f"link_batch = {GLOBAL_BATCH}" in parameters
+    text = "".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown")
+    assert LINK_PRESETS[LINK] == Link(2e-3, 1e6) and "α = 2 ms and 1 MB/s" in text and "4096 rows" in text
