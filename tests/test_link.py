@@ -127,3 +127,21 @@ def test_the_docs_and_notebook_01_say_the_presets_and_the_lesson_as_they_are():
     assert f'link = "{LINK}"' in parameters and f"link_batch = {GLOBAL_BATCH}" in parameters
     text = "".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown")
     assert LINK_PRESETS[LINK] == Link(2e-3, 1e6) and "α = 2 ms and 1 MB/s" in text and "4096 rows" in text
+
+
+def test_waiting_counts_synchronous_collectives_whole_and_asynchronous_ones_from_their_wait():
+    from hyper_parallel.viz.overlap import compute_by_phase, step_waiting
+
+    def collective(start, end, **extra):
+        return {"kind": "collective", "step": 1, "phase": "backward", "t_start": start, "t_end": end, **extra}
+
+    events = [
+        collective(0.0, 1.0),  # synchronous: waited whole
+        collective(2.0, 5.0, asynchronous=True, t_wait=4.0),  # in flight 2-4 behind compute, waited 4-5
+        collective(4.5, 6.0, asynchronous=True, t_wait=4.5),  # waited 4.5-6, overlapping the one before
+        {**collective(0.0, 9.0), "phase": "init"},  # set-up, not the step's
+        {"kind": "compute", "step": 1, "phase": "backward", "t_start": 1.0, "t_end": 4.0},
+        {"kind": "compute", "step": 1, "phase": "forward", "t_start": 7.0, "t_end": 7.5},
+    ]
+    assert step_waiting(events, 1) == pytest.approx(1.0 + 2.0)
+    assert compute_by_phase(events, 1) == pytest.approx({"backward": 3.0, "forward": 0.5})

@@ -105,3 +105,16 @@ def compute_by_phase(events: list[dict[str, Any]], step: int) -> dict[str, float
         if e.get("kind") == "compute" and e["step"] == step:
             result[e["phase"]] = result.get(e["phase"], 0.0) + e["t_end"] - e["t_start"]
     return result
+
+
+def step_waiting(events: list[dict[str, Any]], step: int) -> float:
+    """Seconds the training thread of one rank waited for communication in ``step``: the union of every
+    synchronous collective and of every asynchronous one's wait (``t_wait`` to its end). Below ``exposed``
+    when fully_shard's hooks run while a collective is in flight: that time the hooks would take anyway,
+    so it is what the emulated link's model calls exposed (``cost_model.emulated``)."""
+    waits = [
+        (e.get("t_wait", e["t_start"]), e["t_end"])
+        for e in events
+        if e.get("kind") == "collective" and e["step"] == step and e["phase"] != "init"
+    ]
+    return length(waits)
