@@ -74,3 +74,17 @@ def test_the_model_predicts_step_and_exposed_communication_within_20_percent(run
     sync, overlap = rows["M4-link-sync"], rows["M4-link"]
     assert overlap["step"] < sync["step"] and overlap["model_step"] < sync["model_step"]
     assert overlap["exposed"] < sync["exposed"]
+
+
+def test_the_figure_stacks_each_step_measured_and_modelled(runs):
+    from launch.notebook.link_lesson import link_overlap_figure
+
+    rows = link_overlap_rows(runs)
+    fig = link_overlap_figure(runs)
+    ax = fig.axes[0]
+    widths = [patch.get_width() for patch in ax.patches]
+    assert len(widths) == 3 * 2 * len(rows)  # compute, the rest, waiting; measured and model; per run
+    totals = [sum(widths[i : i + 3]) for i in range(0, len(widths), 3)]
+    expected = [1e3 * t for row in rows for t in (row["step"], row["model_step"])]
+    assert totals == pytest.approx(expected)
+    assert "emulated link: α 2 ms, 1 MB/s" in fig._suptitle.get_text()

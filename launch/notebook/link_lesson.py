@@ -143,3 +143,35 @@ def link_overlap_summary(results: Mapping[str, Any]) -> str:
         f"link: {off['exposed'] * 1e3:.1f} -> {on['exposed'] * 1e3:.1f} ms measured, "
         f"{off['model_exposed'] * 1e3:.1f} -> {on['model_exposed'] * 1e3:.1f} ms modelled."
     )
+
+
+def link_overlap_figure(results: Mapping[str, Any]):
+    """Each run's step as stacked bars, measured above modelled: compute, the rest (hooks, the optimizer) and
+    the time waited for the link; the title names the emulated link."""
+    from hyper_parallel.viz.style import new_figure
+
+    rows = link_overlap_rows(results)
+    fig = new_figure(10, 1.2 + 0.7 * len(rows))
+    ax = fig.add_subplot()
+    labels, y = [], 0
+    for row in rows:
+        for kind, exposed in (("measured", row["exposed"]), ("model", row["model_exposed"])):
+            other = row["step"] - row["compute"] - row["exposed"]
+            left = 0.0
+            for part, seconds, color in (
+                ("compute", row["compute"], "#455a64"),
+                ("hooks, optimizer", other, "#b0bec5"),
+                ("waited for the link", exposed, "#e65100"),
+            ):
+                ax.barh(y, seconds * 1e3, left=left, color=color, label=part if y == 0 else None)
+                left += seconds * 1e3
+            ax.text(left, y, f" {left:.0f} ms", va="center", fontsize=8)
+            labels.append(f"{row['run']} ({'overlap' if row['overlap'] else 'sync'}), {kind}")
+            y += 1
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms of the step (rank 0, its fastest step after the first)")
+    ax.legend(loc="lower right", fontsize=8)
+    link = rows[0]["link"].describe() if rows else "no emulated link"
+    fig.suptitle(f"Step time on the link, measured and α-β model — {link}", fontsize=10)
+    return fig
