@@ -1,6 +1,7 @@
-"""The emulated link on real runs (one launch of 2 ranks, the runs of notebook 01's lesson and one without
-the link): the numbers are bit for bit those without it, every collective lasts at least α + n·β, and the
-α-β model predicts the step time and the exposed communication, overlap off and on, within 20 %."""
+"""The emulated link on real runs (one launch of 2 ranks: the runs of notebook 01's lesson, one without the
+link, and the ring (M5-R: sends and receives) and TP + SP (M3: DTensor's collectives, traced from torch) with
+and without it): the numbers are bit for bit those without it, every collective lasts at least α + n·β, and
+the α-β model predicts the step time and the exposed communication, overlap off and on, within 20 %."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from launch.notebook.runs import run_recipes
 pytestmark = pytest.mark.distributed
 
 M4 = {"world_size": 2, "dp_shard": 2}
+OTHERS = {"M5-R": {"cp": 2}, "M3": {"tp": 2}}  # the ring's sends and receives; TP's collectives from DTensor
 STEPS = 5  # the first records the units' order (no prefetch yet); the fastest of the other four is compared
 
 
@@ -24,6 +26,11 @@ def runs(tmp_path_factory):
     given = {
         **link_runs(M4),
         "M4 without a link": {"recipe": "M4", **M4, "global_batch": GLOBAL_BATCH, "overlap": True},
+        **{
+            f"{name}{suffix}": {"recipe": name, "world_size": 2, **dims, "link": link}
+            for name, dims in OTHERS.items()
+            for suffix, link in (("", None), ("-link", LINK))
+        },
     }
     results = run_recipes(given, steps=STEPS, out=tmp_path_factory.mktemp("link"), verbose=False)
     assert all(result.ok for result in results.values()), {k: r.error for k, r in results.items()}
@@ -36,8 +43,11 @@ def collectives(events: list[dict]) -> Counter:
     )
 
 
-def test_the_link_changes_no_number(runs):
-    linked, free = runs["M4-link"], runs["M4 without a link"]
+@pytest.mark.parametrize(
+    ("linked", "free"), [("M4-link", "M4 without a link"), ("M5-R-link", "M5-R"), ("M3-link", "M3")]
+)
+def test_the_link_changes_no_number(runs, linked, free):
+    linked, free = runs[linked], runs[free]
     assert linked.metrics["losses"] == free.metrics["losses"]  # bit for bit
     assert linked.metrics["max_param_diff"] == free.metrics["max_param_diff"]
     for rank in free.traces:
@@ -46,7 +56,7 @@ def test_the_link_changes_no_number(runs):
 
 def test_every_collective_lasts_at_least_the_link_time(runs):
     link = parse_link(LINK)
-    for label in ("M4-link-sync", "M4-link"):
+    for label in ("M4-link-sync", "M4-link", "M5-R-link", "M3-link"):
         assert Link.from_json(runs[label].metrics["link"]) == link
         for rank, events in runs[label].traces.items():
             for e in (e for e in events if e["kind"] == "collective"):
@@ -66,8 +76,8 @@ def test_the_model_predicts_step_and_exposed_communication_within_20_percent(run
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > OVERLOADED * cores:
         pytest.skip(f"load average {load:.1f} on {cores} cores: the ranks queue for a core, timings mean nothing")
-    rows = {row["run"]: row for row in link_overlap_rows(runs)}
-    assert set(rows) == {"M4-link-sync", "M4-link"}  # the run without a link has no row
+    rows = {row["run"]: row for row in link_overlap_rows({k: runs[k] for k in ("M4-link-sync", "M4-link")})}
+    assert set(rows) >= {"M4-link-sync", "M4-link"} and "M4 without a link" not in rows
     for label, row in rows.items():
         assert row["model_step"] == pytest.approx(row["step"], rel=0.2), (label, row)
         assert row["model_exposed"] == pytest.approx(row["exposed"], rel=0.2), (label, row)
@@ -79,8 +89,9 @@ def test_the_model_predicts_step_and_exposed_communication_within_20_percent(run
 def test_the_figure_stacks_each_step_measured_and_modelled(runs):
     from launch.notebook.link_lesson import link_overlap_figure
 
-    rows = link_overlap_rows(runs)
-    fig = link_overlap_figure(runs)
+    lesson = {k: runs[k] for k in ("M4-link-sync", "M4-link", "M4 without a link")}
+    rows = link_overlap_rows(lesson)
+    fig = link_overlap_figure(lesson)
     ax = fig.axes[0]
     widths = [patch.get_width() for patch in ax.patches]
     assert len(widths) == 3 * 2 * len(rows)  # compute, the rest, waiting; measured and model; per run
