@@ -66,10 +66,11 @@ def test_every_collective_lasts_at_least_the_link_time(runs):
     assert any(e["t_end"] - e["t_start"] < link.seconds(e["op"], 2, e["bytes"]) for e in free)
 
 
-OVERLOADED = 3.0
+OVERLOADED = 4.0
 """Load average per core above which the timing comparison is skipped: with other processes queued on
-every core a rank waits for a core after each emulated wait, and its peers wait for it (measured here: at
-a load of 24 on 2 cores the synchronous run's exposed communication was 92 ms against its link's 70)."""
+every core a rank waits for a core after each emulated wait, and its peers wait for it. Measured here: at
+loads of 7 to 11 on 2 cores every ratio model / measured was within 0.83 to 1.13; at 50 to 90 the
+synchronous run waited 101 ms for a link of 70 and overlap's gain drowned."""
 
 
 def test_the_model_predicts_step_and_exposed_communication_within_20_percent(runs):
