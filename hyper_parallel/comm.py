@@ -1,7 +1,9 @@
 """Process groups as ``GroupInfo`` and the traced collectives every parallel style goes through.
 
 Each collective records one trace event (op, group name, global ranks, full buffer bytes). A group
-of size 1 issues nothing and records nothing: there is no communication to see.
+of size 1 issues nothing and records nothing: there is no communication to see. Under an emulated link
+(``hyper_parallel.link``) each one completes no earlier than α + n·β after it was issued: the wait (the
+synchronous call, or ``PendingCollective.wait``) sleeps until then, inside its trace event.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from hyper_parallel import trace
+from hyper_parallel import link, trace
 from hyper_parallel.gloo_sum import DirectReduceScatter, uses_gloo
 from hyper_parallel.mesh_slices import sub_mesh
 
@@ -80,22 +82,25 @@ class PendingCollective:
     ``works``: the works to wait for (a batch of P2P ops: one per op on gloo, one for the batch on NCCL);
     ``completed``: the trace callbacks (``trace.issued``) to call once all of them are done; ``finish``: the
     local part of a collective finished after its communication (gloo's reduce-scatter, ``gloo_sum``), run in
-    ``wait()`` before its event ends."""
+    ``wait()`` before its event ends; ``link_end``: its emulated end (``link.reserve``; None: no link), which
+    ``wait()`` sleeps until and which counts for whether it was done before the wait."""
 
-    def __init__(self, works: list, completed: list, finish=None) -> None:
+    def __init__(self, works: list, completed: list, finish=None, link_end: float | None = None) -> None:
         self._works = list(works)
         self._completed = [callback for callback in completed if callback is not None]  # None: nothing records
         self._finish = finish
+        self._link_end = link_end
 
     def wait(self) -> None:
         if not self._works:
             return
         recorder = trace.current()
         t_wait = recorder.now() if recorder is not None else 0.0
-        done_before_wait = all(bool(work.is_completed()) for work in self._works)
+        done_before_wait = link.is_done(self._link_end) and all(bool(work.is_completed()) for work in self._works)
         with trace.outside_compute():
             for work in self._works:
                 work.wait()
+            link.hold_until(self._link_end)
             if self._finish is not None:
                 self._finish()
         for completed in self._completed:
@@ -134,14 +139,17 @@ def _issue(
     are added to its trace event (e.g. the chunk of a pipelined collective)."""
     if not async_op:
         with trace.collective(op, info.name, info.ranks, nbytes, dtype, module, **fields):
+            end = link.reserve(op, info.name, info.size, nbytes)
             call(False)
+            link.hold_until(end)
             if finish is not None:
                 finish()
         return None
     completed = trace.issued(op, info.name, info.ranks, nbytes, dtype, module, **fields)
+    end = link.reserve(op, info.name, info.size, nbytes)
     with trace.outside_compute():
         work = call(True)
-    return PendingCollective([work], [completed], finish)
+    return PendingCollective([work], [completed], finish, end)
 
 
 def all_gather_into_tensor(
@@ -229,9 +237,11 @@ def all_to_all_single(
         output.copy_(tensor)
         return output
     with trace.collective("all_to_all", info.name, info.ranks, _nbytes(tensor), tensor.dtype, module):
+        end = link.reserve("all_to_all", info.name, info.size, _nbytes(tensor))
         dist.all_to_all_single(
             output, tensor, output_split_sizes=output_splits, input_split_sizes=input_splits, group=info.group
         )
+        link.hold_until(end)
     return output
 
 
@@ -261,14 +271,18 @@ def ring_exchange(
         dist.P2POp(dist.isend, send, to, group=info.group, tag=tag),
         dist.P2POp(dist.irecv, recv, source, group=info.group, tag=tag),
     ]
+    # both directions travel at once (full duplex): the exchange takes as long as its larger message
+    end = link.reserve("send", info.name, info.size, max(_nbytes(send), _nbytes(recv)))
     with trace.outside_compute():
         works = dist.batch_isend_irecv(ops)
-    return PendingCollective(works, completed)
+    return PendingCollective(works, completed, link_end=end)
 
 
 def broadcast(tensor: torch.Tensor, info: GroupInfo, src_index: int = 0, module: str | None = None) -> torch.Tensor:
     """In place: every rank gets the tensor of the group's ``src_index``-th rank."""
     if info.size > 1:
         with trace.collective("broadcast", info.name, info.ranks, _nbytes(tensor), tensor.dtype, module):
+            end = link.reserve("broadcast", info.name, info.size, _nbytes(tensor))
             dist.broadcast(tensor, src=info.ranks[src_index], group=info.group)
+            link.hold_until(end)
     return tensor

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hyper_parallel import link
 from hyper_parallel.run_files import TRACE_FORMAT, write_atomic
 
 PHASES = ("init", "forward", "backward", "optimizer", "other")
@@ -343,6 +344,8 @@ class TorchCollectiveTracer(TorchDispatchMode):
         nbytes = tensor.numel() * tensor.element_size() * (len(ranks) if op == "all_gather" else 1)
         name = self.group_names.get(tuple(sorted(ranks)), group_name)
         with collective(op, name, ranks, nbytes, tensor.dtype):
+            end = link.reserve(op, name, len(ranks), nbytes)  # an emulated link delays these too
             out = func(*args, **kwargs)
             out = torch.ops._c10d_functional.wait_tensor(out)
+            link.hold_until(end)
         return out

@@ -141,11 +141,15 @@ def _progress_bar(progress: dict) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from launch.runs import resolve_run, run_spec
 
-    spec = resolve_run(args.recipe, steps=args.steps, seed=args.seed, out=args.out, **_degrees(args), **_options(args))
+    spec = resolve_run(
+        args.recipe, steps=args.steps, seed=args.seed, out=args.out, link=args.link, **_degrees(args), **_options(args)
+    )
     timeout = inputs.timeout(args.timeout, "--timeout")
     recipe = registry.get(spec.recipe)
     print(f"{recipe.name}: {recipe.title}\n  {spec.dims.describe()}", flush=True)
     _print_options(spec.options)
+    if spec.link is not None:
+        print(f"  {spec.link.describe()} (every collective waits latency + wire bytes / rate; numbers unchanged)")
 
     def show(rank: int, line: str) -> None:
         if not line.startswith("[progress]"):
@@ -262,6 +266,11 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="wall timeout in seconds (> 0; inf: none)")
     parser.add_argument("--out", help="run directory (default: a new temporary one)")
     parser.add_argument("--quiet", action="store_true", help="do not stream the workers' lines")
+    parser.add_argument(
+        "--link",
+        help="emulate a slow link: a preset (notebook, slow, lan) or 'LATENCY,RATE' such as '2ms,1MB/s' "
+        "(docs/cli.md, Emulated link)",
+    )
     parser.add_argument(
         "--no-figures", action="store_true", help="do not draw the figures (PNG + SVG) into the run directory"
     )

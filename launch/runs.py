@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hyper_parallel.link import Link, parse_link
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES
@@ -161,11 +162,12 @@ def resolve_run(
     overlap: bool | None = None,
     reshard_after_forward: bool | None = None,
     out: str | Path | None = None,
+    link: Link | str | None = None,
     **given: int | None,
 ) -> RunSpec:
     """One run as the record every launch path passes to the worker (``given``: degrees and options by
     name; the options resolved here, once), or ``ValueError`` (unknown recipe, invalid mesh, an option
-    that does not fit the mesh, a bad steps / seed / overlap / reshard_after_forward / out)."""
+    that does not fit the mesh, a bad steps / seed / overlap / reshard_after_forward / out / link)."""
     for name, value in given.items():
         inputs.whole_number(value, name)
     options = {name: given.pop(name) for name in OPTION_NAMES if name in given}
@@ -189,6 +191,7 @@ def resolve_run(
         overlap=overlap,
         reshard_after_forward=reshard_after_forward,
         out=inputs.out_dir(out),
+        link=parse_link(link),
     )
 
 
@@ -208,6 +211,7 @@ def run(
     seed: int = 0,
     overlap: bool | None = None,
     reshard_after_forward: bool | None = None,
+    link: Link | str | None = None,
     on_line: Callable[[int, str], None] | None = None,
     on_progress: Callable[[dict], None] | None = None,
     pool: bool = True,
@@ -226,11 +230,21 @@ def run(
     in flight): the same numbers, a timeline without overlap; None follows ``HYPER_PARALLEL_OVERLAP``
     (on unless it is 0). ``reshard_after_forward=True`` makes every fully_shard unit below another
     reshard after forward (fewer bytes held gathered, more all-gathers: under PP, where the recipes keep
-    units gathered, one per microbatch), ``False`` none; None leaves the recipe's choice. Raises
-    ``ValueError`` before any worker starts when anything is invalid.
+    units gathered, one per microbatch), ``False`` none; None leaves the recipe's choice. ``link``
+    emulates a slow link (``hyper_parallel.link``): a ``Link(latency_s, bytes_per_s)``, a preset name
+    ("notebook", "slow", "lan") or text such as "2ms,1MB/s"; every traced collective then completes no
+    earlier than latency + wire bytes / rate after it is issued (the workers sleep meanwhile; the numbers
+    are unchanged). Raises ``ValueError`` before any worker starts when anything is invalid.
     """
     spec = resolve_run(
-        recipe, steps=steps, seed=seed, overlap=overlap, reshard_after_forward=reshard_after_forward, out=out, **given
+        recipe,
+        steps=steps,
+        seed=seed,
+        overlap=overlap,
+        reshard_after_forward=reshard_after_forward,
+        out=out,
+        link=link,
+        **given,
     )
     return run_spec(spec, timeout=timeout, on_line=on_line, on_progress=on_progress, pool=pool)
 
@@ -259,7 +273,7 @@ def run_many(
     """Several recipe runs of the same world size in ONE process group, one after another.
 
     Each run is a ``RunSpec`` (``resolve_run``) or the keywords of ``resolve_run`` as a dict,
-    ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, **degrees, **options}`` (the options of
+    ``{"recipe": ..., "steps": ..., "seed": ..., "overlap": None, "link": None, **degrees, **options}`` (the options of
     ``run``, e.g. ``"microbatches": 2``), and writes into its ``out`` (``out/NN-RECIPE`` when it has
     none). All runs are validated before anything starts. ``pool=True`` (default) runs them on this
     process's warm workers (``launch.processes.pool``: started on first use, grown to the largest world

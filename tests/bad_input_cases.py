@@ -172,6 +172,7 @@ CLI_CASES = [
     cli("run M4 --dp-shard 1000000000", r"more ranks than this machine|world_size=1000000000 is above"),
     cli("run M4 --tp 2", r"tp|M4"),
     cli("run M4 --steps 0", r"steps must be"),
+    cli("run M4 --link warp", r"link must be .*preset"),
     cli("run M4 --steps -3", r"steps must be"),
     cli("run M4 --steps x", r"--steps.*invalid int"),
     cli("run M4 --steps 1.5", r"--steps.*invalid int"),

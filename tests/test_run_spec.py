@@ -53,6 +53,7 @@ def test_a_cli_run_reaches_the_worker_as_one_record_resolved_once(monkeypatch, t
         "overlap": None,
         "reshard_after_forward": None,
         "out": str(out),
+        "link": None,  # no emulated link
     }
     assert batch == [record]
     (spec,) = worker.specs_of(worker.parse_args(["--batch", str(batch_file)]), world_size)

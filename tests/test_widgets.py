@@ -352,3 +352,20 @@ def test_bench_widget_offers_only_the_configurations_of_its_world_size_and_runs_
     widget.wait(10)
     assert calls == [(2, 3, ["FSDP"])]
     assert "workers not started in this test" in widget.status.value and not widget.run_button.disabled
+
+
+def test_launch_passes_the_picked_link(tmp_path):
+    """The link picker offers no link and every preset; the run record carries the one picked."""
+    from hyper_parallel.link import LINK_PRESETS
+
+    calls = []
+    widget = MeshWidget("M4", steps=1, out=tmp_path, preview=False, runner=fake_runner(calls))
+    assert list(widget.link_selector.options) == ["none", *LINK_PRESETS] and widget.link_selector.value == "none"
+    widget.launch()
+    widget.wait(timeout=60)
+    widget.link_selector.value = "notebook"
+    widget.launch()
+    widget.wait(timeout=60)
+    assert [call.link for call in calls] == [None, LINK_PRESETS["notebook"]]
+    with pytest.raises(ValueError, match="preset"):
+        MeshWidget("M4", preview=False, link="warp")

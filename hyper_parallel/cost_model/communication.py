@@ -62,6 +62,7 @@ from hyper_parallel.cost_model import pipeline
 from hyper_parallel.cost_model.model_configs import INT64_BYTES, ModelConfig
 from hyper_parallel.cost_model.stacks import get_stack
 from hyper_parallel.cost_model.units import Unit
+from hyper_parallel.link import wire_factor
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes.workload_facts import SequenceScheme
 
@@ -77,17 +78,6 @@ class Collective:
     bytes: float  # sum of the full buffers of ``count`` calls
     count: int
     group_size: int
-
-
-def wire_factor(op: str, n: int) -> float:
-    """Bytes one rank sends per byte of the full buffer with ring algorithms on a group of n ranks:
-    all-gather, reduce-scatter, all-to-all (even splits), broadcast (average): (n-1)/n; all-reduce
-    (reduce-scatter + all-gather): 2(n-1)/n."""
-    if op in ("send", "recv"):  # pipeline P2P: ``bytes`` is what this rank sends / receives
-        return 1.0 if op == "send" else 0.0
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
 def fsdp_collectives(

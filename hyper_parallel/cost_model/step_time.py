@@ -86,7 +86,7 @@ class StepTime:
         return self.compute + self.critical + self.exposed + self.bubble
 
 
-def _pipeline_exposed(comm: float, compute: float, stages: int) -> float:
+def pipeline_exposed(comm: float, compute: float, stages: int) -> float:
     """exposed(O, C) of the module docstring."""
     if comm <= 0:
         return 0.0
@@ -140,10 +140,8 @@ def _rank_step(
     critical = sum(critical_kinds.values())
     fwd, bwd = seconds.get("forward", 0.0) / m, seconds.get("backward", 0.0) / m
     once = seconds.get("once", 0.0)
-    exposed_fwd = m * _pipeline_exposed(fwd, forward_c, stages)
-    exposed_bwd = (m - 1) * _pipeline_exposed(bwd, backward_c, stages) + _pipeline_exposed(
-        bwd + once, backward_c, stages
-    )
+    exposed_fwd = m * pipeline_exposed(fwd, forward_c, stages)
+    exposed_bwd = (m - 1) * pipeline_exposed(bwd, backward_c, stages) + pipeline_exposed(bwd + once, backward_c, stages)
     hideable = m * (fwd + bwd) + once + seconds.get("hidden", 0.0)
     exposed = exposed_fwd + exposed_bwd
     exposed_by_group: dict[str, float] = defaultdict(float)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hyper_parallel.link import Link, parse_link
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.recipes import registry
 from hyper_parallel.recipes.options import OPTION_NAMES, RunOptions
@@ -39,6 +40,7 @@ class RunSpec:
     # after forward (fewer gathered bytes, more all-gathers); False: no unit does
     reshard_after_forward: bool | None = None
     out: Path | None = None  # the run's directory (None: the launcher picks one, or the worker's --out)
+    link: Link | None = None  # an emulated link every traced collective waits for (hyper_parallel.link); None: none
 
     @classmethod
     def resolve(
@@ -52,6 +54,7 @@ class RunSpec:
         overlap: bool | None = None,
         reshard_after_forward: bool | None = None,
         out: str | Path | None = None,
+        link: Link | str | None = None,
     ) -> RunSpec:
         """The run of ``recipe`` on ``degrees`` (world_size included): its rules checked and its ``options``
         resolved on the mesh (left out: the recipe's default, adapted when it does not fit), or ``ValueError``."""
@@ -66,6 +69,7 @@ class RunSpec:
             overlap,
             reshard_after_forward,
             None if out is None else Path(out),
+            parse_link(link),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +84,7 @@ class RunSpec:
             "overlap": self.overlap,
             "reshard_after_forward": self.reshard_after_forward,
             "out": None if self.out is None else str(self.out),
+            "link": None if self.link is None else self.link.to_json(),
         }
 
     @classmethod
@@ -95,6 +100,7 @@ class RunSpec:
             data["overlap"],
             data["reshard_after_forward"],
             None if data["out"] is None else Path(data["out"]),
+            Link.from_json(data.get("link")),
         )
 
     def worker_args(self) -> list[str]:
@@ -112,4 +118,6 @@ class RunSpec:
             args += ["--reshard-after-forward", "on" if self.reshard_after_forward else "off"]
         if self.out is not None:
             args += ["--out", str(self.out)]
+        if self.link is not None:
+            args += ["--link", self.link.text()]
         return args

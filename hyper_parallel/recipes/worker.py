@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hyper_parallel import trace
+from hyper_parallel import link, trace
 from hyper_parallel.devices import backend_for, bind_local_device, default_device_type
 from hyper_parallel.fsdp import FullyShardModule
 from hyper_parallel.fsdp.summary import describe_units
@@ -48,6 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="one run: every unit below another reshards after forward, or none (default: the recipe decides)",
     )
     parser.add_argument("--out", default=os.environ.get("HYPER_PARALLEL_RUN_DIR", "."))
+    parser.add_argument(
+        "--link", help="one run: an emulated link, a preset or 'LATENCY,RATE' such as '2ms,1MB/s' (hyper_parallel.link)"
+    )
     parser.add_argument(
         "--batch",
         help="several runs in one process group: a JSON file with a list of RunSpec records "
@@ -75,6 +78,7 @@ def specs_of(args: argparse.Namespace, world_size: int) -> list[RunSpec]:
             overlap=None if args.overlap is None else args.overlap == "on",
             reshard_after_forward=None if args.reshard_after_forward is None else args.reshard_after_forward == "on",
             out=args.out,
+            link=args.link,
         )
     ]
 
@@ -117,7 +121,7 @@ def run_one(spec: RunSpec, device_type: str) -> bool:
     def report(progress: dict) -> None:
         print(PROGRESS_PREFIX + json.dumps({"recipe": recipe.name, **progress}), flush=True)
 
-    with trace.record() as recorder:
+    with trace.record() as recorder, link.emulating(spec.link):
         workload = build(dims, views, spec.seed, options).to(views.device)
         apply_unit_settings(workload.model, spec)
         metrics = train_and_compare(
@@ -140,6 +144,7 @@ def run_one(spec: RunSpec, device_type: str) -> bool:
                 None,
             ),
             "backend": dist.get_backend(),
+            "link": None if spec.link is None else spec.link.to_json(),
             "units": describe_units(workload.model),
             **metrics,
         }

@@ -16,6 +16,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from hyper_parallel.link import Link
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.run_files import write_atomic
 from hyper_parallel.viz.mesh_map import mesh_map, parameters_sharded
@@ -54,6 +55,11 @@ class RunInputs:
             return bool(self.metrics.get("losses"))
         kind = {"placements": "placement", "collectives": "collective"}[needs]
         return any(e.get("kind") == kind for events in self.traces.values() for e in events)
+
+    @property
+    def link(self) -> Link | None:
+        """The emulated link the run waited on (``hyper_parallel.link``), or None."""
+        return Link.from_json(self.metrics.get("link"))
 
     @property
     def first_placement_step(self) -> int:
@@ -107,7 +113,7 @@ FIGURE_SPECS = (
         "One step, a row per rank and group: all-gathers in forward, reduce-scatters (then HSDP's "
         "all-reduces) in backward; the gaps between bars are compute.",
         "collectives",
-        lambda run: timeline(run.traces, step=run.step, recipe=run.label, degrees=run.dims),
+        lambda run: timeline(run.traces, step=run.step, recipe=run.label, degrees=run.dims, link=run.link),
     ),
     FigureSpec(
         "comm_volume",

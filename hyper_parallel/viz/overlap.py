@@ -95,3 +95,26 @@ def chunk_overlap(events: list[dict[str, Any]], step: int) -> dict[str, float] |
         "fraction": numbers["hidden"] / in_flight if in_flight > 0 else 0.0,
         "collectives": len(chunked),
     }
+
+
+def compute_by_phase(events: list[dict[str, Any]], step: int) -> dict[str, float]:
+    """Seconds of compute in ``step`` of one rank per phase ("forward", "backward", ...): the measured input
+    of the emulated link's model (``cost_model.emulated``)."""
+    result: dict[str, float] = {}
+    for e in events:
+        if e.get("kind") == "compute" and e["step"] == step:
+            result[e["phase"]] = result.get(e["phase"], 0.0) + e["t_end"] - e["t_start"]
+    return result
+
+
+def step_waiting(events: list[dict[str, Any]], step: int) -> float:
+    """Seconds the training thread of one rank waited for communication in ``step``: the union of every
+    synchronous collective and of every asynchronous one's wait (``t_wait`` to its end). Below ``exposed``
+    when fully_shard's hooks run while a collective is in flight: that time the hooks would take anyway,
+    so it is what the emulated link's model calls exposed (``cost_model.emulated``)."""
+    waits = [
+        (e.get("t_wait", e["t_start"]), e["t_end"])
+        for e in events
+        if e.get("kind") == "collective" and e["step"] == step and e["phase"] != "init"
+    ]
+    return length(waits)

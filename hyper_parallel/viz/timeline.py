@@ -8,6 +8,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from hyper_parallel.link import Link
 from hyper_parallel.viz.clocks import clock_offsets, shift_clocks
 from hyper_parallel.viz.overlap import chunk_overlap, exposure, has_compute
 from hyper_parallel.viz.style import (
@@ -129,6 +130,7 @@ def timeline(
     align: bool = True,
     ranks: str | list[int] | tuple[int, ...] | None = None,
     time_span: float | None = None,
+    link: Link | None = None,
 ) -> Figure:
     """The collectives of one step (default: the last) against time, for rank 0 and one peer by default.
 
@@ -142,7 +144,8 @@ def timeline(
     at least ``MIN_BAR`` of the step wide), its colour is the op, its hatch the group; the background
     of each row is shaded by phase (forward / backward / optimizer). Collective bars have
     ``gid="collective"``; ``label_modules`` writes the fully_shard unit over rank 0's bars.
-    ``align`` corrects the ranks' clock offsets first (``clock_offsets``).
+    ``align`` corrects the ranks' clock offsets first (``clock_offsets``). ``link``: the emulated link the run
+    waited on (``hyper_parallel.link``), named in the title as an emulation.
 
     The figure carries a one-line title and the legend below the axes; what is too long for a title
     (rank 0's counts, how the clocks were aligned, which bars are widened) is in ``fig.notes``, a list
@@ -169,7 +172,7 @@ def timeline(
     _axes(ax, lanes)
     ops = [op for op in OPS if any(e["op"] == op for _, e in lanes.chosen)]
     _legend(fig, lanes, ops, computing)
-    _title_and_notes(fig, traces, lanes, ops, offsets if align else None, computing, recipe, degrees)
+    _title_and_notes(fig, traces, lanes, ops, offsets if align else None, computing, recipe, degrees, link)
     return fig
 
 
@@ -317,6 +320,7 @@ def _title_and_notes(
     computing: bool,
     recipe: str | None,
     degrees,
+    link: Link | None = None,
 ) -> None:
     """The one-line title (with exposed communication when compute was traced) and ``fig.notes``
     (``offsets``: the clock corrections applied, None when the clocks were left raw)."""
@@ -335,7 +339,9 @@ def _title_and_notes(
             )
     shown = "" if ranks == lanes.all_ranks else f", ranks {', '.join(map(str, ranks))} of {len(lanes.all_ranks)}"
     fig.suptitle(
-        title(f"{'Compute and c' if computing else 'C'}ollectives, step {step}{shown}", recipe, degrees) + exposed,
+        title(f"{'Compute and c' if computing else 'C'}ollectives, step {step}{shown}", recipe, degrees)
+        + ("" if link is None else f" · {link.describe()}")
+        + exposed,
         fontsize=10,
     )
     if offsets is not None:

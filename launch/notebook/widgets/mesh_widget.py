@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import ipywidgets as widgets
 
+from hyper_parallel.link import LINK_PRESETS
 from hyper_parallel.mesh_dims import degrees_label
 from hyper_parallel.run_files import PROGRESS_PREFIX
 from hyper_parallel.viz.style import png_bytes
@@ -50,7 +51,9 @@ class MeshWidget(DegreePicker):
 
     Selection arguments as ``DegreePicker``; ``steps``, ``timeout``, ``out`` (parent folder of the run
     directories; default: a fresh scratch folder, as every launch's: docs/cli.md) and ``figures_dir`` (where the figures of a finished run are
-    saved) are used by Launch. ``runner`` replaces ``launch.runs.run_spec`` (tests).
+    saved) are used by Launch, and ``link``: the emulated link picked at first ("none" or a preset of
+    ``hyper_parallel.link.LINK_PRESETS``; docs/cli.md, Emulated link). ``runner`` replaces
+    ``launch.runs.run_spec`` (tests).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class MeshWidget(DegreePicker):
         max_world_size: int = 8,
         preview: bool = True,
         runner: Callable[..., Any] | None = None,
+        link: str = "none",
         **degrees: int,
     ) -> None:
         from launch import inputs  # the same rules as launch.run: refused here, not after Launch made a folder
@@ -86,6 +90,14 @@ class MeshWidget(DegreePicker):
         self.figures: dict[str, Any] = {}
         self.report_path: Path | None = None
 
+        if link != "none" and link not in LINK_PRESETS:
+            raise ValueError(f"link must be 'none' or a preset ({', '.join(LINK_PRESETS)}), got {link!r}")
+        self.link_selector = widgets.Dropdown(
+            options=["none", *LINK_PRESETS],
+            value=link,
+            description="link",
+            tooltip="an emulated link: every collective completes no earlier than latency + wire bytes / rate",
+        )
         self._build_launch_controls()
         super().__init__(
             recipe,
@@ -135,6 +147,7 @@ class MeshWidget(DegreePicker):
 
     def _rows(self) -> list[widgets.Widget]:
         return super()._rows() + [
+            self.link_selector,
             widgets.HBox([self.launch_button, self.stop_button, self.progress, self.export_button]),
             self.run_status,
             self.report_status,
@@ -259,7 +272,10 @@ class MeshWidget(DegreePicker):
         # an explicit folder per run: the result's run_dir is then the folder holding its files
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         try:
-            spec = resolve_run(recipe, steps=steps, **degrees, **options)  # validated before a folder is made
+            link = self.link_selector.value
+            spec = resolve_run(
+                recipe, steps=steps, link=link, **degrees, **options
+            )  # validated before a folder is made
             run_dir = (
                 self.out / f"{recipe}-{stamp}" if self.out is not None else new_scratch_dir(f"hp-{recipe}-{stamp}-")
             )
