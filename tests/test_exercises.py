@@ -182,11 +182,15 @@ def test_11_1_layout_right_and_wrong():
     config, machine = get_model("llama-8b-like"), get_hardware("h100-sxm")
     assert config.global_batch == 512 and 4096 // 512 == 8  # the solution's numbers
     ranked = rank_layouts(config, 4096, 8, machine)
-    best = ParallelDims(world_size=4096, dp_shard=512, tp=8)
+    best = ParallelDims(world_size=4096, dp_replicate=64, dp_shard=8, tp=8)
     assert ranked[0].dims == best  # "the planner's first"
     check_it = lambda answer, ranking=ranked: check_layout("11.1", answer, ranking, 4096)  # noqa: E731
-    assert check_it({"dp_shard": 512, "tp": 8}) == RIGHT
-    assert check_it({"dp_replicate": 2, "dp_shard": 256, "tp": 8}) == RIGHT  # HSDP of the same 512
+    assert check_it({"dp_replicate": 64, "dp_shard": 8, "tp": 8}) == RIGHT
+    assert check_it({"dp_replicate": 128, "dp_shard": 4, "tp": 8}) == RIGHT  # "its neighbours step as fast"
+    assert check_it({"dp_replicate": 32, "dp_shard": 16, "tp": 8}) == RIGHT
+    fsdp = next(r for r in ranked if r.dims == ParallelDims(world_size=4096, dp_shard=512, tp=8))
+    assert fsdp.fits and 2.5 < fsdp.step_seconds / ranked[0].step_seconds < 3.5  # "about 3x the best step"
+    assert check_it({"dp_shard": 512, "tp": 8}) == WRONG  # one ring of 512 ranks (step 3)
     assert check_it({"dp_shard": 4096}) == WRONG  # dp 4096 does not divide 512 sequences (step 2)
     assert check_it({"dp_shard": 512, "cp": 2, "tp": 4}) == WRONG  # fits, waits for more communication
     slower = next(r for r in ranked if r.dims == ParallelDims(world_size=4096, dp_shard=512, cp=2, tp=4))
@@ -194,7 +198,8 @@ def test_11_1_layout_right_and_wrong():
     assert check_it({"dp_shard": 512, "tp": 9}) == WRONG and check_it("tp=8") == WRONG
     assert check_it(None) == UNANSWERED
     small = rank_layouts(config, 4096, 8, machine.replace(memory_gib=12))  # best layout: 13 GiB, over budget
-    assert not next(r for r in small if r.dims == best).fits and check_it({"dp_shard": 512, "tp": 8}, small) == WRONG
+    assert not next(r for r in small if r.dims == best).fits
+    assert check_it({"dp_replicate": 64, "dp_shard": 8, "tp": 8}, small) == WRONG
     rows = {(r.tp, r.cp, r.pp): r for r in procedure_rows(config, 4096, ranked, 8)}
     assert rows[(8, 1, 1)].verdict == "a candidate" and rows[(8, 1, 1)].sequences_per_dp_rank == 1
     assert rows[(4, 1, 1)].verdict == "fails step 2 (global batch)"  # dp 1024 > 512 sequences

@@ -60,6 +60,7 @@ MOE_CODE = (
 )
 PIPELINE_CODE = (
     f"{PIPELINE_WORKLOAD}:pipeline_workload",
+    f"{PIPELINE_WORKLOAD}:shard_stages",
     "hyper_parallel.parallel.pipeline:split_transformer",
     "hyper_parallel.parallel.pipeline:build_schedule",
 )

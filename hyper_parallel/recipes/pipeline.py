@@ -181,7 +181,7 @@ def pipeline_workload(
         apply_expert_parallel(model, dims, views, dispatch="all_to_all")
     placement = PLACEMENTS[schedule]
     stages = split_transformer(model, dims.pp, dims.coordinates(rank)[MeshDim.PP], stages_per_rank, placement)
-    _shard_stages(stages, dims, views)
+    shard_stages(stages, dims, views)
     microbatches = options.microbatches
     tokens, targets = token_batch(config, options.global_batch, seed)
     local_tokens, local_targets = data_parallel_rows(tokens, dims), data_parallel_rows(targets, dims)
@@ -217,7 +217,7 @@ def pipeline_workload(
     )
 
 
-def _shard_stages(stages, dims: ParallelDims, views: MeshViews) -> None:
+def shard_stages(stages, dims: ParallelDims, views: MeshViews) -> None:
     """fully_shard per stage: each layer a unit (a MoE's experts one more, on the sparse view), the stage module
     the root, so that torch's schedule sees an FSDPModule and reduces once per step; none reshards after
     forward (see ``pipeline_workload``)."""

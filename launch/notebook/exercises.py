@@ -248,11 +248,15 @@ EXERCISES: dict[str, Exercise] = {
         "It is right when it fits the memory budget and its modelled step is within 10 % of the fastest layout "
         "the planner finds.",
         "step 2 first at scale: dp = world_size / (tp * cp * pp) must divide the model's global batch "
-        "(`config.global_batch`); then keep tp inside a node and take the fewest model-parallel ranks that fit.",
+        "(`config.global_batch`); then keep tp inside a node and take the fewest model-parallel ranks that fit; "
+        "and count a ring's steps: a collective over n ranks pays n - 1 latencies.",
         "With the defaults (llama-8b-like, a global batch of 512 sequences, 4096 GPUs): dp must divide 512, so "
-        "tp * cp * pp is at least 8 (4096 / 512); tp = 8 inside each node with dp_shard = 512 fits (step 1) and is "
-        "the planner's first (step 3); the HSDP splits of the same 512 data-parallel ranks (dp_replicate x "
-        "dp_shard) step as fast. tp = 4 with cp = 2 fits too but waits for more communication per step, so it is slower.",
+        "tp * cp * pp is at least 8 (4096 / 512); tp = 8 inside each node leaves 512 data-parallel ranks. As one "
+        "FSDP group (dp_shard = 512) they fit (step 1) but each all-gather and reduce-scatter is a ring of 512 "
+        "ranks, 511 steps of latency each, which the layer's compute cannot hide: about 3x the best step. The "
+        "planner's first (step 3) splits the same 512 as HSDP, dp_replicate = 64 x dp_shard = 8 (rings of 8, one "
+        "all-reduce over the 64 replicas); its neighbours 128 x 4 and 32 x 16 step as fast. tp = 4 with cp = 2 "
+        "fits too but waits for more communication per step, so it is slower.",
     ),
     "12.1": Exercise(
         "Your model has 2 blocks, each an attention and a feed-forward under the TP plan below "
