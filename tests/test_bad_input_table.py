@@ -61,6 +61,7 @@ def nothing_starts(launched: list[str]) -> Iterator[None]:
 
         return refuse
 
+    launch.processes.pool.shutdown_pool()  # a pool another test left warm would run a launch without _start
     targets = [
         (launch.processes.pool.Pool, "_start"),
         (launch.processes.supervisor, "_launch"),
