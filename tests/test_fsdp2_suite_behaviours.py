@@ -151,10 +151,35 @@ def _refusals(mesh):
             r"FSDP parameters should be materialized from meta device before training, but the following were "
             r"still on meta device: \['0.0.weight', '0.0.bias'\]",
         ),
+        *_spmd_refusals(mesh),
     ]
 
 
-@pytest.mark.parametrize("case", range(4), ids=["mesh_3d", "scalar", "shard_dim", "meta"])
+def _spmd_refusals(mesh):
+    """The ``dp_mesh_dims`` refusals torch's test_fully_shard_dtensor checks: a dim name the mesh lacks, and a
+    parameter already sharded over the data-parallel dim."""
+    from torch.distributed.fsdp import DataParallelMeshDims
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def sharded_over_fsdp(shard):
+        layer = nn.Linear(4, 4, bias=False)
+        layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Shard(0)]))
+        shard(layer, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp"))
+
+    def unknown_dim(shard):
+        layer = nn.Linear(4, 4, bias=False)
+        layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Replicate()]))
+        shard(layer, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="nonexistent"))
+
+    return [
+        (unknown_dim, ValueError, "not found in mesh.mesh_dim_names"),
+        (sharded_over_fsdp, ValueError, "Expected Replicate"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "case", range(6), ids=["mesh_3d", "scalar", "shard_dim", "meta", "dp_mesh_dims_name", "dp_placement"]
+)
 def test_ours_refuses_as_fsdp2_refuses(mesh, case):
     apply, error, words = _refusals(mesh)[case]
     for shard in (torch_fully_shard, fully_shard):
