@@ -253,3 +253,33 @@ def test_state_dict_after_a_forward_that_kept_parameters_unsharded_is_sharded_as
     for ours, theirs in zip(ours_params, torch_params, strict=True):
         assert torch.equal(ours, theirs)
     assert torch.equal(ours_params[0], _stack()[0][0].weight), "the load restored the weights before the step"
+
+
+def _train_stack(shard, mesh, **kwargs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Three AdamW steps of ``_stack`` under one ``shard`` call with ``kwargs``."""
+    model = _stack()
+    shard(model, mesh=mesh, **kwargs)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(3):
+        optim.zero_grad()
+        loss = model(torch.randn(4, 8, generator=torch.Generator().manual_seed(step))).sum()
+        loss.backward()
+        optim.step()
+        losses.append(loss.detach())
+    return losses, [p.full_tensor() for p in model.parameters()]
+
+
+def test_plain_parameters_with_dp_mesh_dims_which_fsdp2_refuses_train_as_fsdp2_without_it(mesh):
+    """torch's ``test_validation_spmd_mesh_non_dtensor_params``: FSDP2 refuses plain parameters with
+    ``dp_mesh_dims``; ours (wider, docs/fully_shard.md) shards them as without it, bit-equal to FSDP2 there."""
+    from torch.distributed.fsdp import DataParallelMeshDims
+
+    with pytest.raises(ValueError, match="must be DTensors"):
+        torch_fully_shard(_stack(), mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp"))
+    ours_losses, ours_params = _train_stack(fully_shard, mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp"))
+    torch_losses, torch_params = _train_stack(torch_fully_shard, mesh)
+    assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
+    for ours, theirs in zip(ours_params, torch_params, strict=True):
+        assert torch.equal(ours, theirs)
+    assert not torch.equal(ours_params[0], _stack()[0][0].weight), "the optimizer moved the weights"

@@ -207,13 +207,13 @@ SUITE_EXPECTATIONS.update(
         ),
         f"{_DT}::test_validation_reshard_after_forward_int_spmd": (
             "wider",
-            "ours accepts reshard_after_forward=2 with dp_mesh_dims (an int k is supported on any mesh); FSDP2 "
-            "raises NotImplementedError",
+            "ours accepts reshard_after_forward=2 with dp_mesh_dims (an int k is supported on any mesh; 4 Adam "
+            "steps on 4 ranks bit-equal to FSDP2 without dp_mesh_dims); FSDP2 raises NotImplementedError",
         ),
         f"{_DT}::test_validation_spmd_mesh_non_dtensor_params": (
             "wider",
-            "ours accepts plain parameters with dp_mesh_dims (Replicate over the model-parallel dims, as without "
-            "it); FSDP2 raises ValueError",
+            "ours shards plain parameters with dp_mesh_dims as without it (bit-equal to FSDP2 without it, "
+            "tests/test_fsdp2_suite_behaviours.py); FSDP2 raises ValueError",
         ),
     }
 )
