@@ -221,7 +221,7 @@ def test_explicit_dp_mesh_dims_win_over_names(world):
     named = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=(MeshDim.DP_REPLICATE, MeshDim.FSDP, MeshDim.TP))
     roles = resolve_roles(named, None, DataParallelMeshDims(shard="fsdp"))  # dp_replicate becomes model-parallel
     assert (roles.replicate_dims, roles.shard_dim) == ((), "fsdp")
-    with pytest.raises(ValueError, match="does not have"):
+    with pytest.raises(ValueError, match="not found in mesh.mesh_dim_names"):
         resolve_roles(mesh, None, DataParallelMeshDims(shard="fsdp"))
     with pytest.raises(ValueError, match="several shard dims .* flatten them"):
         resolve_roles(mesh, None, DataParallelMeshDims(shard=("batch", "shard")))
@@ -237,7 +237,7 @@ def test_spmd_parameter_on_the_whole_mesh(world):
     assert layer.weight.placements == (Replicate(), Shard(1), Shard(0))
     bad = nn.Linear(8, 8, bias=False)
     bad.weight = nn.Parameter(distribute_tensor(bad.weight.detach(), mesh, [Replicate(), Shard(1), Shard(0)]))
-    with pytest.raises(ValueError, match="not Replicate over the data-parallel dim"):
+    with pytest.raises(ValueError, match="Expected Replicate on the data-parallel dim"):
         fully_shard(bad, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp", replicate="dp_replicate"))
 
 

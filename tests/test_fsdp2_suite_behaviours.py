@@ -151,10 +151,35 @@ def _refusals(mesh):
             r"FSDP parameters should be materialized from meta device before training, but the following were "
             r"still on meta device: \['0.0.weight', '0.0.bias'\]",
         ),
+        *_spmd_refusals(mesh),
     ]
 
 
-@pytest.mark.parametrize("case", range(4), ids=["mesh_3d", "scalar", "shard_dim", "meta"])
+def _spmd_refusals(mesh):
+    """The ``dp_mesh_dims`` refusals torch's test_fully_shard_dtensor checks: a dim name the mesh lacks, and a
+    parameter already sharded over the data-parallel dim."""
+    from torch.distributed.fsdp import DataParallelMeshDims
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def sharded_over_fsdp(shard):
+        layer = nn.Linear(4, 4, bias=False)
+        layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Shard(0)]))
+        shard(layer, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp"))
+
+    def unknown_dim(shard):
+        layer = nn.Linear(4, 4, bias=False)
+        layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Replicate()]))
+        shard(layer, mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="nonexistent"))
+
+    return [
+        (unknown_dim, ValueError, "not found in mesh.mesh_dim_names"),
+        (sharded_over_fsdp, ValueError, "Expected Replicate"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "case", range(6), ids=["mesh_3d", "scalar", "shard_dim", "meta", "dp_mesh_dims_name", "dp_placement"]
+)
 def test_ours_refuses_as_fsdp2_refuses(mesh, case):
     apply, error, words = _refusals(mesh)[case]
     for shard in (torch_fully_shard, fully_shard):
@@ -228,3 +253,33 @@ def test_state_dict_after_a_forward_that_kept_parameters_unsharded_is_sharded_as
     for ours, theirs in zip(ours_params, torch_params, strict=True):
         assert torch.equal(ours, theirs)
     assert torch.equal(ours_params[0], _stack()[0][0].weight), "the load restored the weights before the step"
+
+
+def _train_stack(shard, mesh, **kwargs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Three AdamW steps of ``_stack`` under one ``shard`` call with ``kwargs``."""
+    model = _stack()
+    shard(model, mesh=mesh, **kwargs)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(3):
+        optim.zero_grad()
+        loss = model(torch.randn(4, 8, generator=torch.Generator().manual_seed(step))).sum()
+        loss.backward()
+        optim.step()
+        losses.append(loss.detach())
+    return losses, [p.full_tensor() for p in model.parameters()]
+
+
+def test_plain_parameters_with_dp_mesh_dims_which_fsdp2_refuses_train_as_fsdp2_without_it(mesh):
+    """torch's ``test_validation_spmd_mesh_non_dtensor_params``: FSDP2 refuses plain parameters with
+    ``dp_mesh_dims``; ours (wider, docs/fully_shard.md) shards them as without it, bit-equal to FSDP2 there."""
+    from torch.distributed.fsdp import DataParallelMeshDims
+
+    with pytest.raises(ValueError, match="must be DTensors"):
+        torch_fully_shard(_stack(), mesh=mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp"))
+    ours_losses, ours_params = _train_stack(fully_shard, mesh, dp_mesh_dims=DataParallelMeshDims(shard="fsdp"))
+    torch_losses, torch_params = _train_stack(torch_fully_shard, mesh)
+    assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
+    for ours, theirs in zip(ours_params, torch_params, strict=True):
+        assert torch.equal(ours, theirs)
+    assert not torch.equal(ours_params[0], _stack()[0][0].weight), "the optimizer moved the weights"

@@ -77,6 +77,7 @@ def test_a_gpu_test_file_is_rewritten_to_run_on_cpu(tmp_path):
     (suite / "test_fully_shard_x.py").write_text(
         "device_type = torch.accelerator.current_accelerator().type\n"
         "n = torch.get_device_module(device_type).device_count()\n"
+        "ws = 4 if torch.accelerator.is_available() else 0\n"
         "replicate(m, device_ids=[self.rank])\n"
         'x = torch.randn(2, device="cuda").cuda()\n'
         '@unittest.skipIf(DISTRIBUTED_BACKEND != "nccl", "Requires NCCL backend")\n'
@@ -84,9 +85,10 @@ def test_a_gpu_test_file_is_rewritten_to_run_on_cpu(tmp_path):
     (copy,) = runner.prepare(suite, scratch, None)
     lines = copy.read_text().splitlines()
     assert lines[0] == "import _hp_suite_patch  # noqa"
-    assert lines[1:6] == [
+    assert lines[1:7] == [
         'device_type = "cpu"',
         "n = 4",
+        "ws = 4 if True else 0",
         "replicate(m, device_ids=None)",
         'x = torch.randn(2, device="cpu").cpu()',
         '@unittest.skipIf(False, "Requires NCCL backend")',

@@ -50,6 +50,7 @@ _REWRITES = (
     (re.compile(r"torch\.accelerator\.current_accelerator\(\)"), 'torch.device("cpu")'),
     (re.compile(r"torch\.get_device_module\([^()]*\)\.device_count\(\)"), "4"),
     (re.compile(r"torch\.accelerator\.device_count\(\)"), "4"),
+    (re.compile(r"torch\.accelerator\.is_available\(\)"), "True"),
     (re.compile(r"device_ids=\[self\.rank\]"), "device_ids=None"),
     (re.compile(r"torch\.cuda\.device_count\(\)"), "4"),
     (re.compile(r"\.cuda\(\)"), ".cpu()"),
@@ -58,7 +59,8 @@ _REWRITES = (
     (re.compile(r"torch\.distributed\._tensor\.debug\b"), "torch.distributed.tensor.debug"),
     (re.compile(r"DISTRIBUTED_BACKEND != \"nccl\""), "False"),
 )
-"""GPU spellings -> CPU: the accelerator (None on a CPU build), the device count (gloo ranks are not devices),
+"""GPU spellings -> CPU: the accelerator (None on a CPU build), the device count and whether there is one
+(gloo ranks are not devices: a world size of "0 if no accelerator" would run no rank and pass vacuously),
 DDP's ``device_ids`` (a CPU module takes None), and the older files' literal ``"cuda"`` / ``.cuda()``, and
 their ``test_compiled_fsdp`` (``compiled_fsdp_test`` since) and ``torch.distributed._tensor.debug`` (now
 ``torch.distributed.tensor.debug``), and the skips of tests "requiring NCCL" (gloo reduces bf16 too)."""

@@ -9,6 +9,8 @@ single-rank, and ``FSDPTest`` skips every rank beyond ``torch.accelerator.device
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import unittest
 
@@ -49,10 +51,24 @@ if not hasattr(common_utils, "HardwareClassification"):
 import torch.testing._internal.common_device_type as common_device_type  # noqa: E402
 
 
-def _keep_the_generic_class(_generic_test_class, _scope, *_args, **_kwargs) -> None:
+def _keep_the_generic_class(generic_test_class, _scope, *_args, **_kwargs) -> None:
     """Replaces ``instantiate_device_type_tests``: newer files instantiate their classes per device with
-    ``except_for=["cpu"]``, which leaves nothing to run on CPU; the generic class (left in the module, its tests
-    take no device argument) runs them on gloo instead."""
+    ``except_for=["cpu"]``, which leaves nothing to run on CPU; the generic class (left in the module) runs them
+    on gloo instead, its tests that take the per-device ``device`` argument given ``"cpu"``."""
+    for name, test in list(vars(generic_test_class).items()):
+        if name.startswith("test") and callable(test) and "device" in inspect.signature(test).parameters:
+            setattr(generic_test_class, name, _given_the_cpu(test))
+
+
+def _given_the_cpu(test):
+    """``test(self, device)`` as the generic class's ``test(self)``, the device a per-device class would pass."""
+
+    @functools.wraps(test)
+    def on_cpu(self):
+        return test(self, "cpu")
+
+    del on_cpu.__wrapped__  # unittest and pytest read the signature: it takes no device now
+    return on_cpu
 
 
 common_device_type.instantiate_device_type_tests = _keep_the_generic_class

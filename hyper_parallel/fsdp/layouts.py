@@ -114,8 +114,8 @@ def _spmd_layout(
     wrong = [d for d, p in zip(names, own_placements) if d in data and not isinstance(p, Replicate)]
     if wrong:
         raise ValueError(
-            f"parameter {fqn!r} is a DTensor on the whole mesh but not Replicate over the "
-            f"data-parallel dim(s) {wrong}; fully_shard shards those itself"
+            f"Expected Replicate on the data-parallel dim(s) {wrong}: parameter {fqn!r} is a DTensor on the "
+            "whole mesh sharded over them; distribute it Replicate there, fully_shard shards those itself"
         )
     mp_dims = roles.model_parallel_dims
     placements = tuple(own_placements[names.index(d)] for d in mp_dims)

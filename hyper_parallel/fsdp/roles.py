@@ -111,8 +111,11 @@ def _explicit_roles(mesh: DeviceMesh, names: tuple[str, ...], dp_mesh_dims, enab
     shard, replicate = tuple(dp_mesh_dims.shard_names), tuple(dp_mesh_dims.replicate_names)
     for label, dims in (("shard", shard), ("replicate", replicate)):
         unknown = [d for d in dims if d not in names]
-        if unknown:
-            raise ValueError(f"dp_mesh_dims.{label} names {unknown}, which the mesh {names} does not have")
+        if unknown:  # FSDP2's words first (torch's suite matches them), then the fix
+            raise ValueError(
+                f"Mesh dim name {unknown[0]!r} not found in mesh.mesh_dim_names {names}: dp_mesh_dims.{label} "
+                f"names {unknown}; name dims the mesh has"
+            )
     if len(shard) > 1 or len(replicate) > 1:
         raise ValueError(
             f"dp_mesh_dims with several {'shard' if len(shard) > 1 else 'replicate'} dims "
