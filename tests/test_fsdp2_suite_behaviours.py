@@ -31,6 +31,18 @@ def mesh():
         dist.destroy_process_group()
 
 
+def _train(model, optim, steps: int, shape=(4, 8), loss=lambda out: out.sum()) -> list[torch.Tensor]:
+    """``steps`` optimizer steps on seeded random inputs of ``shape``; the losses."""
+    losses = []
+    for step in range(steps):
+        optim.zero_grad()
+        value = loss(model(torch.randn(*shape, generator=torch.Generator().manual_seed(step))))
+        value.backward()
+        optim.step()
+        losses.append(value.detach())
+    return losses
+
+
 def _stack() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3)))
@@ -49,14 +61,7 @@ def _train_with_post_optim_events(shard, mesh) -> tuple[list[torch.Tensor], list
         model.set_post_optim_event(torch.get_device_module("cpu").current_stream().record_event())
 
     optim.register_step_post_hook(post_step)
-    losses = []
-    for step in range(3):
-        inp = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
-        optim.zero_grad()
-        loss = model(inp).sum()
-        loss.backward()
-        optim.step()
-        losses.append(loss.detach())
+    losses = _train(model, optim, 3)
     return losses, [p.full_tensor() for p in model.parameters()]
 
 
@@ -85,14 +90,7 @@ def _train_with_all_reduce_hook(shard, mesh) -> tuple[list[torch.Tensor], list[t
     for block in model:
         block.set_all_reduce_hook(halve)
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(2):
-        inp = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
-        optim.zero_grad()
-        loss = model(inp).sum()
-        loss.backward()
-        optim.step()
-        losses.append(loss.detach())
+    losses = _train(model, optim, 2)
     grads = [p.grad.full_tensor() for p in model.parameters()]
     return losses, grads, len(calls)
 
@@ -195,13 +193,7 @@ def _train_convs(shard, mesh, channels_last: bool) -> tuple[torch.Tensor, list[t
         assert not model[0].weight.is_contiguous()
     shard(model, mesh=mesh)
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(2):
-        optim.zero_grad()
-        loss = model(torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(step))).square().sum()
-        loss.backward()
-        optim.step()
-        losses.append(loss.detach())
+    losses = _train(model, optim, 2, shape=(2, 4, 8, 8), loss=lambda out: out.square().sum())
     return torch.stack(losses), [p.full_tensor() for p in model.parameters()]
 
 
@@ -260,13 +252,7 @@ def _train_stack(shard, mesh, **kwargs) -> tuple[list[torch.Tensor], list[torch.
     model = _stack()
     shard(model, mesh=mesh, **kwargs)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for step in range(3):
-        optim.zero_grad()
-        loss = model(torch.randn(4, 8, generator=torch.Generator().manual_seed(step))).sum()
-        loss.backward()
-        optim.step()
-        losses.append(loss.detach())
+    losses = _train(model, optim, 3)
     return losses, [p.full_tensor() for p in model.parameters()]
 
 
