@@ -245,3 +245,36 @@ def test_only_all_gather_cp_keeps_the_other_ranks_kv_for_backward():
     for scheme in ("ring", "ulysses"):
         kept = estimate(config.replace(sequence_scheme=scheme), dims).memory.activations
         assert gathered - kept == tokens * config.n_layers * per_token_and_layer, scheme
+
+
+def test_llama3_all_gather_cp_gathers_the_kv_again_in_backward_instead_of_keeping_them():
+    """Meta's stack (TransformerEngine's AttnFuncWithCPAndKVAllGather, after Llama 3's section 3.3.2) keeps
+    only its own K/V and all-gathers them again in backward: its activations equal the ring's (which keeps
+    no gathered copy), and its cp traffic adds a backward all-gather of the forward's bytes."""
+    dims = ParallelDims(world_size=32, dp_shard=8, cp=4)
+    config = get_model("llama-8b-like").replace(global_batch=8, stack="llama3")
+    gathered, ring = estimate(config, dims), estimate(config.replace(sequence_scheme="ring"), dims)
+    assert gathered.memory.activations == ring.memory.activations
+    by_key = {(c.op, c.phase): c.bytes for c in gathered.collectives if c.group == "cp"}
+    kv = 2 * config.seq_len * 1024 * 2 * config.n_layers  # K and V of the whole 8192-token sequence, 1024 wide, bf16
+    assert by_key == {("all_gather", "forward"): kv, ("all_gather", "backward"): kv, ("reduce_scatter", "backward"): kv}
+
+
+def test_deepseek_v3_moe_layer_keeps_what_its_report_caches():
+    """One MoE layer of DeepSeek-V3 under HAI-LLM's FP8 (report sections 3.2.3 and 3.3.3), per token, in bf16
+    elements (a float8 byte = 0.5): the layer input 7168; the down-projections' float8 input 7168 x 0.5 (the
+    RMSNorm output is recomputed); the latents c_q 1536 and c_kv 512 before and after their norms plus the
+    rotary key 64, in float8: (2 x 1536 + 2 x 512 + 64) x 0.5; the attention output in E5M6, 128 heads x 128 x
+    0.75 (q, k, v recomputed from the latents); the feed-forward norm's input 7168 (the router's input is
+    recomputed); per routed expert (8) its dispatched float8 row 7168 x 0.5 and its SwiGLU input 2 x 2048 x 0.5
+    (the output recomputed and weighted there, so no expert output is kept); the shared expert the same once."""
+    from hyper_parallel.cost_model.calibration import deepseek_v3_model
+
+    model = deepseek_v3_model()
+    dims = ParallelDims(world_size=2048, dp_shard=128, pp=16, ep=64)
+    fp8 = 0.5
+    attention = 7168 + 7168 * fp8 + (2 * 1536 + 2 * 512 + 64) * fp8 + 128 * 128 * 0.75
+    experts = 8 * (7168 * fp8 + 2 * 2048 * fp8) + (7168 * fp8 + 2 * 2048 * fp8)
+    per_token = attention + 7168 + experts
+    layer = (model.moe_layers[0],)
+    assert activation_bytes(model, dims, layer, head=False, first=False) == 4096 * per_token * 2

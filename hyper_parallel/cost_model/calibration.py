@@ -292,7 +292,9 @@ def _llama3_rows() -> list[PublishedRun]:
     )
     assumed = (
         "micro-batch 1; interleaved 1F1B with 8 stages of one layer per rank (the paper: the first stage only the "
-        "embedding, the last only the output and loss); loss over the vocabulary-sharded logits"
+        "embedding, the last only the output and loss); loss over the vocabulary-sharded logits; under CP the "
+        "K/V all-gathered again in backward rather than kept for it (the paper does not say; TransformerEngine's "
+        "AttnFuncWithCPAndKVAllGather, written after its section 3.3.2, does)"
     )
     rows = []
     for gpus, cp, dp, seq, batch, tflops, calibrate in (
@@ -395,7 +397,10 @@ def _deepseek_rows() -> list[PublishedRun]:
             per_gpu,
             assumed="micro-batch 1 (120 microbatches per step); DualPipeV's bubble for DualPipe (same per its README, "
             "without DualPipe's second parameter copy); 32 stages of 2 layers, the first of 1 with the embedding, the last "
-            "of none with the head and the MTP module (both on pp rank 0, as the report places them)",
+            "of none with the head and the MTP module (both on pp rank 0, as the report places them); the routing weights "
+            "applied inside the fused SwiGLU, which is recomputed (3.3.3), so no expert output is kept for their "
+            "gradient (the report does not say; Megatron-Core's weighted_bias_swiglu_impl does), and the router's "
+            "input recomputed with the RMSNorm before it (3.2.3)",
         )
     ]
 

@@ -30,7 +30,8 @@ TP without SP: forward all_reduce (2 L + 1) * X and all_gather B * s * V * a; ba
 Sequence schemes over cp, per layer, with Q = B * s * (n_heads / tp) * head_dim * a (this rank's queries)
 and K = B * s * kv_heads_per_tp_rank * head_dim * a (its keys; values the same):
     all_gather  forward one all_gather of the stacked K/V, 2 K * cp (the whole sequence's K and V);
-                backward one reduce_scatter of the same size
+                backward one reduce_scatter of the same size, and one all_gather of the K/V again when the
+                stack keeps only its own (``Stack.cp_kv_saved`` "local")
     ring        forward: cp - 1 sends of this rank's stacked K/V block in hand to the next rank, 2 K each,
                 and as many receives; backward retraces the ring: cp - 2 K/V blocks (the owner's own is
                 kept) and cp - 1 dK/dV blocks (2 K at float32 or wider: the gradients accumulate in
@@ -351,6 +352,8 @@ def sequence_collectives(config: ModelConfig, dims: ParallelDims, rows: int) -> 
         pass
     elif scheme == SequenceScheme.ALL_GATHER:
         calls += [("all_gather", "cp", cp, "forward", 2 * k * cp), ("reduce_scatter", "cp", cp, "backward", 2 * k * cp)]
+        if get_stack(config.stack).cp_kv_saved == "local":  # the K/V gathered again for the backward
+            calls.append(("all_gather", "cp", cp, "backward", 2 * k * cp))
     elif scheme == SequenceScheme.RING:
         a = config.precision.compute
         grads = 2 * k * max(a, 4) // a

@@ -39,7 +39,8 @@ bytes, without activation checkpointing:
                  keeps them all-gathered (torch's DTensor SP), 2 d / sp re-gathered in backward
                  (Megatron-LM's) + q and the attention output (n_heads x head_dim / tp each) + k, v
                  2 kv (kv = K/V heads per tp rank x head_dim) + the K/V gathered from the other CP ranks
-                 2 kv (cp - 1) under all-gather CP (the ring and Ulysses keep none) + q/k norms' inputs (qk_norm) + feed-forward hidden 2 F / tp (w1 output,
+                 2 kv (cp - 1) under all-gather CP unless the stack gathers them again in backward
+                 (``Stack.cp_kv_saved``; the ring and Ulysses keep none) + q/k norms' inputs (qk_norm) + feed-forward hidden 2 F / tp (w1 output,
                  activation), gated: the stack's F-wide tensors (4 eager: w1, w3, silu, product; 3 fused)
     scores       stacks without a flash kernel (``Stack.attention_scores`` bytes per score, Megatron-LM's
                  fused softmax and attention dropout): heads / tp x keys per token, unless checkpointed
@@ -50,8 +51,10 @@ bytes, without activation checkpointing:
     MLA          instead of q, k, v: the latent inputs (q_lora_rank x 2, kv_lora_rank x 2 + the rotary
                  key), and q, k (n_heads x head_dim / tp), v and the output (n_heads x v_head_dim / tp)
     MoE layer    the attention part, ffn_norm input d / sp, and per token the MoE sees (1/tp of them
-                 under SP with etp == 1) its router input d, per routed slot (top_k) the row d, hidden
-                 2 F_e / etp (gated: the stack's count) and output d, and the shared expert d + 2 F_s
+                 under SP with etp == 1) its router input d (none when the stack's fp8 cache recomputes the
+                 norm before it), per routed slot (top_k) the row d, hidden 2 F_e / etp (gated: the stack's
+                 count) and output d (none when the stack weighs the experts inside the SwiGLU,
+                 ``Stack.routing_weights``), and the shared expert d + 2 F_s
     head         logits in float32 for the loss: V * 4 bytes per token once TP has all-gathered them,
                  V / tp * 4 with ``loss_parallel`` (the logits stay sharded over the vocabulary), times
                  the copies alive at the loss's peak (the stack's ``loss_copies``, ``loss_parallel_copies``)
@@ -188,10 +191,12 @@ def _attention_scores(config: ModelConfig, dims: ParallelDims, selective: bool) 
 
 
 def _kv_copies(config: ModelConfig, dims: ParallelDims) -> int:
-    """K/V blocks of other cp ranks a layer keeps for backward: all-gather CP keeps the gathered cp - 1; the
-    ring passes the blocks around again in backward and Ulysses attends its heads over the whole sequence,
-    so neither keeps a copy."""
-    return dims.cp - 1 if config.sequence_scheme == SequenceScheme.ALL_GATHER else 0
+    """K/V blocks of other cp ranks a layer keeps for backward: all-gather CP keeps the gathered cp - 1 unless
+    the stack all-gathers them again in backward (``Stack.cp_kv_saved`` "local"); the ring passes the blocks
+    around again in backward and Ulysses attends its heads over the whole sequence, so neither keeps a copy."""
+    if config.sequence_scheme != SequenceScheme.ALL_GATHER or get_stack(config.stack).cp_kv_saved == "local":
+        return 0
+    return dims.cp - 1
 
 
 def _attention_elements(config: ModelConfig, dims: ParallelDims, selective: bool) -> float:
@@ -242,10 +247,12 @@ def _layer_activation_elements(config: ModelConfig, dims: ParallelDims, layer: i
     colwise_input = (d if get_stack(config.stack).sp_input == "gathered" else d / sp) * lin
     if not config.is_moe_layer(layer):
         return attention + d / sp + colwise_input + hidden_factor * config.ffn_hidden / tp
-    routed = config.top_k * (d * lin + d + hidden_factor * config.moe_hidden / etp)
+    expert_output = d if get_stack(config.stack).routing_weights == "output" else 0
+    routed = config.top_k * (d * lin + expert_output + hidden_factor * config.moe_hidden / etp)
     shared = (d * lin + hidden_factor * config.shared_expert_hidden) if config.shared_expert_hidden else 0
+    router_input = d if lin == 1 else 0  # the fp8 stack recomputes the norm that feeds the router
     moe_tokens = 1 / tp if etp == 1 and sp > 1 else 1  # etp == 1 under SP: the MoE sees the sequence shard
-    return attention + d / sp + (d + routed + shared) * moe_tokens
+    return attention + d / sp + (router_input + routed + shared) * moe_tokens
 
 
 def activation_bytes(

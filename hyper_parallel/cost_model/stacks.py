@@ -62,6 +62,15 @@ behaviour changes memory or time (``memory``, ``work``, ``step_time``, ``stages`
                     from DeepSpeed #1487, Nov 2021, to #2970, Mar 2023; ``allreduce_bucket`` casts the flat
                     buffer of a parameter group, nearly every weight of the stage, to it in one tensor: a
                     5e8-element bucket closes on the first tensor that overflows it)
+    cp_kv_saved     under all-gather context parallelism (``SequenceScheme.ALL_GATHER``), the K/V a layer keeps for
+                    its backward: "gathered" (an autograd all-gather before the attention, the workbook's: the
+                    K/V of every cp rank are saved, the backward reduce-scatters their gradient) or "local" (the
+                    rank's own K/V, all-gathered again in backward: TransformerEngine's
+                    ``AttnFuncWithCPAndKVAllGather``, written after the Llama 3 paper's section 3.3.2)
+    routing_weights where a routed expert's weight multiplies its output: "output" (the combine weighs each
+                    expert's output, which is kept for the weight's gradient) or "swiglu" (inside the fused
+                    SwiGLU, whose output is recomputed in backward from its cached input, so no expert output
+                    is kept: Megatron-Core's ``weighted_bias_swiglu_impl`` with ``activation_func_fp8_input_store``)
     parallelisms    the degrees the stack can run above 1: ``--compare`` ranks only those layouts (a
                     team on Megatron-LM of 2021 chose among TP, PP and DDP, not FSDP or CP)
 """
@@ -89,6 +98,8 @@ class Stack:
     attention_scores: int = 0
     reduce_copy: int = 0
     zero3_calls: str = "unit"
+    cp_kv_saved: str = "gathered"
+    routing_weights: str = "output"
     parallelisms: tuple[str, ...] = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
     def runs(self, degrees: dict[str, int]) -> bool:
@@ -148,23 +159,25 @@ STACK_LIST = (
     Stack(
         "llama3",
         "Meta's Llama 3 stack (section 3.3.2): FSDP sharding gradients and optimizer state, parameters kept "
-        "gathered, Megatron-style TP/SP and fused kernels, asynchronous P2P",
+        "gathered, Megatron-style TP/SP and fused kernels, asynchronous P2P, all-gather CP re-gathering K/V in backward",
         sp_input="sharded",
         gated_saved=3,
         elementwise="fused",
         pp_grad_reduce="per_round",
+        cp_kv_saved="local",
         parallelisms=("dp_shard", "cp", "tp", "pp"),
     ),
     Stack(
         "hai-llm",
         "DeepSeek's HAI-LLM (DeepSeek-V3 report, section 3.2): ZeRO-1, DualPipe, fused FP8 kernels, RMSNorm and "
-        "MLA up-projections recomputed",
+        "MLA up-projections recomputed, routing weights applied in the recomputed SwiGLU",
         sp_input="sharded",
         gated_saved=3,
         elementwise="fused",
         pp_grad_reduce="per_round",
         optimizer_gather="hidden",
         fp8_cache=True,
+        routing_weights="swiglu",
         parallelisms=("dp_shard", "pp", "ep"),
     ),
 )
