@@ -57,5 +57,8 @@ def memory_bars(runs: Mapping[str, tuple[Mapping[str, int], Mapping[str, int]]],
     handles = [Patch(facecolor=c, label=p.replace("_", " ")) for p, c in PART_COLORS.items()]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="cost model (hatched)"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
-    fig.suptitle(title or "One rank's memory: the cost model's prediction and the run", fontsize=10)
+    fig.suptitle(
+        title or "One rank's memory kept through a step (no transient): the cost model's prediction and the run",
+        fontsize=10,
+    )
     return fig
