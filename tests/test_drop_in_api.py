@@ -301,12 +301,11 @@ def test_reduce_scatter_unused_params_reaches_every_unit(world):
     assert [g.reducer.reduce_unused_params for g in model[0]._hp_state.groups + model._hp_state.groups] == [True, True]
 
 
-def test_the_lifecycle_is_data_and_checked(world):
-    """A unit's state is a handful of named records (not loose flags); its training state changes only along
-    ``step.TRANSITIONS`` (every other move raises, naming reset_iter_state) and its parameters only around
-    SHARDED -> GATHERING -> UNSHARDED -> SHARDED (torch FSDP2 asserts its states the same way)."""
+def test_the_lifecycle_is_checked(world):
+    """A unit's training state changes only along ``step.TRANSITIONS`` (every other move raises, naming
+    reset_iter_state) and its parameters only around SHARDED -> GATHERING -> UNSHARDED -> SHARDED (torch FSDP2
+    asserts its states the same way)."""
     state = fully_shard(nn.Linear(8, 8), mesh=world)._hp_state
-    assert len(vars(state)) <= 12, sorted(vars(state))
     for now, to in itertools.product(TrainingState, repeat=2):
         state.training_state = now
         if (now, to) in TRANSITIONS:

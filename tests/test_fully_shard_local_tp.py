@@ -1,4 +1,4 @@
-"""fully_shard over local-tensor TP+SP (docs/design.md §3, and regressions this suite found): pure TP with
+"""fully_shard over local-tensor TP+SP (docs/design.md §3): pure TP with
 enable_param_shard=False (with and without marking partial gradients), a tp-only and a (dp_replicate, tp)
 mesh where sharding is inferred off, and the full (dp_replicate, fsdp, tp) mesh where it stays on; each
 checked against the single-process reference (numbers, and equal tp replicas) and the hand-derived
@@ -306,11 +306,12 @@ def test_full_mesh_on_4_ranks_shards_the_pure_tp_layout(fully_shard_run4):
     assert_collectives(results, expected)
 
 
-# ================================================================== regressions of bugs this suite found
+# ================================================================== trace labels, and views built twice
 
 
 def test_trace_labels_the_roots_backward_activation_collective_with_root(fully_shard_run4):
-    """Regression: once a unit's gradients are reduced, the label returns to the enclosing unit."""
+    """Once a unit's gradients are reduced, the trace's label returns to the enclosing unit: the root's backward
+    activation collective is labelled root."""
     results = fully_shard_run4.case("pure_tp_partial_grads_summed")
     assert_collectives(
         results, lambda rank, step: _pure_tp_expected(fixed=True, scatter_adjoint_module="root")(rank, step)
@@ -337,10 +338,9 @@ def rebuilt_mesh(res: Result) -> None:
 
 
 def test_fully_shard_accepts_tp_params_after_the_mesh_was_rebuilt(fully_shard_run4):
-    """Regression for a bug this suite found (api._combined_mesh compared root meshes with ``is``):
-    after the same views were built twice in one process, DTensor's sharding-propagation cache (keyed
-    on DeviceMesh equality) gives TP parameters of the second build the first build's mesh object;
-    fully_shard raised "do not share a root mesh". Now compared by value, as torch's _concatenate."""
+    """After the same views are built twice in one process, DTensor's sharding-propagation cache (keyed on
+    DeviceMesh equality) gives TP parameters of the second build the first build's mesh object; fully_shard
+    compares root meshes by value, as torch's _concatenate does, so it accepts them and trains."""
     results = fully_shard_run4.case("rebuilt_mesh")
     for rank, result in results.items():  # the situation still arises (else this test tests nothing)
         assert result["facts"]["tp_param_mesh_is_second_build"] is False, rank

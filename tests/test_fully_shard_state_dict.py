@@ -1,4 +1,4 @@
-"""fully_shard's state dicts (docs/design.md §3, and a regression this suite found): sharded, full and
+"""fully_shard's state dicts (docs/design.md §3): sharded, full and
 in-memory DTensor state dicts, and the DTensor state dict through torch.save, loaded into freshly built models
 on FSDP 1-D with an uneven head, checked against the source model's local shards (bit-equal, same shapes,
 same next step) and the full state dict and next loss against the single-process reference; no traced
@@ -33,15 +33,46 @@ from fully_shard_training import (
     this_rank,
     train_side_by_side,
 )
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hyper_parallel import trace
-from hyper_parallel.fsdp.state_dict import get_full_state_dict, load_full_state_dict
 from hyper_parallel.mesh import ParallelDims
 from hyper_parallel.mesh_dims import MeshDim
 from hyper_parallel.mesh_views import build_mesh
 
 pytestmark = pytest.mark.distributed
+
+
+def get_full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer as a full (unsharded) tensor on every rank."""
+    return {
+        name: (value.full_tensor() if isinstance(value, DTensor) else value.detach().clone())
+        for name, value in module.state_dict().items()
+    }
+
+
+def load_full_state_dict(module: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Load full tensors into a fully_shard module: each rank keeps only its own shard."""
+    current = module.state_dict()
+    missing = sorted(set(current) - set(full))
+    unexpected = sorted(set(full) - set(current))
+    if missing or unexpected:
+        raise ValueError(f"full state dict does not match the module: missing {missing}, unexpected {unexpected}")
+    sharded = {}
+    for name, value in current.items():
+        source = full[name]
+        if tuple(source.shape) != tuple(value.shape):
+            raise ValueError(
+                f"{name}: full tensor has shape {tuple(source.shape)}, the module expects {tuple(value.shape)}"
+            )
+        if isinstance(value, DTensor):
+            sharded[name] = distribute_tensor(
+                source.to(value.dtype), value.device_mesh, value.placements, src_data_rank=None
+            )
+        else:
+            sharded[name] = source
+    module.load_state_dict(sharded)
+
 
 # ================================================================== state dict
 
@@ -154,12 +185,12 @@ def test_state_dict_round_trip(fully_shard_run4):
         assert not [e for e in result["collectives"] if e["step"] == 100]  # state dicts: no traced collectives
 
 
-# ================================================================== regressions of bugs this suite found
+# ================================================================== a state dict through torch.save
 
 
 def test_dtensor_state_dict_survives_torch_save(fully_shard_run4):
-    """Regression: a unit's shards are views into its flat buffer; the state dict clones those at a
-    non-zero offset so torch.save can pickle them."""
+    """A unit's shards are views into its flat buffer; the state dict clones those at a non-zero offset, so
+    torch.save can pickle them."""
     for rank, result in fully_shard_run4.case("state_dicts").items():
         assert result["facts"]["dtensor_file_round_trip"] == "ok", (rank, result["facts"]["dtensor_file_round_trip"])
         assert result["facts"]["file_local_equal"] and all(result["facts"]["file_local_equal"].values())

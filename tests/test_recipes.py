@@ -40,8 +40,9 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
 
     fully_shard with sharding: every unit all-gathers in forward, the non-root units again in backward
     (the root keeps its parameters), and each unit reduce-scatters once; HSDP adds one all-reduce per
-    unit over dp_replicate. Without sharding (M1-M3): one all-reduce per unit over the whole data-
-    parallel group, or nothing when it has one rank.
+    unit over dp_replicate. Without sharding (M1-M3, or a workload that shards wherever it can on a mesh
+    whose fsdp dim is 1): one all-reduce per unit over the whole data-parallel group, or nothing when it
+    has one rank.
     TP without SP: forward all-reduces after the embedding and after wo and w2 of each layer (2L+1) and
     all-gathers the vocab-sharded logits once; backward all-reduces the input gradient of each block
     input (attention, feed-forward: 2 per layer, the colwise layers' partial gradients summed by
@@ -80,7 +81,8 @@ def expected_collectives(recipe: str, d: dict) -> Counter:
     moe_layers = 1 if moe else 0  # MOE_CONFIG.moe_layers == (1,)
     dense_layers = LAYERS - moe_layers
     expected: Counter = Counter()
-    if workload.param_shard is False:
+    shards = fsdp > 1 if workload.param_shard is None else workload.param_shard  # None: wherever a shard dim > 1
+    if not shards:
         if dp_replicate * fsdp > 1:
             expected[("all_reduce", "dp_replicate+fsdp", "backward")] = UNITS
     else:

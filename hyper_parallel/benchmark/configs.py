@@ -16,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from hyper_parallel.mesh_dims import degrees_label
+
 BENCH_FILE = "bench.json"
 IMPLEMENTATIONS = ("ours", "torch")
 
@@ -75,7 +77,7 @@ def _tensor_parallel_configs(world_size: int) -> list[BenchConfig]:
     AsyncTP (our fully_shard + async TP against the same torch stack). Their ratios against one baseline
     give async against synchronous TP+SP: ratio(AsyncTP) / ratio(TP+SP) (``async_tp_ratio``)."""
     degrees = {"world_size": world_size, "dp_shard": world_size // 2, "tp": 2}
-    mesh = " x ".join(f"{k}={v}" for k, v in degrees.items() if k != "world_size" and v > 1)
+    mesh = degrees_label(degrees, sep=" x ")
     return [
         BenchConfig("TP+SP", f"torch's TP+SP under both, {mesh}", degrees, tp_style="sp", optional=True),
         BenchConfig(

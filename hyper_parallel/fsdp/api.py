@@ -60,40 +60,16 @@ def fully_shard(
     """
     modules = _validated_modules(module)
     _refuse_unsupported(offload_policy)
-    unit_mesh = UnitMesh.resolve(mesh, enable_param_shard, dp_mesh_dims)
-    ignored = {id(p) for p in (ignored_params or ())}
+    unit_mesh = UnitMesh.resolve(mesh, enable_param_shard, dp_mesh_dims, reshard_after_forward)
     prefix = type(modules[0]).__name__
-    params = unmanaged_params(modules, ignored)
-    managed = []
-    for fqn, owners, param in params:
-        original = param
-        if param.device != unit_mesh.device and param.device.type != "meta":
-            param = _moved(param, unit_mesh.device)
-        layout = layout_of(unit_mesh.mesh, unit_mesh.roles, param, fqn)
-        if shard_placement_fn is not None:
-            axis = requested_axis(shard_placement_fn(original), original, fqn, unit_mesh.mesh)
-            layout = replace(layout, fsdp_axis=axis)
-        managed.append(ShardedParam(fqn, owners, param, unit_mesh, layout))
-        setattr(original, MANAGED_BY_ATTR, f"{fqn} of the fully_shard unit {prefix}")
-    if any(not p.orig_dtype.is_floating_point for p in managed):
-        raise ValueError(
-            f"fully_shard manages floating-point parameters only; {prefix} has "
-            f"{sorted({str(p.orig_dtype) for p in managed})}: pass the others as ignored_params"
-        )
+    managed = _sharded_params(modules, unit_mesh, ignored_params, shard_placement_fn, prefix)
     by_kind: dict[tuple[torch.dtype, bool], list[ShardedParam]] = {}
     for param in managed:  # one flat buffer per dtype (and meta or not): what one all-gather can carry
         by_kind.setdefault((param.orig_dtype, param.is_meta), []).append(param)
-    groups = [ParamGroup(prefix, members, mp_policy, unit_mesh.device) for members in by_kind.values()]
-    reshard_after_forward, post_forward_group = unit_mesh.post_forward(reshard_after_forward)
-    for group in groups:
-        group.post_forward_group = post_forward_group
-        for param in group.params:
-            exposed = param.sharded_param
-            exposed.sharded_group_info = param.sharded_group_info
-            exposed.unsharded_group_info = param.unsharded_group_info
-            exposed.shard_size, exposed.dp_size, exposed.rank_size = param.shard_size, param.dp_size, param.rank_size
-            setattr(exposed, SHARDED_BY_ATTR, prefix)
-    state = FullyShardState(modules, groups, reshard_after_forward, mp_policy)
+    groups = [ParamGroup(prefix, members, mp_policy, unit_mesh) for members in by_kind.values()]
+    for param in managed:
+        _expose(param, prefix)
+    state = FullyShardState(modules, groups, unit_mesh.reshard_after_forward, mp_policy)
     view = TorchStateView(state)
     for each in modules:
         each.__class__ = _wrapper_class(each.__class__)
@@ -114,6 +90,39 @@ def _state(module: nn.Module) -> TorchStateView:
 
 
 fully_shard.state = _state
+
+
+def _sharded_params(
+    modules: list[nn.Module], unit_mesh: UnitMesh, ignored_params, shard_placement_fn, prefix: str
+) -> list[ShardedParam]:
+    """Every floating-point parameter of ``modules`` no nested unit manages, as a ``ShardedParam`` of this unit
+    (moved to the mesh's device first, sharded on the tensor dim ``shard_placement_fn`` asks for)."""
+    ignored = {id(p) for p in (ignored_params or ())}
+    managed = []
+    for fqn, owners, param in unmanaged_params(modules, ignored):
+        original = param
+        if param.device != unit_mesh.device and param.device.type != "meta":
+            param = _moved(param, unit_mesh.device)
+        layout = layout_of(unit_mesh.mesh, unit_mesh.roles, param, fqn)
+        if shard_placement_fn is not None:
+            axis = requested_axis(shard_placement_fn(original), original, fqn, unit_mesh.mesh)
+            layout = replace(layout, fsdp_axis=axis)
+        managed.append(ShardedParam(fqn, owners, param, unit_mesh, layout))
+        setattr(original, MANAGED_BY_ATTR, f"{fqn} of the fully_shard unit {prefix}")
+    if any(not p.orig_dtype.is_floating_point for p in managed):
+        raise ValueError(
+            f"fully_shard manages floating-point parameters only; {prefix} has "
+            f"{sorted({str(p.orig_dtype) for p in managed})}: pass the others as ignored_params"
+        )
+    return managed
+
+
+def _expose(param: ShardedParam, prefix: str) -> None:
+    """What the sharded parameter the module holds shows of its unit: its ``GroupInfo``s and their sizes."""
+    exposed = param.sharded_param
+    exposed.sharded_group_info, exposed.unsharded_group_info = param.sharded_group_info, param.unsharded_group_info
+    exposed.shard_size, exposed.dp_size, exposed.rank_size = param.shard_size, param.dp_size, param.rank_size
+    setattr(exposed, SHARDED_BY_ATTR, prefix)
 
 
 def _validated_modules(module) -> list[nn.Module]:

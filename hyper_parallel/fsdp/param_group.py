@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -23,6 +23,9 @@ from hyper_parallel.fsdp.extension import has_extension
 from hyper_parallel.fsdp.gather import PackedRow, default_pieces, pack, piece_of
 from hyper_parallel.fsdp.param import ShardedParam, placements_str
 from hyper_parallel.fsdp.reduction import GroupReducer
+
+if TYPE_CHECKING:
+    from hyper_parallel.fsdp.unit_mesh import UnitMesh
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ def _outside_functorch(method):
 
 class ParamGroup:
     def __init__(
-        self, name: str, params: list[ShardedParam], mp_policy: MixedPrecisionPolicy, device: torch.device
+        self, name: str, params: list[ShardedParam], mp_policy: MixedPrecisionPolicy, unit_mesh: UnitMesh
     ) -> None:
         self.name, self.params, self.mp_policy = name, params, mp_policy
         first = params[0]
@@ -94,14 +97,14 @@ class ParamGroup:
             total += param.padded_numel
         self.total = total
         self.needs_all_gather = self.shard_size > 1
-        self._place(torch.device("meta") if first.is_meta else device, first.orig_dtype)
+        self._place(torch.device("meta") if first.is_meta else unit_mesh.device, first.orig_dtype)
         for param in params:
             param.init_sharded()
         self._init_unsharded()
         self.sharded_state = ShardedState.SHARDED
         self._gathering: AllGatherInFlight | None = None
-        self.post_forward_group: GroupInfo | None = None  # reshard_after_forward=k: the k ranks kept between
-        self.post_forward_shard: torch.Tensor | None = None  # this rank's rows of the gathered buffer, then
+        self.post_forward_group: GroupInfo | None = unit_mesh.post_forward_group  # reshard_after_forward=k's ranks
+        self.post_forward_shard: torch.Tensor | None = None  # this rank's rows of them between forward and backward
 
     def _place(self, device: torch.device, orig_dtype: torch.dtype) -> None:
         """Where the group's buffers live and their dtypes (at construction, and after ``relink``), the reducer's

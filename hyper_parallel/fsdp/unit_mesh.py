@@ -7,8 +7,9 @@ and every group the unit's collectives use.
                        shared by every parameter on the same ranks
     post-forward       ``reshard_after_forward=k``: k consecutive ranks of the shard group
 
-The parameters (``param.ShardedParam``) and their groups (``param_group.ParamGroup``) read these; none of
-them turns the mesh into groups again.
+Resolved before any parameter is touched, so a mesh or a ``reshard_after_forward`` that does not fit is refused
+with the module as it was. The parameters (``param.ShardedParam``) and their groups (``param_group.ParamGroup``)
+read these; none of them turns the mesh into groups again.
 """
 
 from __future__ import annotations
@@ -39,20 +40,26 @@ class UnitMesh:
     device: torch.device
     sharded_group: GroupInfo
     unsharded_group: GroupInfo
+    reshard_after_forward: bool | None = None  # None: FSDP2's default (every unit but the root)
+    post_forward_group: GroupInfo | None = None  # reshard_after_forward=k: the k ranks a unit keeps between passes
     _model_parallel: dict[tuple[str, tuple[int, ...]], GroupInfo] = field(default_factory=dict)
 
     @classmethod
-    def resolve(cls, mesh: DeviceMesh | None, enable_param_shard: bool | None, dp_mesh_dims=None) -> UnitMesh:
+    def resolve(
+        cls, mesh: DeviceMesh | None, enable_param_shard: bool | None, dp_mesh_dims=None, reshard_after_forward=None
+    ) -> UnitMesh:
         """``mesh`` (FSDP2's default when None; an unnamed one read by position) with its roles and groups."""
         mesh = named_mesh(mesh) if mesh is not None else default_mesh()
         roles = resolve_roles(mesh, enable_param_shard, dp_mesh_dims)
-        return cls(
+        unit = cls(
             mesh,
             roles,
             device_of(mesh),
             GroupInfo.from_mesh(mesh, (roles.shard_dim,) if roles.shard_dim else ()),
             GroupInfo.from_mesh(mesh, roles.replicate_dims),
         )
+        unit.reshard_after_forward, unit.post_forward_group = unit._post_forward(reshard_after_forward)
+        return unit
 
     def model_parallel_groups(self, combined: DeviceMesh, dims: tuple[str, ...]) -> dict[str, GroupInfo]:
         """The groups of a parameter's model-parallel ``dims`` on its ``combined`` mesh, one per dim and rank
@@ -65,7 +72,7 @@ class UnitMesh:
             groups[dim] = self._model_parallel[(dim, ranks)]
         return groups
 
-    def post_forward(self, reshard_after_forward) -> tuple[bool | None, GroupInfo | None]:
+    def _post_forward(self, reshard_after_forward) -> tuple[bool | None, GroupInfo | None]:
         """``reshard_after_forward`` as a bool/None, and for an int k the group of k ranks to reshard to.
 
         As FSDP2: k must divide the shard group's size n; k = 1 means False, k = n means True; otherwise

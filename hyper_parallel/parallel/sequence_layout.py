@@ -78,7 +78,7 @@ def checked_positions(
     """The gathered sequence's positions and this rank's index, after checking that ``positions`` are
     this rank's chunks (the inputs must have been sharded with ``shard_sequence``)."""
     layout = gathered_positions(s_local * cp.size, cp.size, zigzag).to(positions.device)
-    index = cp_index(cp)
+    index = cp.index
     if not torch.equal(positions, layout[index * s_local : (index + 1) * s_local]):
         name = "load_balanced_positions" if zigzag else "contiguous_positions"
         raise ValueError(
@@ -88,11 +88,6 @@ def checked_positions(
     return layout, index
 
 
-def cp_index(cp: GroupInfo) -> int:
-    """This rank's index in the cp group (0 for a group of one, which needs no process group)."""
-    return cp.index
-
-
 def shard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo, zigzag: bool = True) -> torch.Tensor:
     """This rank's tokens of a full-sequence tensor (inputs, targets, position ids): a local index_select.
 
@@ -100,7 +95,7 @@ def shard_sequence(tensor: torch.Tensor, dim: int, cp: GroupInfo, zigzag: bool =
     """
     if cp.size == 1:
         return tensor
-    positions = rank_positions(tensor.shape[dim], cp.size, cp_index(cp), zigzag)
+    positions = rank_positions(tensor.shape[dim], cp.size, cp.index, zigzag)
     return tensor.index_select(dim, positions.to(tensor.device))
 
 

@@ -73,8 +73,7 @@ def plan_figure(cost: CostEstimate, timed: list[TimedCollective], memory_gib: fl
     total = sum(ms for ms, _, _ in per_key.values())
     cax.set_title(f"communication per step: {total:.1f} ms (red outline: the group spans nodes)", fontsize=10)
     fig.suptitle(
-        f"{cost.config.name} on {cost.dims.world_size} ranks: "
-        + ", ".join(f"{k}={v}" for k, v in cost.dims.degrees().items() if k != "world_size" and v > 1),
+        f"{cost.config.name} on {cost.dims.world_size} ranks: {cost.dims.label()}",
         fontsize=11,
     )
     return fig

@@ -31,7 +31,7 @@ from hyper_parallel.models.transformer import Transformer, TransformerConfig, lm
 from hyper_parallel.parallel import ulysses
 from hyper_parallel.parallel.cp import attention_core, context_parallel_attention
 from hyper_parallel.parallel.ring import ring_attention
-from hyper_parallel.parallel.sequence_layout import cp_index, shard_sequence, ulysses_ring_positions, unshard_sequence
+from hyper_parallel.parallel.sequence_layout import shard_sequence, ulysses_ring_positions, unshard_sequence
 from hyper_parallel.recipes.activation_memory import SavedActivations
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
@@ -256,7 +256,7 @@ def main() -> None:
         cp = GroupInfo.from_mesh(views.dense, (MeshDim.CP,))
         entry = {
             "cp_ranks": list(cp.ranks),
-            "cp_index": cp_index(cp),
+            "cp_index": cp.index,
             "positions_16": shard_sequence(torch.arange(16), 0, cp).tolist(),
             "cases": [],
         }
