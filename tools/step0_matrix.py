@@ -4,9 +4,10 @@ before and after a change, and whether the two trees' numbers agree bit for bit.
     .venv/bin/python tools/step0_matrix.py --before /tmp/before40              every recipe, fresh launches
     .venv/bin/python tools/step0_matrix.py --before /tmp/before40 --recipes S2,M6 --rounds 2 --pool
 
-``--before`` is another checkout of this repository with its own ``make install`` (e.g. a clone at an
-older commit, outside this one); ``--after`` defaults to this tree. One driver process per tree runs in that
-tree's .venv, so each imports its own ``launch`` and ``hyper_parallel``; the controller sends both the same
+``--before`` is another checkout of this repository (e.g. a clone at an older commit, outside this one);
+``--after`` defaults to this tree. One driver process per tree imports that tree's ``launch`` and
+``hyper_parallel``: from its own .venv (``make install`` there), or, for a checkout without one, under this
+interpreter with the tree first on PYTHONPATH; the controller sends both the same
 recipes one at a time, alternating which tree goes first (A B, B A, ...), so a slow moment of a shared machine
 hits both. Each run is the recipe at its default degrees, ``--steps`` (3) steps, its step times from rank 0's
 ``metrics.json``. Without ``--pool`` every run is a fresh torchrun launch (what a user's first launch pays:
@@ -51,6 +52,7 @@ def serve() -> None:
             "max_abs_diff": _hex(metrics.get("max_abs_diff")),
             "max_param_diff": _hex(metrics.get("max_param_diff")),
             "duration": result.process.duration,
+            "source": str(Path(launch.__file__).resolve().parents[1]),  # the tree this driver imported
         }
         print(REPLY + json.dumps(reply), flush=True)
     launch.shutdown_pool()  # a no-op without a pool
@@ -65,11 +67,8 @@ class Driver:
     """One tree's driver process, talked to over its stdin and stdout."""
 
     def __init__(self, tree: Path) -> None:
-        python = tree / ".venv" / "bin" / "python"
-        if not python.exists():
-            raise RuntimeError(f"{tree} has no .venv: run `make install` there first")
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        env.pop("PYTHONPATH", None)
+        self.tree = tree
+        python, env = tree_python(tree)
         self.process = subprocess.Popen(
             [str(python), str(Path(__file__).resolve()), "--serve"],
             cwd=tree,
@@ -84,12 +83,26 @@ class Driver:
         self.process.stdin.flush()
         for line in self.process.stdout:
             if line.startswith(REPLY):
-                return json.loads(line[len(REPLY) :])
+                reply = json.loads(line[len(REPLY) :])
+                if Path(reply["source"]) != self.tree:
+                    raise RuntimeError(f"the driver for {self.tree} imported the launcher from {reply['source']}")
+                return reply
         raise RuntimeError(f"the driver ended during {recipe} (exit {self.process.wait()})")
 
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=300)
+
+
+def tree_python(tree: Path) -> tuple[Path, dict[str, str]]:
+    """The interpreter and environment that import ``tree``'s packages: its own .venv, or (a checkout without
+    one) this interpreter with the tree first on PYTHONPATH, run from the tree (the workers inherit both)."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env.pop("PYTHONPATH", None)
+    python = tree / ".venv" / "bin" / "python"
+    if python.exists():
+        return python, env
+    return Path(sys.executable), {**env, "PYTHONPATH": str(tree)}
 
 
 def later_step(step_times: list[float]) -> float:
@@ -150,9 +163,9 @@ def table(rows: list[dict]) -> str:
 def recipe_names(tree: Path) -> list[str]:
     """The recipes of ``tree``'s registry, in its order (``python -m launch list``'s)."""
     code = "from hyper_parallel.recipes.registry import RECIPES; print(' '.join(RECIPES))"
-    python = tree / ".venv" / "bin" / "python"
+    python, env = tree_python(tree)
     return subprocess.run(
-        [str(python), "-c", code], cwd=tree, capture_output=True, text=True, check=True
+        [str(python), "-c", code], cwd=tree, env=env, capture_output=True, text=True, check=True
     ).stdout.split()
 
 
