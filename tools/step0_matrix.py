@@ -11,7 +11,8 @@ interpreter with the tree first on PYTHONPATH; the controller sends both the sam
 recipes one at a time, alternating which tree goes first (A B, B A, ...), so a slow moment of a shared machine
 hits both. Each run is the recipe at its default degrees, ``--steps`` (3) steps, its step times from rank 0's
 ``metrics.json``. Without ``--pool`` every run is a fresh torchrun launch (what a user's first launch pays:
-no warm worker, no cache); with it each tree keeps its own warm pool (what a relaunch pays).
+no warm worker, no cache); with it each tree keeps its own warm pool (what a relaunch pays), and with
+``--rounds`` above 1 the pool's first run of each recipe (round 0) and the relaunches are also shown apart.
 
 Per recipe: the median over rounds of step 0 and of the later steps' median, before and after, step 0 / later,
 and whether losses, ``max_abs_diff`` and ``max_param_diff`` are equal bit for bit between the trees. The sum
@@ -179,10 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pool", action="store_true", help="warm pools (a relaunch) instead of fresh launches")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--summarise", type=Path, help="print the tables of an earlier --out file and exit")
     args = parser.parse_args(argv)
     if args.serve:
         serve()
         return 0
+    if args.summarise:
+        runs = json.loads(args.summarise.read_text())["runs"]
+        return report(runs, pool=True, rounds=1 + max(run["round"] for run in runs))
     if args.before is None:
         parser.error("--before is required")
     if args.steps < 2:
@@ -206,10 +211,18 @@ def main(argv: list[str] | None = None) -> int:
         for driver in drivers.values():
             driver.close()
     print(f"load average at end: {os.getloadavg()}")
+    if args.out:
+        args.out.write_text(json.dumps({"trees": {k: str(v) for k, v in trees.items()}, "runs": runs}))
+    return report(runs, args.pool, args.rounds)
+
+
+def report(runs: list[dict], pool: bool, rounds: int) -> int:
+    """Print the tables; 0 when every run matched its reference and both trees' numbers are bit-equal."""
     rows = summarise(runs)
     print(table(rows))
-    if args.out:
-        args.out.write_text(json.dumps({"trees": {k: str(v) for k, v in trees.items()}, "runs": runs, "rows": rows}))
+    if pool and rounds > 1:  # a pool's first run of a recipe and its relaunches are different things
+        for title, chosen in (("first run on each pool", [0]), ("warm relaunches", range(1, rounds))):
+            print(f"\n{title} (rounds {list(chosen)}):\n" + table(summarise([r for r in runs if r["round"] in chosen])))
     return 0 if all(row["ok"] and row["bit_equal"] for row in rows) else 1
 
 
