@@ -78,11 +78,32 @@ def pack(params, param_dtype: torch.dtype, mp_policy, device: torch.device) -> P
                 offset += tensor.numel()
         pieces.append(tuple(mine))
     buffer = torch.empty(offset, dtype=torch.uint8 if as_bytes else dtypes.pop(), device=device)
+    tensors = [tensor for entry in sources for tensor, _, _ in entry]
     with torch.no_grad():
-        for entry, mine in zip(sources, pieces):
-            for (tensor, _, _), piece in zip(entry, mine):
-                piece_of(buffer.view(1, -1), piece, as_bytes).view(-1).copy_(tensor)
+        if not as_bytes and all(tensor.dtype == buffer.dtype for tensor in tensors):
+            torch.cat(tensors, out=buffer)  # the pieces lie end to end: one copy (FSDP2's all_gather_copy_in)
+        else:
+            for entry, mine in zip(sources, pieces):
+                for (tensor, _, _), piece in zip(entry, mine):
+                    piece_of(buffer.view(1, -1), piece, as_bytes).view(-1).copy_(tensor)
     return PackedRow(buffer, pieces, metadata)
+
+
+def split_copy_out(gathered: torch.Tensor, params, row: PackedRow) -> bool:
+    """Fill every parameter's unsharded tensor from ``gathered`` ([ranks, row length]) in one split copy
+    (FSDP2's ``split_with_sizes_copy``), where that is the same copy ``ShardedParam.copy_out`` makes one
+    parameter at a time: plain pieces lying end to end, every parameter sharded on its dim 0 (rank r's rows
+    are then row r of its unsharded tensor viewed as [ranks, padded numel]). False, copying nothing, otherwise."""
+    sizes = [piece.numel for entry in row.pieces for piece in entry]
+    plain = not row.is_bytes and all(param.extension is None for param in params) and len(sizes) == len(params)
+    if not plain or sum(sizes) != gathered.shape[1] or any(param.fsdp_axis != 0 for param in params):
+        return False
+    for param in params:
+        param.alloc_unsharded()
+    outs = [param.unsharded_padded.view(gathered.shape[0], -1) for param in params]
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(outs)):
+        torch.split_with_sizes_copy(gathered, sizes, dim=1, out=outs)
+    return True
 
 
 def piece_of(rows: torch.Tensor, piece: Piece, as_bytes: bool) -> torch.Tensor:

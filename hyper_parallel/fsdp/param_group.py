@@ -20,7 +20,7 @@ import torch
 from hyper_parallel import comm, trace
 from hyper_parallel.comm import GroupInfo, PendingCollective
 from hyper_parallel.fsdp.extension import has_extension
-from hyper_parallel.fsdp.gather import PackedRow, default_pieces, pack, piece_of
+from hyper_parallel.fsdp.gather import PackedRow, default_pieces, pack, piece_of, split_copy_out
 from hyper_parallel.fsdp.param import ShardedParam, placements_str
 from hyper_parallel.fsdp.reduction import GroupReducer
 
@@ -232,9 +232,10 @@ class ParamGroup:
         if row is not None:
             if work is not None:
                 work.wait()
-            for param, pieces, metadata in zip(self.params, row.pieces, row.metadata):
-                rows = [piece_of(gathered, piece, row.is_bytes) for piece in pieces]
-                param.receive(rows, pieces, metadata, self.param_dtype)
+            if not split_copy_out(gathered, self.params, row):
+                for param, pieces, metadata in zip(self.params, row.pieces, row.metadata):
+                    rows = [piece_of(gathered, piece, row.is_bytes) for piece in pieces]
+                    param.receive(rows, pieces, metadata, self.param_dtype)
             comm.release(gathered)
             comm.release(row.buffer)
         elif self.owns_unsharded_storage:

@@ -322,11 +322,7 @@ class GroupReducer:
         reduce_in = (torch.empty if len(ready) == len(offsets) else torch.zeros)(
             self.shard_size, total, dtype=self.reduce_dtype, device=self.device
         )
-        for key in list(ready):  # each unsharded gradient is freed once copied in, before the collective (peak)
-            param, grad, _ = ready.pop(key)
-            offset = offsets[key]
-            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset : offset + param.padded_numel])
-            del grad
+        self._copy_in(ready, offsets, reduce_in)
         before, _ = divide_factors(self.reduce_dtype, self.gradient_divide_factor)
         if before != 1:
             reduce_in.div_(before)
@@ -340,6 +336,27 @@ class GroupReducer:
             comm.release(reduce_in)
             return reduced, None
         return reduced, ReduceScatterInFlight(work, reduce_in)
+
+    def _copy_in(self, ready: dict, offsets: dict[int, int], reduce_in: torch.Tensor) -> None:
+        """Each gradient into its columns of ``reduce_in`` ([shard_size, total], rank-major chunks, zero padded),
+        emptying ``ready`` so that every unsharded gradient is freed before the collective. One chunked
+        concatenation (FSDP2's ``_chunk_cat``, the same padding) when every trainable parameter has a gradient in
+        the reduce dtype and is sharded on dim 0; otherwise one copy per parameter (``ShardedParam.grad_into``)."""
+        entries = list(ready.values())
+        if (
+            list(ready) == list(offsets)
+            and all(grad.dtype == self.reduce_dtype for _, grad, _ in entries)
+            and all(param.fsdp_axis == 0 for param, _, _ in entries)
+        ):
+            ready.clear()
+            torch._chunk_cat([grad for _, grad, _ in entries], 0, self.shard_size, out=reduce_in)
+            return
+        del entries
+        for key in list(ready):
+            param, grad, _ = ready.pop(key)
+            offset = offsets[key]
+            param.grad_into(grad.to(self.reduce_dtype), reduce_in[:, offset : offset + param.padded_numel])
+            del grad
 
     def has_pending_grads(self) -> bool:
         """Gradients parked by an earlier micro-step, or an HSDP partial sum due now."""
