@@ -93,7 +93,7 @@ def test_a_gpu_test_file_is_rewritten_to_run_on_cpu(tmp_path):
         "replicate(m, device_ids=None)",
         'x = torch.randn(2, device="cpu").cpu()',
         '@unittest.skipIf(False, "Requires NCCL backend")',
-        'self.run_process_no_exception(',
+        "self.run_process_no_exception(",
         '    """import _hp_suite_patch  # noqa',
         "import logging",
     ]
