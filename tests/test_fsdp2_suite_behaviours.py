@@ -269,3 +269,29 @@ def test_plain_parameters_with_dp_mesh_dims_which_fsdp2_refuses_train_as_fsdp2_w
     for ours, theirs in zip(ours_params, torch_params, strict=True):
         assert torch.equal(ours, theirs)
     assert not torch.equal(ours_params[0], _stack()[0][0].weight), "the optimizer moved the weights"
+
+
+def _grads_with_root_divide_factor(shard, mesh) -> list[torch.Tensor]:
+    """torch's ``test_set_reduce_scatter_divide_factor`` in one process: the root's own parameters (the last
+    Linear) are divided by the factor set on the root, the nested units' by their data-parallel world."""
+    model = nn.Sequential(*_stack(), nn.Linear(8, 8))
+    for block in model[:3]:
+        shard(block, mesh=mesh)
+    shard(model, mesh=mesh)
+    model.set_gradient_divide_factor(4.0)
+    model(torch.randn(4, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    return [p.grad.full_tensor() for p in model.parameters()]
+
+
+def test_gradient_divide_factor_set_on_the_root_divides_only_its_own_parameters_as_fsdp2(mesh):
+    ours, theirs = (
+        _grads_with_root_divide_factor(fully_shard, mesh),
+        _grads_with_root_divide_factor(torch_fully_shard, mesh),
+    )
+    for mine, fsdp2 in zip(ours, theirs, strict=True):
+        assert torch.equal(mine, fsdp2)
+    plain = nn.Sequential(*_stack(), nn.Linear(8, 8))
+    plain(torch.randn(4, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    expected = [p.grad for p in plain.parameters()]
+    assert all(torch.equal(mine, want) for mine, want in zip(ours[:6], expected[:6])), "the blocks: world 1"
+    assert all(torch.equal(mine, want / 4.0) for mine, want in zip(ours[6:], expected[6:])), "the root: / 4"

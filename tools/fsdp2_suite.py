@@ -157,6 +157,7 @@ def _run_pytest(copy: Path, side: str, tag: str, targets: list[str], timeout: fl
     junit.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(copy.parent), str(ROOT)]))
     env["HP_FSDP2_SUITE_SIDE"] = side
+    env["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(int(test_timeout))  # the ranks' wait, 300 s by default
     command = [sys.executable, "-m", "pytest", *targets, "-v", "-p", "no:cacheprovider", "--rootdir", str(copy.parent)]
     command += ["-o", "addopts=", "--timeout", str(int(test_timeout)), f"--junitxml={junit}"]
     with log.open("w") as out:

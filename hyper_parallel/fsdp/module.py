@@ -160,7 +160,7 @@ class FullyShardModule(FSDPModule):
             for group in state.groups:
                 group.reducer.reduce_unused_params = bool(reduce_scatter_unused_params)
 
-    def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
+    def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
         if not isinstance(reshard_after_forward, bool):
             raise ValueError(f"set_reshard_after_forward takes a bool, got {reshard_after_forward!r}")
         for state in self._states(recurse):
@@ -178,13 +178,13 @@ class FullyShardModule(FSDPModule):
         """Accepted for FSDP2 compatibility, and nothing to do: every reduction in flight is finished at the
         end of its own backward, so there is nothing to wait for after the last one."""
 
-    def set_gradient_divide_factor(self, factor: float, *, recurse: bool = True) -> None:
-        """Divide reduced gradients by ``factor`` instead of the data-parallel world (rank_size)."""
+    def set_gradient_divide_factor(self, factor: float) -> None:
+        """Divide this unit's reduced gradients by ``factor`` instead of the data-parallel world (rank_size).
+        As in FSDP2, only this unit's own parameters: nested units keep theirs (call it on each)."""
         if factor <= 0:
             raise ValueError(f"gradient divide factor must be > 0, got {factor}")
-        for state in self._states(recurse):
-            for group in state.groups:
-                group.reducer.gradient_divide_factor = float(factor)
+        for group in self._hp_state.groups:
+            group.reducer.gradient_divide_factor = float(factor)
 
     def set_reduce_scatter_divide_factor(self, factor: float) -> None:
         """FSDP2's older name of ``set_gradient_divide_factor``."""
