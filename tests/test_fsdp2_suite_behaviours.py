@@ -295,3 +295,31 @@ def test_gradient_divide_factor_set_on_the_root_divides_only_its_own_parameters_
     expected = [p.grad for p in plain.parameters()]
     assert all(torch.equal(mine, want) for mine, want in zip(ours[:6], expected[:6])), "the blocks: world 1"
     assert all(torch.equal(mine, want / 4.0) for mine, want in zip(ours[6:], expected[6:])), "the root: / 4"
+
+
+@pytest.mark.parametrize("value", [0, 2.5, True])
+def test_reduce_scatter_max_input_buffers_is_validated_as_fsdp2(mesh, value):
+    raised = []
+    for shard in (fully_shard, torch_fully_shard):
+        with pytest.raises((TypeError, ValueError)) as error:
+            shard(nn.Linear(4, 4), mesh=mesh).set_reduce_scatter_max_input_buffers(value)
+        raised.append((error.type, str(error.value)))
+    assert raised[0] == raised[1]
+
+
+def _train_with_two_reduce_scatter_buffers(shard, mesh) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """torch's ``test_set_reduce_scatter_max_input_buffers``: a scheduling dial, the numbers are unchanged."""
+    model = _stack()
+    for block in model:
+        shard(block, mesh=mesh)
+    shard(model, mesh=mesh)
+    model.set_reduce_scatter_max_input_buffers(2)
+    losses = _train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), 3)
+    return losses, [p.full_tensor() for p in model.parameters()]
+
+
+def test_reduce_scatter_max_input_buffers_is_accepted_and_trains_as_fsdp2(mesh):
+    ours_losses, ours_params = _train_with_two_reduce_scatter_buffers(fully_shard, mesh)
+    torch_losses, torch_params = _train_with_two_reduce_scatter_buffers(torch_fully_shard, mesh)
+    assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
+    assert all(torch.equal(a, b) for a, b in zip(ours_params, torch_params, strict=True))
