@@ -323,3 +323,23 @@ def test_reduce_scatter_max_input_buffers_is_accepted_and_trains_as_fsdp2(mesh):
     torch_losses, torch_params = _train_with_two_reduce_scatter_buffers(torch_fully_shard, mesh)
     assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
     assert all(torch.equal(a, b) for a, b in zip(ours_params, torch_params, strict=True))
+
+
+def _train_replicated_around_units(shard) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """torch's ``test_unshard_async``: ``replicate()`` (DDP) over a model whose inner blocks are fully_shard
+    units; DDP must leave the units' sharded parameters to them and all-reduce only the others."""
+    from torch.distributed._composable import replicate
+
+    model = nn.Sequential(*_stack(), nn.Linear(8, 8))
+    for block in model[:3]:
+        shard(block)
+    replicate(model)
+    losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-2), 3)
+    return losses, [p.full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+
+
+def test_replicate_over_fully_shard_units_trains_as_fsdp2(mesh):
+    ours_losses, ours_params = _train_replicated_around_units(fully_shard)
+    torch_losses, torch_params = _train_replicated_around_units(torch_fully_shard)
+    assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
+    assert all(torch.equal(a, b) for a, b in zip(ours_params, torch_params, strict=True))
