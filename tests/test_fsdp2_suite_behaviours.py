@@ -269,3 +269,77 @@ def test_plain_parameters_with_dp_mesh_dims_which_fsdp2_refuses_train_as_fsdp2_w
     for ours, theirs in zip(ours_params, torch_params, strict=True):
         assert torch.equal(ours, theirs)
     assert not torch.equal(ours_params[0], _stack()[0][0].weight), "the optimizer moved the weights"
+
+
+def _grads_with_root_divide_factor(shard, mesh) -> list[torch.Tensor]:
+    """torch's ``test_set_reduce_scatter_divide_factor`` in one process: the root's own parameters (the last
+    Linear) are divided by the factor set on the root, the nested units' by their data-parallel world."""
+    model = nn.Sequential(*_stack(), nn.Linear(8, 8))
+    for block in model[:3]:
+        shard(block, mesh=mesh)
+    shard(model, mesh=mesh)
+    model.set_gradient_divide_factor(4.0)
+    model(torch.randn(4, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    return [p.grad.full_tensor() for p in model.parameters()]
+
+
+def test_gradient_divide_factor_set_on_the_root_divides_only_its_own_parameters_as_fsdp2(mesh):
+    ours, theirs = (
+        _grads_with_root_divide_factor(fully_shard, mesh),
+        _grads_with_root_divide_factor(torch_fully_shard, mesh),
+    )
+    for mine, fsdp2 in zip(ours, theirs, strict=True):
+        assert torch.equal(mine, fsdp2)
+    plain = nn.Sequential(*_stack(), nn.Linear(8, 8))
+    plain(torch.randn(4, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    expected = [p.grad for p in plain.parameters()]
+    assert all(torch.equal(mine, want) for mine, want in zip(ours[:6], expected[:6])), "the blocks: world 1"
+    assert all(torch.equal(mine, want / 4.0) for mine, want in zip(ours[6:], expected[6:])), "the root: / 4"
+
+
+@pytest.mark.parametrize("value", [0, 2.5, True])
+def test_reduce_scatter_max_input_buffers_is_validated_as_fsdp2(mesh, value):
+    raised = []
+    for shard in (fully_shard, torch_fully_shard):
+        with pytest.raises((TypeError, ValueError)) as error:
+            shard(nn.Linear(4, 4), mesh=mesh).set_reduce_scatter_max_input_buffers(value)
+        raised.append((error.type, str(error.value)))
+    assert raised[0] == raised[1]
+
+
+def _train_with_two_reduce_scatter_buffers(shard, mesh) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """torch's ``test_set_reduce_scatter_max_input_buffers``: a scheduling dial, the numbers are unchanged."""
+    model = _stack()
+    for block in model:
+        shard(block, mesh=mesh)
+    shard(model, mesh=mesh)
+    model.set_reduce_scatter_max_input_buffers(2)
+    losses = _train(model, torch.optim.AdamW(model.parameters(), lr=1e-2), 3)
+    return losses, [p.full_tensor() for p in model.parameters()]
+
+
+def test_reduce_scatter_max_input_buffers_is_accepted_and_trains_as_fsdp2(mesh):
+    ours_losses, ours_params = _train_with_two_reduce_scatter_buffers(fully_shard, mesh)
+    torch_losses, torch_params = _train_with_two_reduce_scatter_buffers(torch_fully_shard, mesh)
+    assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
+    assert all(torch.equal(a, b) for a, b in zip(ours_params, torch_params, strict=True))
+
+
+def _train_replicated_around_units(shard) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """torch's ``test_unshard_async``: ``replicate()`` (DDP) over a model whose inner blocks are fully_shard
+    units; DDP must leave the units' sharded parameters to them and all-reduce only the others."""
+    from torch.distributed._composable import replicate
+
+    model = nn.Sequential(*_stack(), nn.Linear(8, 8))
+    for block in model[:3]:
+        shard(block)
+    replicate(model)
+    losses = _train(model, torch.optim.Adam(model.parameters(), lr=1e-2), 3)
+    return losses, [p.full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+
+
+def test_replicate_over_fully_shard_units_trains_as_fsdp2(mesh):
+    ours_losses, ours_params = _train_replicated_around_units(fully_shard)
+    torch_losses, torch_params = _train_replicated_around_units(torch_fully_shard)
+    assert torch.equal(torch.stack(ours_losses), torch.stack(torch_losses))
+    assert all(torch.equal(a, b) for a, b in zip(ours_params, torch_params, strict=True))

@@ -81,17 +81,21 @@ def test_a_gpu_test_file_is_rewritten_to_run_on_cpu(tmp_path):
         "replicate(m, device_ids=[self.rank])\n"
         'x = torch.randn(2, device="cuda").cuda()\n'
         '@unittest.skipIf(DISTRIBUTED_BACKEND != "nccl", "Requires NCCL backend")\n'
+        'self.run_process_no_exception(\n    """\\\nimport logging\n""")\n'
     )
     (copy,) = runner.prepare(suite, scratch, None)
     lines = copy.read_text().splitlines()
     assert lines[0] == "import _hp_suite_patch  # noqa"
-    assert lines[1:7] == [
+    assert lines[1:10] == [
         'device_type = "cpu"',
         "n = 4",
         "ws = 4 if True else 0",
         "replicate(m, device_ids=None)",
         'x = torch.randn(2, device="cpu").cpu()',
         '@unittest.skipIf(False, "Requires NCCL backend")',
+        "self.run_process_no_exception(",
+        '    """import _hp_suite_patch  # noqa',
+        "import logging",
     ]
     assert lines[-1] == "_hp.cap_world_sizes(globals())"
     assert (scratch / "_hp_suite_patch.py").read_text() == (ROOT / "tools" / "fsdp2_suite_patch.py").read_text()
@@ -105,3 +109,31 @@ def test_a_failure_is_reported_by_its_error_and_the_test_line_raising_it():
         "E   AssertionError: False is not true\n"
     )
     assert _runner()._reason(text) == "AssertionError: False is not true (test_fully_shard_frozen.py:215)"
+
+
+_POISONING_CLASS = """
+import unittest
+
+FAILED_BEFORE = []
+
+
+class Continuous(unittest.TestCase):
+    def test_a_fails(self):
+        FAILED_BEFORE.append(True)
+        self.fail("the first test fails")
+
+    def test_b_passes_alone(self):
+        if FAILED_BEFORE:
+            raise unittest.SkipTest("Previous test failed, skipping test_b_passes_alone")
+"""
+
+
+def test_a_continuous_class_skipped_after_a_failure_is_rerun_alone(tmp_path):
+    """torch's ``MultiProcContinuousTest`` skips every later test of a class once one fails; the runner reruns
+    each such test alone, so it is reported by its own outcome."""
+    runner = _runner()
+    copy = tmp_path / "test_fully_shard_poison.py"
+    copy.write_text(_POISONING_CLASS)
+    results = runner.run_file(copy, "torch", timeout=120, test_timeout=60)
+    assert results["test_fully_shard_poison::Continuous::test_a_fails"]["outcome"] == "failed"
+    assert results["test_fully_shard_poison::Continuous::test_b_passes_alone"]["outcome"] == "passed"

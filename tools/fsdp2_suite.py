@@ -58,12 +58,15 @@ _REWRITES = (
     (re.compile(r"\btest_compiled_fsdp\b"), "compiled_fsdp_test"),
     (re.compile(r"torch\.distributed\._tensor\.debug\b"), "torch.distributed.tensor.debug"),
     (re.compile(r"DISTRIBUTED_BACKEND != \"nccl\""), "False"),
+    (re.compile(r'(run_process_no_exception\(\s*f?""")\\\n'), r"\1import _hp_suite_patch  # noqa\n"),
 )
 """GPU spellings -> CPU: the accelerator (None on a CPU build), the device count and whether there is one
 (gloo ranks are not devices: a world size of "0 if no accelerator" would run no rank and pass vacuously),
 DDP's ``device_ids`` (a CPU module takes None), and the older files' literal ``"cuda"`` / ``.cuda()``, and
 their ``test_compiled_fsdp`` (``compiled_fsdp_test`` since) and ``torch.distributed._tensor.debug`` (now
-``torch.distributed.tensor.debug``), and the skips of tests "requiring NCCL" (gloo reduces bf16 too)."""
+``torch.distributed.tensor.debug``), and the skips of tests "requiring NCCL" (gloo reduces bf16 too). The code a
+test runs in a fresh interpreter (``run_process_no_exception``, the ``logging`` file) imports the patch first too,
+so that process gets ours on the ``ours`` side (its environment carries the side and the scratch folder)."""
 
 
 def _rewrite(source: str) -> str:
@@ -142,23 +145,42 @@ def _outcomes_so_far(log: Path) -> dict[str, dict]:
     return results
 
 
-def run_file(copy: Path, side: str, timeout: float, test_timeout: float) -> dict[str, dict]:
-    """One test file under one side; a file that outlives ``timeout`` keeps the outcomes its log reached and
-    counts the rest as failed (``file::*``)."""
-    junit, log = copy.parent / f"{copy.stem}.{side}.xml", copy.parent / f"{copy.stem}.{side}.log"
+POISONED = "Previous test failed"
+"""The skip message of torch's ``MultiProcContinuousTest`` (``FSDPTestContinuous``) for every test of a class
+after one failed: such a test is rerun alone (``run_file``), so one failure does not hide the others."""
+
+
+def _run_pytest(copy: Path, side: str, tag: str, targets: list[str], timeout: float, test_timeout: float):
+    """pytest on ``targets`` (the file, or node ids in it) under one side; the junit report, or ``None`` with
+    the log's outcomes when it outlived ``timeout``."""
+    junit, log = copy.parent / f"{copy.stem}.{tag}.xml", copy.parent / f"{copy.stem}.{tag}.log"
     junit.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(copy.parent), str(ROOT)]))
     env["HP_FSDP2_SUITE_SIDE"] = side
-    command = [sys.executable, "-m", "pytest", str(copy), "-v", "-p", "no:cacheprovider", "--rootdir", str(copy.parent)]
+    env["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(int(test_timeout))  # the ranks' wait, 300 s by default
+    command = [sys.executable, "-m", "pytest", *targets, "-v", "-p", "no:cacheprovider", "--rootdir", str(copy.parent)]
     command += ["-o", "addopts=", "--timeout", str(int(test_timeout)), f"--junitxml={junit}"]
     with log.open("w") as out:
         try:
             subprocess.run(command, cwd=copy.parent, env=env, timeout=timeout, stdout=out, stderr=out, check=False)
         except subprocess.TimeoutExpired:
-            results = _outcomes_so_far(log)
-            results[f"{copy.stem}::*"] = {"outcome": "failed", "message": f"file timed out after {timeout:.0f} s"}
-            return results
-    return _outcomes(junit, copy.stem) or _outcomes_so_far(log)
+            return None, _outcomes_so_far(log)
+    return _outcomes(junit, copy.stem) or _outcomes_so_far(log), {}
+
+
+def run_file(copy: Path, side: str, timeout: float, test_timeout: float) -> dict[str, dict]:
+    """One test file under one side; a file that outlives ``timeout`` keeps the outcomes its log reached and
+    counts the rest as failed (``file::*``). Tests a continuous class skipped after an earlier failure
+    (``POISONED``) are rerun one at a time."""
+    results, so_far = _run_pytest(copy, side, side, [str(copy)], timeout, test_timeout)
+    if results is None:
+        so_far[f"{copy.stem}::*"] = {"outcome": "failed", "message": f"file timed out after {timeout:.0f} s"}
+        return so_far
+    for test_id in [t for t, r in results.items() if r["outcome"] == "skipped" and POISONED in r["message"]]:
+        node = f"{copy}::{test_id.split('::', 1)[1]}"
+        alone, so_far = _run_pytest(copy, side, f"{side}.alone", [node], test_timeout + 60, test_timeout)
+        results[test_id] = (alone or so_far).get(test_id, {"outcome": "failed", "message": "rerun alone: no outcome"})
+    return results
 
 
 def run_all(

@@ -9,6 +9,7 @@ single-rank, and ``FSDPTest`` skips every rank beyond ``torch.accelerator.device
 
 from __future__ import annotations
 
+import datetime
 import functools
 import inspect
 import os
@@ -27,6 +28,11 @@ def _run_whatever_the_gpu_count(_count, *_args, **_kwargs):
 
 
 common_distributed.skip_if_lt_x_gpu = _run_whatever_the_gpu_count
+# A continuous class's process group times out after 120 s, a rank's result after 300 s: too short on a loaded
+# 2-core host (the runner passes its per-test limit in DISTRIBUTED_TESTS_DEFAULT_TIMEOUT for both).
+common_distributed.MultiProcContinuousTest.timeout = datetime.timedelta(
+    seconds=int(os.environ.get("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", "300"))
+)
 
 import torch.testing._internal.common_fsdp as common_fsdp  # noqa: E402  (after the skip is lifted: it imports it)
 

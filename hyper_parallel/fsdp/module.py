@@ -22,7 +22,6 @@ UNSUPPORTED_FSDP2_METHODS = {
     "set_custom_all_gather": "custom all-gather implementations",
     "set_custom_reduce_scatter": "custom reduce-scatter implementations",
     "set_force_sum_reduction_for_comms": "forced SUM reductions",
-    "set_reduce_scatter_max_input_buffers": "several reduce-scatter input buffers",
     "set_separate_reduce_scatter_group": "a separate reduce-scatter process group",
     "set_unshard_in_backward": "skipping the backward all-gather",
     "set_allocate_memory_from_process_group_for_comm": "process-group memory allocation",
@@ -160,7 +159,7 @@ class FullyShardModule(FSDPModule):
             for group in state.groups:
                 group.reducer.reduce_unused_params = bool(reduce_scatter_unused_params)
 
-    def set_reshard_after_forward(self, reshard_after_forward: bool, *, recurse: bool = True) -> None:
+    def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
         if not isinstance(reshard_after_forward, bool):
             raise ValueError(f"set_reshard_after_forward takes a bool, got {reshard_after_forward!r}")
         for state in self._states(recurse):
@@ -178,17 +177,26 @@ class FullyShardModule(FSDPModule):
         """Accepted for FSDP2 compatibility, and nothing to do: every reduction in flight is finished at the
         end of its own backward, so there is nothing to wait for after the last one."""
 
-    def set_gradient_divide_factor(self, factor: float, *, recurse: bool = True) -> None:
-        """Divide reduced gradients by ``factor`` instead of the data-parallel world (rank_size)."""
+    def set_gradient_divide_factor(self, factor: float) -> None:
+        """Divide this unit's reduced gradients by ``factor`` instead of the data-parallel world (rank_size).
+        As in FSDP2, only this unit's own parameters: nested units keep theirs (call it on each)."""
         if factor <= 0:
             raise ValueError(f"gradient divide factor must be > 0, got {factor}")
-        for state in self._states(recurse):
-            for group in state.groups:
-                group.reducer.gradient_divide_factor = float(factor)
+        for group in self._hp_state.groups:
+            group.reducer.gradient_divide_factor = float(factor)
 
     def set_reduce_scatter_divide_factor(self, factor: float) -> None:
         """FSDP2's older name of ``set_gradient_divide_factor``."""
         self.set_gradient_divide_factor(factor)
+
+    def set_reduce_scatter_max_input_buffers(self, max_input_buffers: int, *, recurse: bool = True) -> None:
+        """FSDP2's cap on reduce-scatter input buffers in flight, a scheduling dial that leaves the numbers
+        unchanged: validated as FSDP2 validates it and accepted. Ours keeps no pool of such buffers (each
+        reduction's input lives until its collective is waited for), so there is nothing to cap."""
+        if isinstance(max_input_buffers, bool) or not isinstance(max_input_buffers, int):
+            raise TypeError(f"max_input_buffers must be an int, got {type(max_input_buffers).__name__}")
+        if max_input_buffers < 1:
+            raise ValueError(f"max_input_buffers must be a positive int, got {max_input_buffers}")
 
     def set_modules_to_forward_prefetch(self, modules: list[nn.Module]) -> None:
         """All-gather these units' parameters at the start of this unit's forward."""

@@ -14,10 +14,11 @@ answer.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import torch.nn as nn
-from torch.distributed._composable.contract import STATE_KEY
+from torch.distributed._composable.contract import REGISTRY_KEY, STATE_KEY, RegistryItem
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
 from hyper_parallel import trace
@@ -96,6 +97,9 @@ def register_with_torch(module: nn.Module, view: TorchStateView) -> None:
     """File ``view`` (one per unit) where ``torch.distributed.fsdp.fully_shard.state(module)`` and
     ``FSDPModule._get_fsdp_state()`` look."""
     module._hp_torch_view = view
+    # torch's composable registry, where replicate() looks for modules fully_shard manages: it then leaves their
+    # (sharded) parameters to the unit instead of turning them into local tensors for DDP
+    module.__dict__.setdefault(REGISTRY_KEY, OrderedDict()).setdefault("fully_shard", RegistryItem())
     key = getattr(torch_fully_shard, "__wrapped__", None)
     if key is not None:
         module.__dict__.setdefault(STATE_KEY, {})[key] = view
