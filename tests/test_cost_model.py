@@ -114,7 +114,7 @@ def test_units_and_per_rank_parameter_bytes_equal_the_runs(recipe, degrees, reci
     for unit in cost.units:
         real = measured[unit.name]
         assert (unit.local_numel * element, unit.gathered_numel * element, unit.global_numel * element) == (
-            real["mp_local_bytes"],
+            real["model_local_bytes"],
             real["padded_bytes"],
             real["global_bytes"],
         ), unit.name
@@ -139,7 +139,7 @@ def test_units_and_per_rank_parameter_bytes_equal_the_runs(recipe, degrees, reci
 def test_the_extra_run_exercises_fsdp_padding(recipe_results):
     recipe, degrees = EXTRA_RUNS[0]
     units = result_of(recipe, degrees, recipe_results).metrics["units"]
-    padded = [u["unit"] for u in units if u["padded_bytes"] > u["mp_local_bytes"]]
+    padded = [u["unit"] for u in units if u["padded_bytes"] > u["model_local_bytes"]]
     assert padded == ["layers.1"]  # its router.gate.weight [4, 32] over fsdp=8: 4 rows of padding
     unit = next(u for u in estimate(recipe_model(recipe), ParallelDims(**degrees)).units if u.name == "layers.1")
     assert unit.gathered_numel - unit.local_numel == 4 * 32

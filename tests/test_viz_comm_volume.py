@@ -30,7 +30,7 @@ def test_theoretical_bytes_fsdp_and_hsdp():
     ]
     assert theoretical_bytes(ddp) == {("all_reduce", MeshDim.DP_SHARD): 2000}
     # 8-way fsdp, 3000 bytes, no reshard after forward; 2 replicas: AR 3000/8
-    big = [dict(HSDP_UNITS[0], mp_local_bytes=3000, shard_size=8, reshard_after_forward=False)]
+    big = [dict(HSDP_UNITS[0], model_local_bytes=3000, shard_size=8, reshard_after_forward=False)]
     assert theoretical_bytes(big)[("all_reduce", MeshDim.DP_REPLICATE)] == 375
     assert wire_factor("all_gather", 4) == 0.75 and wire_factor("all_reduce", 4) == 1.5
     assert wire_factor("reduce_scatter", 1) == 0

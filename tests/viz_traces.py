@@ -80,7 +80,7 @@ def hsdp_traces(offset=0.0):
 HSDP_UNITS = [
     {
         "unit": "a",
-        "mp_local_bytes": 2000,
+        "model_local_bytes": 2000,
         "shard_size": 2,
         "dp_size": 2,
         "reshard_after_forward": True,
@@ -89,7 +89,7 @@ HSDP_UNITS = [
     },
     {
         "unit": "root",
-        "mp_local_bytes": 400,
+        "model_local_bytes": 400,
         "shard_size": 2,
         "dp_size": 2,
         "reshard_after_forward": False,

@@ -32,8 +32,8 @@ def layout_of(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str)
     """
     names = tuple(mesh.mesh_dim_names)
     if not isinstance(param, DTensor):
-        mp_dims = roles.model_parallel_dims
-        return ParamLayout(mesh, mp_dims, tuple(Replicate() for _ in mp_dims), None, ())
+        model_dims = roles.model_parallel_dims
+        return ParamLayout(mesh, model_dims, tuple(Replicate() for _ in model_dims), None, ())
     own_mesh, own_placements = param.device_mesh, tuple(param.placements)
     own_names = tuple(own_mesh.mesh_dim_names or ())
     data_dims = tuple(d for d in names if d not in roles.model_parallel_dims)
@@ -53,9 +53,9 @@ def layout_of(mesh: DeviceMesh, roles: MeshRoles, param: nn.Parameter, fqn: str)
                 f"{own_mesh.mesh.tolist()}, but fully_shard's mesh groups ranks "
                 f"{mesh[own_names].mesh.tolist()} over those dims: slice both from one mesh"
             )
-        mp_dims = roles.model_parallel_dims
-        placements = tuple(own_placements[own_names.index(d)] if d in own_names else Replicate() for d in mp_dims)
-        return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
+        model_dims = roles.model_parallel_dims
+        placements = tuple(own_placements[own_names.index(d)] if d in own_names else Replicate() for d in model_dims)
+        return ParamLayout(mesh, model_dims, placements, own_mesh, own_placements)
     if not data_dims:
         return ParamLayout(own_mesh, own_names, own_placements, own_mesh, own_placements)
     try:
@@ -117,9 +117,9 @@ def _spmd_layout(
             f"Expected Replicate on the data-parallel dim(s) {wrong}: parameter {fqn!r} is a DTensor on the "
             "whole mesh sharded over them; distribute it Replicate there, fully_shard shards those itself"
         )
-    mp_dims = roles.model_parallel_dims
-    placements = tuple(own_placements[names.index(d)] for d in mp_dims)
-    return ParamLayout(mesh, mp_dims, placements, own_mesh, own_placements)
+    model_dims = roles.model_parallel_dims
+    placements = tuple(own_placements[names.index(d)] for d in model_dims)
+    return ParamLayout(mesh, model_dims, placements, own_mesh, own_placements)
 
 
 def unmanaged_params(

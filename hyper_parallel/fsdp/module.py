@@ -239,8 +239,8 @@ class FullyShardModule(FSDPModule):
                 for shard, piece in zip(shards, flat.split([shard.numel() for shard in shards])):
                     shard.copy_(piece)
                 for param in group.params:
-                    for mp_group in param.partial_groups():
-                        comm.broadcast(param.sharded_param.to_local(), mp_group, module=group.name)
+                    for model_group in param.partial_groups():
+                        comm.broadcast(param.sharded_param.to_local(), model_group, module=group.name)
 
 
 for _name, _what in UNSUPPORTED_FSDP2_METHODS.items():

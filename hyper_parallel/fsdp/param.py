@@ -59,8 +59,8 @@ class ParamLayout:
     placements, and the mesh/placements it computes with (None: a plain tensor)."""
 
     combined: DeviceMesh
-    mp_dims: tuple[str, ...]
-    mp_placements: tuple[Placement, ...]
+    model_dims: tuple[str, ...]
+    model_placements: tuple[Placement, ...]
     compute_mesh: DeviceMesh | None
     compute_placements: tuple[Placement, ...]
     fsdp_axis: int | None = None  # the tensor dim to shard (FSDP2's shard_placement_fn); None: fully_shard's choice
@@ -82,7 +82,7 @@ class ShardedParam:
         self.unsharded_group_info = unit_mesh.unsharded_group
         self.layout = layout
         self.combined_mesh = layout.combined
-        self.mp_placements = layout.mp_placements
+        self.model_placements = layout.model_placements
         self.requires_grad = param.requires_grad
         local = param.to_local() if isinstance(param, DTensor) else param.detach()
         if local.dim() == 0:
@@ -91,20 +91,20 @@ class ShardedParam:
                 "equal to 1."
             )
         self.orig_dtype = local.dtype
-        self.mp_local_shape = tuple(local.shape)
+        self.model_local_shape = tuple(local.shape)
         self.global_shape = tuple(param.shape)
         self.fsdp_axis = layout.fsdp_axis if layout.fsdp_axis is not None else self._choose_fsdp_axis(local.dim())
         shard_size = self.shard_size
-        axis_len = self.mp_local_shape[self.fsdp_axis]
+        axis_len = self.model_local_shape[self.fsdp_axis]
         self.chunk = math.ceil(axis_len / shard_size)
-        self.padded_shape = list(self.mp_local_shape)
+        self.padded_shape = list(self.model_local_shape)
         self.padded_shape[self.fsdp_axis] = self.chunk
         self.padded_shape = tuple(self.padded_shape)
         self.padded_numel = math.prod(self.padded_shape)
         index = sharded_group.index if shard_size > 1 else 0
         self.local_len = max(0, min(self.chunk, axis_len - index * self.chunk))
         self.shard_index = index
-        self.model_parallel_groups = unit_mesh.model_parallel_groups(layout.combined, layout.mp_dims)
+        self.model_parallel_groups = unit_mesh.model_parallel_groups(layout.combined, layout.model_dims)
         self.marked_partial_dims = self._marked_partial_dims(param)
         self.sharded_placements = self._placements(sharded=True)
         self.unsharded_placements = self._placements(sharded=False)
@@ -139,7 +139,7 @@ class ShardedParam:
         return self.roles.rank_size
 
     def _mp_sharded_axes(self) -> set[int]:
-        return {p.dim for p in self.mp_placements if isinstance(p, (Shard, _StridedShard))}
+        return {p.dim for p in self.model_placements if isinstance(p, (Shard, _StridedShard))}
 
     def _choose_fsdp_axis(self, ndim: int) -> int:
         taken = self._mp_sharded_axes()
@@ -150,8 +150,8 @@ class ShardedParam:
         for dim in self.combined_mesh.mesh_dim_names:
             if dim == self.roles.shard_dim and sharded:
                 result.append(self._fsdp_placement())
-            elif dim in self.layout.mp_dims:
-                result.append(self.mp_placements[self.layout.mp_dims.index(dim)])
+            elif dim in self.layout.model_dims:
+                result.append(self.model_placements[self.layout.model_dims.index(dim)])
             else:
                 result.append(Replicate())
         return tuple(result)
@@ -161,7 +161,7 @@ class ShardedParam:
             return Shard(self.fsdp_axis)
         split = 1
         names = self.combined_mesh.mesh_dim_names
-        for dim, placement in zip(self.layout.mp_dims, self.mp_placements):
+        for dim, placement in zip(self.layout.model_dims, self.model_placements):
             if isinstance(placement, (Shard, _StridedShard)) and placement.dim == self.fsdp_axis:
                 split *= self.combined_mesh.size(names.index(dim))
         return _StridedShard(self.fsdp_axis, split_factor=split)
@@ -287,7 +287,7 @@ class ShardedParam:
             shape = list(self.padded_shape)
             shape[self.fsdp_axis] = self.chunk * self.shard_size
             self.unsharded_padded = torch.empty(shape, dtype=dtype, device=device)
-        local = self.unsharded_padded.narrow(self.fsdp_axis, 0, self.mp_local_shape[self.fsdp_axis])
+        local = self.unsharded_padded.narrow(self.fsdp_axis, 0, self.model_local_shape[self.fsdp_axis])
         self.unsharded_param = self.plain_unsharded = self._compute_param(local)
         self.extension_param = None
         if alias is None:
@@ -335,7 +335,7 @@ class ShardedParam:
         if self.extension is None:
             self.extension = GatheredExtension()
         owner = self.owners[0][0]
-        size, padded = torch.Size(self.mp_local_shape), torch.Size(self.padded_shape)
+        size, padded = torch.Size(self.model_local_shape), torch.Size(self.padded_shape)
         return pre_all_gather(local, self.fqn, self.shard_mesh, size, owner, mp_policy, padded)
 
     @functools.cached_property
@@ -353,8 +353,8 @@ class ShardedParam:
         sizes = [piece.size for piece in pieces]
         tensor = self.extension.receive(self.local_shard, rows, sizes, metadata, param_dtype, self.extension_param)
         if tensor is not None:  # the first all-gather: the unsharded tensor cut to the parameter's size
-            stride = self._contiguous_stride(self.mp_local_shape)
-            self.extension_param = self._compute_param(torch.as_strided(tensor, self.mp_local_shape, stride, 0))
+            stride = self._contiguous_stride(self.model_local_shape)
+            self.extension_param = self._compute_param(torch.as_strided(tensor, self.model_local_shape, stride, 0))
         self.unsharded_param = self.extension_param
 
     @staticmethod

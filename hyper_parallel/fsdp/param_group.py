@@ -290,7 +290,7 @@ class ParamGroup:
         for param in self.params:
             sharded, unsharded = placements_str(param.sharded_placements), placements_str(param.unsharded_placements)
             before, after = (sharded, unsharded) if sharded_to_unsharded else (unsharded, sharded)
-            local = param.mp_local_shape if sharded_to_unsharded else tuple(param.sharded_param.to_local().shape)
+            local = param.model_local_shape if sharded_to_unsharded else tuple(param.sharded_param.to_local().shape)
             trace.placement(param.fqn, param.mesh_dims(), before, after, local, param.global_shape)
 
     # ----- backward (the reduction itself: self.reducer) -----

@@ -8,8 +8,8 @@ import torch.nn as nn
 def describe_units(root: nn.Module) -> list[dict]:
     """One dict per fully_shard unit under ``root`` (outermost last, as units are applied bottom-up).
 
-    ``mp_local_bytes``: bytes of the unit's parameters as each rank computes with them (after TP/EP);
-    ``padded_bytes``: the flat all-gather buffer (mp-local bytes padded to a multiple of shard_size);
+    ``model_local_bytes``: bytes of the unit's parameters as each rank computes with them (after TP/EP);
+    ``padded_bytes``: the flat all-gather buffer (model-parallel local bytes padded to a multiple of shard_size);
     ``sharded_group`` / ``unsharded_group``: name and global ranks of the RS and AR groups.
     """
     units, seen = [], set()
@@ -29,7 +29,7 @@ def _describe_group(unit: str, state, group) -> dict:
     return {
         "unit": unit,
         "params": [p.fqn for p in group.params],
-        "mp_local_bytes": sum(_numel(p.mp_local_shape) for p in group.params) * element,
+        "model_local_bytes": sum(_numel(p.model_local_shape) for p in group.params) * element,
         "padded_bytes": group.total * group.shard_size * element,
         "global_bytes": sum(_numel(p.global_shape) for p in group.params) * element,
         "shard_size": group.shard_size,

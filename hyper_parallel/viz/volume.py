@@ -29,7 +29,7 @@ def theoretical_bytes(units: list[dict[str, Any]]) -> dict[Key, float]:
     """The minimum bytes fully_shard must move in one training step, per (op, group), as the sum of the
     full buffers of its collectives (the same convention as the trace's ``bytes``).
 
-    For every fully_shard unit (``metrics.json`` "units"), with B = its ``mp_local_bytes`` (the unit's
+    For every fully_shard unit (``metrics.json`` "units"), with B = its ``model_local_bytes`` (the unit's
     parameters as each rank computes with them, after TP/EP, unpadded) and S = ``shard_size``:
       * S > 1: all-gather of B on the sharded group once in forward, and once more in backward if the
         unit reshards after forward; one reduce-scatter of B on the sharded group;
@@ -42,7 +42,7 @@ def theoretical_bytes(units: list[dict[str, Any]]) -> dict[Key, float]:
     """
     result: dict[Key, float] = defaultdict(float)
     for unit in units:
-        size = unit["mp_local_bytes"]
+        size = unit["model_local_bytes"]
         for c in fsdp_collectives(
             size,
             size,
