@@ -1,8 +1,8 @@
 """One managed parameter: its single DTensor layout on the combined mesh and its unsharded form.
 
 Layout (docs/design.md §3). The parameter's model-parallel placements (TP/EP, from its own DTensor) give
-the *mp-local* tensor each rank computes with. FSDP shards that mp-local tensor along one axis
-(``fsdp_axis``) in torch.chunk pieces over the shard dim: the first axis that no model-parallel dim
+the *model-parallel local* tensor (``model_local_shape``) each rank computes with. FSDP shards that
+tensor along one axis (``fsdp_axis``) in torch.chunk pieces over the shard dim: the first axis that no model-parallel dim
 shards, else axis 0 (then the global layout is a strided shard, ``_StridedShard``). The sharded
 DTensor lives on the combined mesh ``(data-parallel dims..., model-parallel dims...)``:
 
