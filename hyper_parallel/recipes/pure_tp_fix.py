@@ -2,6 +2,8 @@
 ``fully_shard(enable_param_shard=False)``, trained next to the single-process reference twice, without and
 with the partial-gradient fix (``parallelize_mlp_local(..., mark_partial_grads=...)``), in one launch.
 
+    %%torchrun -n 4 --send out_dir,steps,degrees                  (the notebook: the warm pool's ranks)
+    train_both(out_dir, steps, degrees)
     launch.torchrun("hyper_parallel.recipes.pure_tp_fix", 4, args=[OUT, STEPS, '{"dp_shard": 2, "tp": 2}'])
 
 Each run writes ``OUT/without_fix`` and ``OUT/with_fix``: every rank's trace, and rank 0's metrics.json
@@ -71,26 +73,34 @@ def train_pure_tp(dims: ParallelDims, views: MeshViews, steps: int, fixed: bool)
     return model, train_and_compare(workload, steps)
 
 
+def train_both(out: str | Path, steps: int, degrees: dict[str, int]) -> list[str]:
+    """Both runs on the process group this rank is in (a ``%%torchrun`` cell's, or ``main``'s): each writes
+    ``out/<run>``; the runs whose trace this rank saved, in order."""
+    out, rank = Path(out), dist.get_rank()
+    dims = ParallelDims(world_size=dist.get_world_size(), **degrees)
+    views = build_mesh(dims, default_device_type())
+    written = []
+    for fixed in (False, True):
+        run_dir = out / ("with_fix" if fixed else "without_fix")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with trace.record() as recorder:
+            model, metrics = train_pure_tp(dims, views, steps, fixed)
+        spread = replica_spread(model, views)
+        recorder.save(trace_path(run_dir, rank))
+        if rank == 0:
+            _write_metrics(run_dir, metrics, dims, steps, model, spread, fixed)
+        dist.barrier()
+        written.append(run_dir.name)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     out, steps, degrees = sys.argv[1:] if argv is None else argv
-    out, steps = Path(out), int(steps)
     device_type = default_device_type()
     bind_local_device(device_type)
     dist.init_process_group(backend_for(device_type))
     try:
-        rank = dist.get_rank()
-        dims = ParallelDims(world_size=dist.get_world_size(), **json.loads(degrees))
-        views = build_mesh(dims, device_type)
-        for fixed in (False, True):
-            run_dir = out / ("with_fix" if fixed else "without_fix")
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with trace.record() as recorder:
-                model, metrics = train_pure_tp(dims, views, steps, fixed)
-            spread = replica_spread(model, views)
-            recorder.save(trace_path(run_dir, rank))
-            if rank == 0:
-                _write_metrics(run_dir, metrics, dims, steps, model, spread, fixed)
-            dist.barrier()
+        train_both(out, int(steps), json.loads(degrees))
     finally:
         dist.destroy_process_group()
     return 0
