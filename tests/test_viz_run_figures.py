@@ -52,7 +52,8 @@ def test_run_figures_of_a_run_dir(tmp_path):
     png, svg = save(figures["mesh"], tmp_path / "out", "mesh", svg=True)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in svg.read_bytes()[:400]
     saved = run_figures(tmp_path, out_dir=tmp_path / "lazy")
-    assert len(saved) == 6 and not (tmp_path / "lazy").exists()  # named, not drawn yet
+    assert len(saved) == 6 and "timeline" in saved and "pipeline" not in saved
+    assert not (tmp_path / "lazy").exists() and "drawn: []" in repr(saved)  # named, not drawn yet
     assert saved["timeline"] is saved["timeline"]  # drawn once
     assert sorted(p.name for p in (tmp_path / "lazy").iterdir()) == ["timeline.png"]  # PNG only, what was asked
     assert set(dict(saved)) == set(figures) and len(list((tmp_path / "lazy").glob("*.png"))) == 6
