@@ -141,9 +141,10 @@ def _notebook(folder: Path, name: str, *cells: str) -> Path:
 @pytest.mark.distributed
 def test_a_kept_kernel_starts_each_notebook_afresh_but_keeps_the_warm_pool(tmp_path):
     """make workbook's kernel (WorkbookKernel): the second notebook sees none of the first one's names, in
-    the kernel or on the ranks, counts its cells from 1 and runs on the same warm workers; after a notebook
-    that failed, the kernel is a new one."""
-    from launch.notebook.workbook_kernel import WorkbookKernel
+    the kernel or on the ranks, counts its cells from 1 and runs on the same warm workers, although it asks
+    for more ranks than the first (the pool started with POOL_RANKS); after a notebook that failed, the
+    kernel is a new one."""
+    from launch.notebook.workbook_kernel import POOL_RANKS, WorkbookKernel
 
     folder = tmp_path / "notebooks"
     folder.mkdir()
@@ -154,7 +155,7 @@ def test_a_kept_kernel_starts_each_notebook_afresh_but_keeps_the_warm_pool(tmp_p
         "b",
         "%load_ext launch",
         "assert 'kept' not in dir(), 'a name of the first notebook'",
-        "%%torchrun -n 2\n'on_ranks' in dir()",
+        f"%%torchrun -n {POOL_RANKS}\n'on_ranks' in dir()",
         workers,
         "import os\nos.getpid()",
     )
@@ -171,8 +172,10 @@ def test_a_kept_kernel_starts_each_notebook_afresh_but_keeps_the_warm_pool(tmp_p
         cell = next(cell for cell in nb.cells if cell.source == source)
         return next(o["data"]["text/plain"] for o in cell.outputs if "text/plain" in o.get("data", {}))
 
-    assert value(b, "%%torchrun -n 2\n'on_ranks' in dir()") == "[False, False]", "a rank name reached b"
+    on_ranks = value(b, f"%%torchrun -n {POOL_RANKS}\n'on_ranks' in dir()")
+    assert on_ranks == repr([False] * POOL_RANKS), "a rank name reached b"
     assert value(a, workers) == value(b, workers) != "[]", "the warm workers were restarted"
+    assert len(value(a, workers).split(",")) == POOL_RANKS  # a's 2-rank cell started them all
     assert [cell.execution_count for cell in b.cells if cell.cell_type == "code"][0] == 1
     pid_c = next(o["text"].strip() for cell in c.cells for o in cell.get("outputs", []) if o.get("name") == "stdout")
     assert value(b, "import os\nos.getpid()") == pid_c != value(d, "import os\nos.getpid()")

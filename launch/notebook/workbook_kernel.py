@@ -7,6 +7,8 @@ kernel, and with it the pool, and starts each notebook as a fresh kernel would s
 * the kernel's names, history and execution counter are reset (``InteractiveShell.reset``), its figures
   closed, ``%load_ext launch`` made to load again, the working directory set to the notebook's folder;
 * the names ``%%torchrun`` cells defined on the ranks are dropped (``Pool.forget_names``);
+* the pool starts with ``POOL_RANKS`` workers even for a smaller first run, so that no later notebook
+  ends it to grow it (``Pool.min_size``);
 * after a notebook that failed (or timed out), the kernel is restarted instead, pool and all.
 
 So a notebook that used a name of an earlier one fails here as it would alone. The tests run every
@@ -27,6 +29,10 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 of jupyter_client's shutdown); cell errors still fail the run."""
 
 RESET_SECONDS = 120.0
+POOL_RANKS = 4
+"""The largest world size the workbook's notebooks ask for at their defaults. A kernel whose pool first
+served a 2-rank notebook had to end it and start new workers for its first 4-rank one: a second cold
+start, in the middle of that notebook."""
 
 _RESET_CODE = """
 def _start_afresh(folder):
@@ -39,6 +45,7 @@ def _start_afresh(folder):
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")
     launch.processes.pool.current().forget_names()
+    launch.processes.pool.current().min_size = {pool_ranks}
 _start_afresh({folder})
 """
 
@@ -60,7 +67,7 @@ class WorkbookKernel:
         """Make the kernel ready for the next notebook in ``folder``: started, or reset, or replaced."""
         if self.manager is None or self._dirty or not self.manager.is_alive():
             self._start(folder)
-        if not self._execute(_RESET_CODE.format(folder=json.dumps(str(folder)))):
+        if not self._execute(_RESET_CODE.format(folder=json.dumps(str(folder)), pool_ranks=POOL_RANKS)):
             self._start(folder)  # a kernel that cannot be reset is replaced
         self._dirty = True  # until ``finished`` says the notebook ran through
 

@@ -9,7 +9,7 @@ The workers (``launch.processes.pool_worker``) run under the same loopback agent
 (``launch.processes.local_agent``: dies with this process, listens on 127.0.0.1 only) and talk to this process
 over an authenticated local connection (``launch.processes.pool_listener``; JSON messages; only values a cell
 returns travel as ``torch.save`` bytes, read back with ``weights_only=True``). The pool grows to the
-largest world size asked for; a smaller run uses ranks 0..n-1. One machine only (docs/multi_node.md).
+largest world size asked for (starting at ``min_size`` at least); a smaller run uses ranks 0..n-1. One machine only (docs/multi_node.md).
 
 What ends the pool, and what does not (docs/warm_pool.md):
 
@@ -95,6 +95,10 @@ def _is_running(pid: int) -> bool:
 class Pool:
     def __init__(self) -> None:
         self.size = 0
+        self.min_size = 1
+        """Workers a start brings up at least: a kernel that knows the largest world size it will ask for
+        (``make workbook``'s, ``launch.notebook.workbook_kernel``) starts them all at once, as growing the
+        pool later ends it and pays a second cold start."""
         self.runs = 0
         self.ended_because: str | None = None
         """Why the last pool ended (None: none ended, or it was ended on purpose by ``shutdown``)."""
@@ -228,7 +232,7 @@ class Pool:
             self.restarted_because = None
             self._check_before_run(world_size)
             if not self.alive:
-                self._start(world_size, start_limit)
+                self._start(max(world_size, self.min_size), start_limit)
                 self.restarted_because, self.ended_because = self.ended_because, None
             self.runs += 1
             self._logs, self._on_line = {}, on_line
