@@ -1,10 +1,12 @@
-"""One lesson worker under torchrun, read back: ``tests/workers/<worker>.py`` on ``world_size`` gloo ranks, each
+"""A test worker under torchrun, read back: ``tests/workers/<worker>.py`` on ``world_size`` gloo ranks, each
 rank writing ``<prefix>_rank<r>.json`` into the run directory (``HYPER_PARALLEL_RUN_DIR``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 WORKERS = Path(__file__).parent / "workers"
 
@@ -15,5 +17,5 @@ def run_worker(worker: str, world_size: int, run_dir: Path, prefix: str, timeout
 
     result = torchrun(str(WORKERS / f"{worker}.py"), world_size, timeout=timeout, run_dir=run_dir)
     if not result.ok:
-        raise RuntimeError(f"{worker} on {world_size} ranks failed: {result.error}")
+        pytest.fail(f"{worker} on {world_size} ranks failed:\n{result.error}", pytrace=False)
     return [json.loads((run_dir / f"{prefix}_rank{rank}.json").read_text()) for rank in range(world_size)]
