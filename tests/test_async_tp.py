@@ -15,15 +15,11 @@ next to autograd_comm's single all-gather / reduce-scatter with F.linear. Checke
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from worker_results import run_worker
 
 from hyper_parallel.parallel.async_tp import check_chunks
-from launch.processes.supervisor import torchrun
 
-WORKER = Path(__file__).parent / "workers" / "async_tp_cases.py"
 WORLD = 4
 FLOAT32_BOUND = 64 * 2.0**-24 * 8
 """|pipelined - one-shot| in float32: each output or gradient entry is a sum of at most 64 products
@@ -34,10 +30,7 @@ n * eps/2 * sum|terms|, bounded here by 64 * 2^-24 * 8 per entry (about 3e-5).""
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("async_tp")
-    result = torchrun(str(WORKER), WORLD, timeout=600, run_dir=run_dir)
-    assert result.ok, result.error
-    return [json.loads((run_dir / f"async_tp_rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return run_worker("async_tp_cases", WORLD, tmp_path_factory.mktemp("async_tp"), "async_tp", timeout=600)
 
 
 def _results(ranks):

@@ -10,10 +10,8 @@ must show exactly the eager one's (op, group, unit, phase, bytes) sequence and t
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from worker_results import run_worker
 
 from launch.notebook.compile_lesson import compile_text
 
@@ -32,13 +30,7 @@ BY_HAND = [
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
-    from launch.processes.supervisor import torchrun
-
-    run_dir = tmp_path_factory.mktemp("compile")
-    worker = Path(__file__).parent / "workers" / "compile_worker.py"
-    result = torchrun(str(worker), 2, timeout=300, run_dir=run_dir)
-    assert result.ok, result.error
-    return [json.loads((run_dir / f"compile_rank{r}.json").read_text()) for r in range(2)]
+    return run_worker("compile_worker", 2, tmp_path_factory.mktemp("compile"), "compile", timeout=300)
 
 
 @pytest.mark.distributed

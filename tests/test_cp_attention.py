@@ -8,12 +8,11 @@ functions and the cp-of-one path need no process group and are tested in this pr
 """
 
 import functools
-import json
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from worker_results import run_worker
 
 from hyper_parallel import trace
 from hyper_parallel.comm import GroupInfo
@@ -21,9 +20,7 @@ from hyper_parallel.parallel.cp import context_parallel_attention
 from hyper_parallel.parallel.ring import ring_attention
 from hyper_parallel.parallel.sequence_layout import load_balanced_positions, shard_sequence, unshard_sequence
 from hyper_parallel.parallel.ulysses import ulysses_attention
-from launch.processes.supervisor import torchrun
 
-WORKER = Path(__file__).parent / "workers" / "cp_attention_cases.py"
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 
 # seq_len 16: chunks of 16 / (2*cp); rank i holds chunk i and chunk 2*cp-1-i
@@ -45,10 +42,7 @@ POSITIONS_16 = {
 def ranks(request, tmp_path_factory):
     """Every rank's results of one launch; parametrised by world size."""
     nproc = request.param
-    run_dir = tmp_path_factory.mktemp(f"cp{nproc}")
-    result = torchrun(str(WORKER), nproc, timeout=150, run_dir=run_dir)
-    assert result.ok, result.error
-    return [json.loads((run_dir / f"cp_rank{rank}.json").read_text()) for rank in range(nproc)]
+    return run_worker("cp_attention_cases", nproc, tmp_path_factory.mktemp(f"cp{nproc}"), "cp", timeout=150)
 
 
 def _cases(ranks):

@@ -11,10 +11,8 @@ two buckets are issued while backward still computes (before the last gradient),
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from worker_results import run_worker
 
 from hyper_parallel.viz.ddp_buckets import bucket_steps, ddp_buckets_figure
 from launch.notebook.ddp_lesson import bucket_text
@@ -58,13 +56,7 @@ def test_the_hand_count_gives_three_buckets_either_way():
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    from launch.processes.supervisor import torchrun
-
-    run_dir = tmp_path_factory.mktemp("ddp")
-    worker = Path(__file__).parent / "workers" / "ddp_buckets_worker.py"
-    result = torchrun(str(worker), 2, timeout=120, run_dir=run_dir)
-    assert result.ok, result.error
-    return [json.loads((run_dir / f"ddp_buckets_rank{r}.json").read_text()) for r in range(2)]
+    return run_worker("ddp_buckets_worker", 2, tmp_path_factory.mktemp("ddp"), "ddp_buckets", timeout=120)
 
 
 @pytest.mark.distributed

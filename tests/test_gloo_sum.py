@@ -9,24 +9,18 @@ and is checked here against hand-derived chunk sizes.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from worker_results import run_worker
 
 from hyper_parallel.gloo_sum import SummedPiece, fold, ring_chunk_numel, ring_order, summation_plan
-from launch.processes.supervisor import torchrun
 
-WORKER = "tests/workers/gloo_sum_cases.py"
 HEADER_ALLOWANCE = 0.01  # gloo's per-message headers: a few dozen bytes per 256 KiB or more
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    run_dir = tmp_path_factory.mktemp("gloo_sum")
-    result = torchrun(WORKER, 4, timeout=600, run_dir=run_dir)
-    assert result.ok, result.error
-    return [json.loads((run_dir / f"gloo_sum_rank{rank}.json").read_text()) for rank in range(4)]
+    return run_worker("gloo_sum_cases", 4, tmp_path_factory.mktemp("gloo_sum"), "gloo_sum", timeout=600)
 
 
 def test_ring_chunks_follow_the_segment_rounding():

@@ -10,10 +10,10 @@ on the rank's rows (sharding does not change what autograd saves).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
+from worker_results import run_worker
 
 from hyper_parallel.cost_model import PRECISIONS, estimate, get_model
 from hyper_parallel.mesh import ParallelDims
@@ -65,16 +65,9 @@ def test_comparison_rows_mark_exact_parts_and_the_activation_estimate():
 
 @pytest.mark.distributed
 def test_a_run_on_two_ranks_measures_what_the_cost_model_predicts(tmp_path):
-    from pathlib import Path
-
     from hyper_parallel.benchmark.memory_probe import new_model, rank_rows, saved_activation_bytes
-    from launch.processes.supervisor import torchrun
 
-    worker = Path(__file__).parent / "workers" / "memory_probe_worker.py"
-    result = torchrun(str(worker), 2, timeout=300, run_dir=tmp_path)
-    assert result.ok, result.error
-    for rank in range(2):
-        runs = json.loads((tmp_path / f"memory_rank{rank}.json").read_text())
+    for rank, runs in enumerate(run_worker("memory_probe_worker", 2, tmp_path, "memory", timeout=300)):
         for name, options in (("default", {}), ("no reshard", {"reshard_after_forward": False})):
             expected = predicted(2, **options)
             for part in ("parameters", "gradients", "optimizer", "kept_gathered", "all_gathers", "reduce_scatters"):

@@ -9,23 +9,15 @@ stopped (a forward of exactly read weights); the next one within float32 roundin
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from worker_results import run_worker
 
 from launch.notebook.checkpoint_lesson import reshard_text
 
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
-    from launch.processes.supervisor import torchrun
-
-    run_dir = tmp_path_factory.mktemp("reshard")
-    worker = Path(__file__).parent / "workers" / "reshard_worker.py"
-    result = torchrun(str(worker), 4, timeout=180, run_dir=run_dir)
-    assert result.ok, result.error
-    return [json.loads((run_dir / f"reshard_rank{r}.json").read_text()) for r in range(4)]
+    return run_worker("reshard_worker", 4, tmp_path_factory.mktemp("reshard"), "reshard", timeout=180)
 
 
 @pytest.mark.distributed
