@@ -19,8 +19,9 @@ symbolic size, an object hashed by identity) is left to torch.
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,9 +226,14 @@ def install(propagator: ShardingPropagator | None = None) -> ShardingMemo:
     if isinstance(current, ShardingMemo):
         return current
     memo = ShardingMemo(propagator.propagate_op_sharding_non_cached)
+    _put_under(propagator, memo)
+    return memo
+
+
+def _put_under(propagator: ShardingPropagator, memo: ShardingMemo) -> None:
+    """``memo`` as the propagator's uncached entry point, under a fresh Python LRU cache."""
     propagator.propagate_op_sharding_non_cached = memo
     propagator.propagate_op_sharding = LocalLRUCache(memo)
-    return memo
 
 
 def uninstall(propagator: ShardingPropagator | None = None) -> None:
@@ -236,3 +242,19 @@ def uninstall(propagator: ShardingPropagator | None = None) -> None:
     if isinstance(propagator.__dict__.get("propagate_op_sharding_non_cached"), ShardingMemo):
         del propagator.propagate_op_sharding_non_cached
         propagator.propagate_op_sharding = LocalLRUCache(propagator.propagate_op_sharding_non_cached)
+
+
+@contextlib.contextmanager
+def bypassed(propagator: ShardingPropagator | None = None) -> Iterator[None]:
+    """torch's own propagation inside (what a fresh launch pays: the benchmark's cold steps on a warm pool),
+    the same memo with its answers back after; nothing changes where none is installed."""
+    propagator = propagator or DTensor._op_dispatcher.sharding_propagator
+    memo = propagator.__dict__.get("propagate_op_sharding_non_cached")
+    if not isinstance(memo, ShardingMemo):
+        yield
+        return
+    uninstall(propagator)
+    try:
+        yield
+    finally:
+        _put_under(propagator, memo)

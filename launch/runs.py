@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import html
 import json
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,6 @@ from hyper_parallel.run_files import (
     write_atomic,
 )
 from launch import inputs
-from launch.processes.log_layout import write_pool_logs
 from launch.processes.run_dirs import begin_run, claimed, finish_run, make_run_dir, new_scratch_dir
 from launch.processes.supervisor import TorchrunResult, torchrun_claimed
 
@@ -380,34 +378,7 @@ def _launch_batch(
 def _run_on_pool(
     world_size: int, batch: list[dict], timeout: float, on_line: Callable[[int, str], None], run_dir: Path
 ) -> TorchrunResult:
-    """The batch on the warm pool, reported like a launch (a failure ends the pool, as it would a launch)."""
-    from launch.processes.pool import PoolError, current
+    """The batch on the warm pool, reported like a launch."""
+    from launch.processes.pool import run_as_launch
 
-    start = time.monotonic()
-    try:
-        _, logs, seconds = current().run(world_size, {"kind": "recipes", "specs": batch}, timeout, on_line)
-    except PoolError as error:
-        write_pool_logs(run_dir, error.logs, world_size)
-        return TorchrunResult(
-            ok=False,
-            returncode=1,
-            logs=error.logs,
-            run_dir=run_dir,
-            failed_rank=error.rank,
-            error=str(error),
-            timed_out=error.timed_out,
-            duration=time.monotonic() - start,
-            command=["warm pool"],
-        )
-    write_pool_logs(run_dir, logs, world_size)
-    return TorchrunResult(
-        ok=True,
-        returncode=0,
-        logs=logs,
-        run_dir=run_dir,
-        failed_rank=None,
-        error=None,
-        timed_out=False,
-        duration=seconds,
-        command=["warm pool"],
-    )
+    return run_as_launch(world_size, {"kind": "recipes", "specs": batch}, timeout, on_line, run_dir)

@@ -143,6 +143,30 @@ def test_memory(bench):
             assert 0 < our_transient <= their_transient + 2 * largest_buffer, (row["config"], rank)
 
 
+def test_on_the_warm_pool_the_same_numbers(bench, tmp_path):
+    """``run_bench(pool=True)`` (notebook 91's) runs the same steps on warm workers: the same losses bit for
+    bit, collectives, bytes and resident memory as the torchrun launch of the fixture."""
+    from launch.processes.pool import shutdown_pool
+
+    chosen = ["FSDP", "HSDP"]
+    try:
+        warm = run_bench(4, steps=2, warmup=1, cold=1, out=tmp_path, model=TINY, configs=chosen, pool=True)
+    finally:
+        shutdown_pool()
+    assert warm.ok, warm.error
+    assert warm.process.command == ["warm pool"]
+    launched = {config["name"]: config for config in bench.payload["configs"]}
+    rows = {row["config"]: row for row in bench.rows}
+    for row, config in zip(warm.rows, warm.payload["configs"], strict=True):
+        name = config["name"]
+        assert config["losses"] == launched[name]["losses"], name
+        assert row["per_unit"] == rows[name]["per_unit"] and row["fsdp_bytes"] == rows[name]["fsdp_bytes"], name
+        for impl in ("ours", "torch"):
+            resident = [r for r, _ in config["peak_memory"][impl]]
+            assert resident == [r for r, _ in launched[name]["peak_memory"][impl]], (name, impl)
+    assert [config["name"] for config in warm.payload["configs"]] == chosen
+
+
 def test_table_and_figure(bench):
     from hyper_parallel.viz.benchmark import ratio_figure
 

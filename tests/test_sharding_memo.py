@@ -85,6 +85,19 @@ def test_another_mesh_shape_or_dim_names_is_not_answered(memo):
     assert memo.hits == 0 and memo.misses == 3 * asked
 
 
+def test_bypassed_propagates_as_torch_alone_and_keeps_the_answers(memo):
+    first = _run(_new_run_mesh())
+    asked = memo.misses
+    with sharding_memo.bypassed():
+        inside = _run(_new_run_mesh())
+        assert (memo.hits, memo.misses) == (0, asked)  # torch propagated every op itself
+    for out, ref in zip(inside, first, strict=True):
+        assert out._spec.placements == ref._spec.placements and torch.equal(out.to_local(), ref.to_local())
+    assert sharding_memo.install() is memo  # the same memo is back under the propagator
+    _run(_new_run_mesh())
+    assert memo.hits == asked  # with the answers of before the bypass
+
+
 def _reachable(roots) -> list:
     """Objects reachable from ``roots``, not through an operator (its kernels reach every module)."""
     seen, todo, found = set(), list(roots), []

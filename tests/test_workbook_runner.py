@@ -181,6 +181,37 @@ def test_a_kept_kernel_starts_each_notebook_afresh_but_keeps_the_warm_pool(tmp_p
     assert value(b, "import os\nos.getpid()") == pid_c != value(d, "import os\nos.getpid()")
 
 
+@pytest.mark.distributed
+def test_the_solo_notebook_finds_its_pool_warm_and_runs_alone(tmp_path, capsys):
+    """jobs=2: the SOLO notebook's kernel started its POOL_RANKS workers while the last shared notebook ran
+    (their processes are older than the solo notebook's first cell, and no run has used them yet), and its
+    cells ran only after every shared notebook had ended."""
+    from launch.notebook.workbook_kernel import POOL_RANKS
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    record = "import json, pathlib\npathlib.Path(runs_dir).mkdir(parents=True, exist_ok=True)\n"
+    record += "(pathlib.Path(runs_dir) / 'seen.json').write_text(json.dumps(seen))"
+    _notebook(
+        folder, "10_slow", "import time\nstart = time.time()\ntime.sleep(6)", "seen = [start, time.time()]", record
+    )
+    _notebook(folder, "11_quick", "import time\nseen = [time.time(), time.time()]", record)
+    probe = (
+        "import time, psutil\nimport launch.processes.pool as pool\nstart = time.time()\np = pool.current()\n"
+        "seen = [start, p.alive, p.size, p.runs, max(psutil.Process(pid).create_time() for pid in p.worker_pids.values())]"
+    )
+    _notebook(folder, SOLO[0], probe, record)
+    assert run_workbook(tmp_path / "runs", notebooks_dir=folder, jobs=2) == 0, capsys.readouterr().out
+    [root] = list((tmp_path / "runs").iterdir())
+    seen = {
+        name: json.loads((root / "runs" / name / "seen.json").read_text()) for name in ("10_slow", "11_quick", SOLO[0])
+    }
+    start, alive, size, runs, youngest_worker = seen[SOLO[0]]
+    assert (alive, size, runs) == (True, POOL_RANKS, 0)
+    assert youngest_worker < start  # started before the notebook, not by it
+    assert start >= max(seen["10_slow"][1], seen["11_quick"][1])  # alone, last
+
+
 def test_a_kept_kernel_leaves_no_client_open_between_notebooks(tmp_path):
     """nbclient leaves its kernel client open when it does not own the kernel (12 fds and a heartbeat thread
     per notebook, measured); a workbook worker runs eight notebooks or more, so WorkbookKernel closes them."""

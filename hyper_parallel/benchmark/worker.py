@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
-from hyper_parallel import trace
+from hyper_parallel import sharding_memo, trace
 from hyper_parallel.benchmark.configs import BENCH_FILE, IMPLEMENTATIONS, BenchConfig, BenchModel, configurations
 from hyper_parallel.benchmark.measure import (
     resident_bytes,
@@ -328,7 +328,7 @@ def _gather_ints(values: list[int]) -> list[list[int]]:
     return gathered
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed pairs per configuration")
     parser.add_argument("--warmup", type=int, default=3)
@@ -339,47 +339,64 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective-timeout", type=float, default=300.0)
     parser.add_argument("--profile", action="store_true", help="write DIR/<config>/profile_<impl>.txt (rank 0)")
     parser.add_argument("--no-overlap", action="store_true", help="ours issues every collective synchronously")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    device_type = default_device_type()
-    bind_local_device(device_type)
-    dist.init_process_group(backend_for(device_type), timeout=datetime.timedelta(seconds=args.collective_timeout))
+    return parser.parse_args(argv)
+
+
+def run_benchmark(args: argparse.Namespace, device_type: str) -> None:
+    """Every chosen configuration on the default process group (already up); rank 0 writes ``bench.json``."""
     out = Path(args.out)
     shape = BenchModel(**json.loads(args.model))
     wanted = [name for name in args.configs.split(",") if name]
     configs = [c for c in configurations(dist.get_world_size()) if c.name in wanted or not (wanted or c.optional)]
-    try:
-        results = []
-        for config in configs:
-            results.append(
-                run_config(
-                    config,
-                    shape,
-                    args.steps,
-                    args.warmup,
-                    out,
-                    device_type,
-                    args.profile,
-                    overlap=not args.no_overlap,
-                    cold=args.cold,
-                )
+    results = []
+    for config in configs:
+        results.append(
+            run_config(
+                config,
+                shape,
+                args.steps,
+                args.warmup,
+                out,
+                device_type,
+                args.profile,
+                overlap=not args.no_overlap,
+                cold=args.cold,
             )
-            if dist.get_rank() == 0:
-                times = results[-1]["step_times"]
-                print(f"{config.name}: {len(times['ours'])} pairs timed", flush=True)
+        )
         if dist.get_rank() == 0:
-            payload = {
-                "world_size": dist.get_world_size(),
-                "backend": dist.get_backend(),
-                "device": device_type,
-                "model": shape.as_dict(),
-                "steps": args.steps,
-                "warmup": args.warmup,
-                "cold": args.cold,
-                "overlap": not args.no_overlap,
-                "torch": torch.__version__,
-                "configs": results,
-            }
-            (out / BENCH_FILE).write_text(json.dumps(payload, indent=1))
+            times = results[-1]["step_times"]
+            print(f"{config.name}: {len(times['ours'])} pairs timed", flush=True)
+    if dist.get_rank() == 0:
+        payload = {
+            "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(),
+            "device": device_type,
+            "model": shape.as_dict(),
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "cold": args.cold,
+            "overlap": not args.no_overlap,
+            "torch": torch.__version__,
+            "configs": results,
+        }
+        (out / BENCH_FILE).write_text(json.dumps(payload, indent=1))
+
+
+def run_on_warm_rank(argv: list[str]) -> None:
+    """The benchmark on a warm-pool rank (``launch.processes.pool_worker``: its group is up). The pool's
+    sharding memo is bypassed meanwhile, so the first and cold steps pay DTensor's sharding propagation as a
+    fresh launch's do; what they no longer pay is the process's own start (imports, first calls)."""
+    with sharding_memo.bypassed():
+        run_benchmark(parse_args(argv), default_device_type())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    device_type = default_device_type()
+    bind_local_device(device_type)
+    dist.init_process_group(backend_for(device_type), timeout=datetime.timedelta(seconds=args.collective_timeout))
+    try:
+        run_benchmark(args, device_type)
     finally:
         dist.destroy_process_group()
     return 0

@@ -31,7 +31,8 @@ from hyper_parallel.viz.style import OP_SHORT
 from hyper_parallel.viz.timeline import collectives
 from hyper_parallel.viz.volume import measured_bytes, theoretical_bytes
 from launch import inputs
-from launch.processes.run_dirs import make_run_dir, new_scratch_dir
+from launch.processes.pool import run_as_launch
+from launch.processes.run_dirs import claimed, make_run_dir, new_scratch_dir
 from launch.processes.supervisor import TorchrunResult, torchrun
 
 WORKER_MODULE = "hyper_parallel.benchmark.worker"
@@ -162,8 +163,14 @@ def run_bench(
     profile: bool = False,
     on_line: Callable[[int, str], None] | None = None,
     overlap: bool = True,
+    pool: bool = False,
 ) -> BenchResult:
-    """Start the benchmark workers and summarise what they measured (validation happens first)."""
+    """Start the benchmark workers and summarise what they measured (validation happens first).
+
+    ``pool=False`` (the CLI's) starts a torchrun launch, as a training job starts; ``pool=True`` runs it on
+    this process's warm workers (``launch.processes.pool``), without starting processes and importing
+    torch again: the same steps and numbers, DTensor's sharding memo bypassed so the first and cold steps
+    still pay the sharding propagation of a fresh launch (``worker.run_on_warm_rank``)."""
     known = [c.name for c in configurations(world_size)]
     unknown = sorted(set(configs or ()) - set(known))
     if unknown:
@@ -172,6 +179,8 @@ def run_bench(
         raise ValueError(f"--steps must be >= 1, --warmup and --cold >= 0, got {steps}, {warmup} and {cold}")
     timeout = inputs.timeout(timeout, "--timeout")
     inputs.callback(on_line, "on_line")
+    if inputs.flag(pool, "pool"):
+        inputs.start_timeout()  # the pool's cold-start limit: refused before any folder is made
     BenchModel(**(model or {}))  # unknown fields raise TypeError here, not on every rank
     out = inputs.out_dir(out)
     directory = make_run_dir(out) if out is not None else new_scratch_dir("hp-bench-")
@@ -196,7 +205,11 @@ def run_bench(
         args.append("--profile")
     if not overlap:
         args.append("--no-overlap")
-    process = torchrun(WORKER_MODULE, world_size, args=args, timeout=timeout, on_line=on_line, run_dir=directory)
+    if pool:
+        with claimed(directory):
+            process = run_as_launch(world_size, {"kind": "bench", "args": args}, timeout, on_line, directory)
+    else:
+        process = torchrun(WORKER_MODULE, world_size, args=args, timeout=timeout, on_line=on_line, run_dir=directory)
     result = BenchResult(directory, process)
     path = directory / BENCH_FILE
     if process.returncode == 0 and path.exists():

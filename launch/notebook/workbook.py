@@ -22,12 +22,14 @@ the notebooks import them from:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -273,50 +275,92 @@ def _serve(tasks: multiprocessing.SimpleQueue, done: multiprocessing.SimpleQueue
 
 def _run_in_workers(shared: list[Path], solo: list[Path], root: Path, extra: dict, jobs: int) -> list[NotebookOutcome]:
     """``shared`` notebooks ``jobs`` at a time, each worker taking the next one when it is done, then the
-    ``solo`` ones alone; each line is printed once it and every one before it in reading order are done."""
+    ``solo`` ones alone; each line is printed once it and every one before it in reading order are done.
+
+    The solo notebooks' kernel and its warm pool start while the last shared notebook runs (a core is
+    free by then: ``_SoloKernel``), so the timed notebook pays neither start and runs once the others ended."""
     context = multiprocessing.get_context("spawn")
     tasks, done = context.SimpleQueue(), context.SimpleQueue()
     workers = [context.Process(target=_serve, args=(tasks, done, root, extra)) for _ in range(jobs)]
     outcomes: dict[int, NotebookOutcome] = {}
-    try:
-        for worker in workers:
-            worker.start()
-        for index, path in enumerate(shared):
-            tasks.put((index, path))
-        for _ in workers:
-            tasks.put(None)  # each worker ends, its kernel and warm pool with it, once the queue is empty
-        printed = 0
-        while printed < len(shared):
-            while done.empty():
-                ended = [worker.exitcode for worker in workers if worker.exitcode is not None]
-                if (any(ended) or len(ended) == len(workers)) and done.empty():
-                    raise RuntimeError("a workbook worker process ended without finishing its notebook")
-                time.sleep(0.1)
-            index, outcome = done.get()
-            outcomes[index] = outcome
-            while printed in outcomes:
-                _report_outcome(outcomes[printed])
-                printed += 1
-        for worker in workers:
-            worker.join()
-        for index, path in enumerate(solo, len(shared)):  # alone: no other kernel, pool or agent is up
-            outcomes[index] = _run_alone(path, root, extra)
-            _report_outcome(outcomes[index])
-    finally:  # Ctrl-C or a broken worker: stop the running notebooks (their kernels follow), start no other
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-        for worker in workers:
-            worker.join(timeout=10)
-            if worker.is_alive():
-                worker.kill()
+    with _SoloKernel(solo) as solo_kernel:
+        try:
+            for worker in workers:
+                worker.start()
+            for index, path in enumerate(shared):
+                tasks.put((index, path))
+            for _ in workers:
+                tasks.put(None)  # each worker ends, its kernel and warm pool with it, once the queue is empty
+            printed = 0
+            while printed < len(shared):
+                if len(shared) - len(outcomes) < jobs:  # every notebook left is running: a worker is idle
+                    solo_kernel.start_warming()
+                while done.empty():
+                    ended = [worker.exitcode for worker in workers if worker.exitcode is not None]
+                    if (any(ended) or len(ended) == len(workers)) and done.empty():
+                        raise RuntimeError("a workbook worker process ended without finishing its notebook")
+                    time.sleep(0.1)
+                index, outcome = done.get()
+                outcomes[index] = outcome
+                while printed in outcomes:
+                    _report_outcome(outcomes[printed])
+                    printed += 1
+            for worker in workers:
                 worker.join()
+            kernel = solo_kernel.ready()
+            for index, path in enumerate(solo, len(shared)):  # alone: no other kernel, pool or agent is up
+                outcomes[index] = run_notebook(path, root, extra[path.stem], kernel)
+                _report_outcome(outcomes[index])
+        finally:  # Ctrl-C or a broken worker: stop the running notebooks (their kernels follow), start no other
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+            for worker in workers:
+                worker.join(timeout=10)
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
     return [outcomes[index] for index in sorted(outcomes)]
 
 
-def _run_alone(path: Path, root: Path, extra: dict) -> NotebookOutcome:
-    with WorkbookKernel() as kernel:
-        return run_notebook(path, root, extra[path.stem], kernel)
+WARM_JOIN_SECONDS = 30.0
+"""How long an interrupted workbook waits for the solo kernel's warm-up to notice its kernel is gone (a kernel
+left behind still ends with this process: ipykernel watches its parent)."""
+
+
+class _SoloKernel:
+    """The kernel of the solo notebooks, started with its pool in a thread (``start_warming``) before they
+    run; a failed warm-up is only slower: the first notebook then starts what is missing itself."""
+
+    def __init__(self, solo: list[Path]) -> None:
+        self.kernel = WorkbookKernel()
+        self._folder = solo[0].parent if solo else None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _SoloKernel:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        """End the kernel, also one a warm-up still under way (on Ctrl-C) starts after the first close."""
+        self.kernel.close()
+        if self._thread is not None:
+            self._thread.join(timeout=WARM_JOIN_SECONDS)
+            self.kernel.close()
+
+    def start_warming(self) -> None:
+        if self._thread is None and self._folder is not None:
+            self._thread = threading.Thread(target=self._warm, name="warm-solo-kernel", daemon=True)
+            self._thread.start()
+
+    def _warm(self) -> None:
+        with contextlib.suppress(Exception):  # a kernel or pool that did not start is started by the notebook
+            self.kernel.warm(self._folder)
+
+    def ready(self) -> WorkbookKernel:
+        """The kernel, once its warm-up (if any began) is over."""
+        if self._thread is not None:
+            self._thread.join()
+        return self.kernel
 
 
 def _report_outcome(outcome: NotebookOutcome) -> None:

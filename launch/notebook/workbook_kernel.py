@@ -49,6 +49,11 @@ def _start_afresh(folder):
 _start_afresh({folder})
 """
 
+_WARM_CODE = """
+import launch.processes.pool
+launch.processes.pool.current().warm_up({pool_ranks})
+"""
+
 
 class WorkbookKernel:
     """A kernel kept across notebooks; ``with WorkbookKernel() as kernel: kernel.manager`` for papermill."""
@@ -70,6 +75,15 @@ class WorkbookKernel:
         if not self._execute(_RESET_CODE.format(folder=json.dumps(str(folder)), pool_ranks=POOL_RANKS)):
             self._start(folder)  # a kernel that cannot be reset is replaced
         self._dirty = True  # until ``finished`` says the notebook ran through
+
+    def warm(self, folder: Path) -> None:
+        """Start the kernel and its pool's ``POOL_RANKS`` workers ahead of its first notebook, which then
+        pays neither start; ``RuntimeError`` if the pool could not start (the kernel is replaced then)."""
+        self.prepare(folder)
+        ok = self._execute(_WARM_CODE.format(pool_ranks=POOL_RANKS))
+        self.finished(ok)
+        if not ok:
+            raise RuntimeError("the kernel's warm pool did not start")
 
     def finished(self, ok: bool) -> None:
         """The notebook ran through (the kernel is reset for the next) or not (it is replaced). The client

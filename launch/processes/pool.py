@@ -40,6 +40,7 @@ import psutil
 
 from launch import inputs
 from launch.processes.failure_report import PEER_LOSS, exit_of, timeout_error
+from launch.processes.log_layout import write_pool_logs
 from launch.processes.pool_listener import ADDRESS_ENV, KEY_ENV, RENDEZVOUS, PoolListener
 from launch.processes.run_dirs import claimed, new_scratch_dir
 from launch.processes.supervisor import (
@@ -47,6 +48,7 @@ from launch.processes.supervisor import (
     AgentOutput,
     LineCallback,
     ProcessTree,
+    TorchrunResult,
     start_agent,
     without_rank_prefix,
 )
@@ -214,6 +216,18 @@ class Pool:
         elif self.size < world_size:
             self._end(f"a run on {world_size} ranks needed more than the pool's {self.size}")
 
+    def warm_up(self, size: int, start_timeout: float | None = None) -> None:
+        """Start ``size`` workers (at least ``min_size``) now unless they are up, so that the next run does
+        not pay their start: ``make workbook`` warms the kernel of its last, timed notebook this way while
+        the others finish (``launch.notebook.workbook``)."""
+        size = inputs.rank_count(size, "size")
+        start_limit = inputs.start_timeout(start_timeout)
+        with self._lock:
+            self._check_before_run(size)
+            if not self.alive:
+                self._start(max(size, self.min_size), start_limit)
+                self.restarted_because, self.ended_because = self.ended_because, None
+
     # ----- runs -----
     def run(
         self,
@@ -358,6 +372,41 @@ def current() -> Pool:
         _POOL = Pool()
         atexit.register(shutdown_pool)
     return _POOL
+
+
+def run_as_launch(
+    world_size: int, task: dict[str, Any], timeout: float, on_line: LineCallback | None, run_dir: Path
+) -> TorchrunResult:
+    """``task`` on this process's pool, reported like a torchrun launch (its logs in ``run_dir`` as a
+    launch's; a failure ends the pool, as it would a launch)."""
+    start = time.monotonic()
+    try:
+        _, logs, seconds = current().run(world_size, task, timeout, on_line)
+    except PoolError as error:
+        write_pool_logs(run_dir, error.logs, world_size)
+        return TorchrunResult(
+            ok=False,
+            returncode=1,
+            logs=error.logs,
+            run_dir=run_dir,
+            failed_rank=error.rank,
+            error=str(error),
+            timed_out=error.timed_out,
+            duration=time.monotonic() - start,
+            command=["warm pool"],
+        )
+    write_pool_logs(run_dir, logs, world_size)
+    return TorchrunResult(
+        ok=True,
+        returncode=0,
+        logs=logs,
+        run_dir=run_dir,
+        failed_rank=None,
+        error=None,
+        timed_out=False,
+        duration=seconds,
+        command=["warm pool"],
+    )
 
 
 def shutdown_pool() -> None:

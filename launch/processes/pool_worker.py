@@ -11,9 +11,9 @@ It connects to the kernel's listener (address and key from the environment), the
    what it would see in a fresh torchrun launch; only the sharding decisions of earlier runs stay, without
    their meshes (``hyper_parallel.sharding_memo``): a run on meshes of the same shape does not pay DTensor's
    uncached sharding propagation again, and computes the same numbers;
-3. the task runs: recipe runs (``hyper_parallel.recipes.worker.run_one``, which records its own trace)
-   or a notebook cell's code (``%%torchrun``) in a namespace kept between cells, with ``rank`` and
-   ``world_size`` defined; the value of a cell's last expression travels back (``torch.save`` bytes,
+3. the task runs: recipe runs (``hyper_parallel.recipes.worker.run_one``, which records its own trace),
+   the benchmark (``hyper_parallel.benchmark.worker.run_on_warm_rank``) or a notebook cell's code
+   (``%%torchrun``) in a namespace kept between cells, with ``rank`` and ``world_size`` defined; the value of a cell's last expression travels back (``torch.save`` bytes,
    read with ``weights_only=True``, else its ``repr``);
 4. everything the run created is released (``release_run``): the caches that hold its meshes, the
    hooks that tie its modules into reference cycles the garbage collector cannot see, then the process
@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 
 from hyper_parallel import sharding_memo
+from hyper_parallel.benchmark.worker import run_on_warm_rank
 from hyper_parallel.mesh_views import clear_mesh_caches
 from hyper_parallel.recipes.run_spec import RunSpec
 from hyper_parallel.recipes.worker import run_one  # imported while the ranks start, not in the first run
@@ -69,6 +70,8 @@ INIT_BARRIER_ENV = "TORCH_DIST_INIT_BARRIER"
 """torch's switch ("1") for a store-based barrier at the end of ``init_process_group`` and ``new_group``."""
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKEND = "nccl" if DEVICE == "cuda" else "gloo"
+OWN_TASKS = ("recipes", "bench")
+"""Tasks that keep nothing of theirs after the run (a cell's names are the user's)."""
 
 
 def _fresh_state(seed: int) -> None:
@@ -187,13 +190,15 @@ def main() -> int:
             if task["kind"] == "recipes":
                 for record in task["specs"]:
                     run_one(RunSpec.from_json(record), DEVICE)
+            elif task["kind"] == "bench":
+                run_on_warm_rank(task["args"])
             else:
                 namespace.update(rank=rank, world_size=world, torch=torch, dist=dist)
                 reply.update(_encode(_run_cell(task["code"], namespace)))
         except BaseException:  # reported to the kernel; once every rank has replied, the pool and its names stay
             reply = {"ok": False, "stage": stage, "traceback": traceback.format_exc()}
         finally:
-            release_run(task["kind"] == "recipes")
+            release_run(task["kind"] in OWN_TASKS)
             if not namespace:
                 freeze_survivors()
         sys.stdout.flush()
