@@ -1,7 +1,7 @@
 """Overlap on an emulated link (``hyper_parallel.link``): each run's step time and exposed communication
 against the α-β model's (``hyper_parallel.cost_model.emulated``).
 
-    link_runs(m4)                   the runs to compare: M4 with overlap off and on, on the link
+    link_runs(m4)                   the runs to compare: M4 (or another recipe) with overlap off and on, on the link
     link_overlap_rows(results)      per run: measured step and exposed communication (rank 0, its fastest
                                     step after the first) beside the model's, and their ratios
     link_overlap_table(results)     the same as a table
@@ -28,11 +28,14 @@ GLOBAL_BATCH = 4096
 (with the default 16 rows the compute is a few hundred microseconds and there is nothing to hide behind)."""
 
 
-def link_runs(degrees: Mapping[str, int], link: str = LINK, global_batch: int = GLOBAL_BATCH) -> dict[str, dict]:
-    """``run_recipes``' runs of the lesson: M4 on ``degrees`` over the emulated ``link``, every collective
-    on the spot ("sync") and with prefetch and reduce-scatters in flight ("overlap")."""
-    base = {"recipe": "M4", **degrees, "global_batch": global_batch, "link": link}
-    return {"M4-link-sync": {**base, "overlap": False}, "M4-link": {**base, "overlap": True}}
+def link_runs(
+    degrees: Mapping[str, int], link: str = LINK, global_batch: int = GLOBAL_BATCH, recipe: str = "M4"
+) -> dict[str, dict]:
+    """``run_recipes``' runs of the lesson: ``recipe`` (01's M4, 05's M7) on ``degrees`` over the emulated
+    ``link``, every collective on the spot ("<recipe>-link-sync") and with prefetch and reduce-scatters in
+    flight ("<recipe>-link")."""
+    base = {"recipe": recipe, **degrees, "global_batch": global_batch, "link": link}
+    return {f"{recipe}-link-sync": {**base, "overlap": False}, f"{recipe}-link": {**base, "overlap": True}}
 
 
 def _fastest_step(result: Any) -> dict[str, Any]:
