@@ -223,10 +223,15 @@ class Pool:
         size = inputs.rank_count(size, "size")
         start_limit = inputs.start_timeout(start_timeout)
         with self._lock:
-            self._check_before_run(size)
-            if not self.alive:
-                self._start(max(size, self.min_size), start_limit)
-                self.restarted_because, self.ended_because = self.ended_because, None
+            self._serving(size, start_limit)
+
+    def _serving(self, world_size: int, start_limit: float) -> None:
+        """A pool that can serve ``world_size`` ranks: one that cannot is ended and a new one started (with
+        at least ``min_size`` workers; ``restarted_because`` then says why the old one ended)."""
+        self._check_before_run(world_size)
+        if not self.alive:
+            self._start(max(world_size, self.min_size), start_limit)
+            self.restarted_because, self.ended_because = self.ended_because, None
 
     # ----- runs -----
     def run(
@@ -244,10 +249,7 @@ class Pool:
         start_limit = inputs.start_timeout(start_timeout)
         with self._lock:
             self.restarted_because = None
-            self._check_before_run(world_size)
-            if not self.alive:
-                self._start(max(world_size, self.min_size), start_limit)
-                self.restarted_because, self.ended_because = self.ended_because, None
+            self._serving(world_size, start_limit)
             self.runs += 1
             self._logs, self._on_line = {}, on_line
             start = time.monotonic()  # the run's deadline: the cold start above has its own
@@ -377,33 +379,23 @@ def current() -> Pool:
 def run_as_launch(
     world_size: int, task: dict[str, Any], timeout: float, on_line: LineCallback | None, run_dir: Path
 ) -> TorchrunResult:
-    """``task`` on this process's pool, reported like a torchrun launch (its logs in ``run_dir`` as a
-    launch's; a failure ends the pool, as it would a launch)."""
+    """``task`` on this process's pool, reported like a torchrun launch: its logs in ``run_dir`` as a
+    launch's, a ``PoolError`` as a failed launch (whether the pool survives it is ``Pool.run``'s rule)."""
     start = time.monotonic()
+    failure: PoolError | None = None
     try:
         _, logs, seconds = current().run(world_size, task, timeout, on_line)
     except PoolError as error:
-        write_pool_logs(run_dir, error.logs, world_size)
-        return TorchrunResult(
-            ok=False,
-            returncode=1,
-            logs=error.logs,
-            run_dir=run_dir,
-            failed_rank=error.rank,
-            error=str(error),
-            timed_out=error.timed_out,
-            duration=time.monotonic() - start,
-            command=["warm pool"],
-        )
+        failure, logs, seconds = error, error.logs, time.monotonic() - start
     write_pool_logs(run_dir, logs, world_size)
     return TorchrunResult(
-        ok=True,
-        returncode=0,
+        ok=failure is None,
+        returncode=0 if failure is None else 1,
         logs=logs,
         run_dir=run_dir,
-        failed_rank=None,
-        error=None,
-        timed_out=False,
+        failed_rank=None if failure is None else failure.rank,
+        error=None if failure is None else str(failure),
+        timed_out=failure is not None and failure.timed_out,
         duration=seconds,
         command=["warm pool"],
     )

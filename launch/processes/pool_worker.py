@@ -13,8 +13,9 @@ It connects to the kernel's listener (address and key from the environment), the
    uncached sharding propagation again, and computes the same numbers;
 3. the task runs: recipe runs (``hyper_parallel.recipes.worker.run_one``, which records its own trace),
    the benchmark (``hyper_parallel.benchmark.worker.run_on_warm_rank``) or a notebook cell's code
-   (``%%torchrun``) in a namespace kept between cells, with ``rank`` and ``world_size`` defined; the value of a cell's last expression travels back (``torch.save`` bytes,
-   read with ``weights_only=True``, else its ``repr``);
+   (``%%torchrun``) in a namespace kept between cells, with ``rank`` and ``world_size`` defined; the value
+   of a cell's last expression travels back (``torch.save`` bytes, read with ``weights_only=True``, else
+   its ``repr``);
 4. everything the run created is released (``release_run``): the caches that hold its meshes, the
    hooks that tie its modules into reference cycles the garbage collector cannot see, then the process
    group and every subgroup; what survives (no cell names kept) is frozen out of the garbage collector's
